@@ -1,0 +1,125 @@
+//! The host's lifecycle in the seed's order: open the database and migrate, load the sink,
+//! start the admin listener and the worker; on shutdown stop claiming, let in-flight
+//! deliveries finish and record them, hand back what was not started, then close the
+//! admin listener and the pool.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use anyhow::Context as _;
+use tokio_util::sync::CancellationToken;
+
+use crate::admin::{self, Readiness};
+use crate::config::{Config, redact_url};
+use crate::sink::SinkRuntime;
+use crate::store::{self, Store};
+use crate::worker::Worker;
+
+/// A started host: database open and migrated, sink loaded.
+pub struct Host {
+    config: Config,
+    store: Arc<dyn Store>,
+    worker: Option<Arc<Worker>>,
+    admin_addr: Option<std::net::SocketAddr>,
+}
+
+/// Opens the configured database, saying which one could not be reached.
+pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+    store::open(&config.database.url, config.database.max_connections, &config.table)
+        .await
+        .with_context(|| format!("database.url {}", redact_url(&config.database.url)))
+}
+
+impl Host {
+    /// Opens and migrates the database and loads the sink (unless the worker is disabled).
+    pub async fn start(config: Config) -> anyhow::Result<Host> {
+        for note in &config.notes {
+            tracing::warn!("{note}");
+        }
+        let sink_config = config.require_sink("run")?.clone();
+        let store = open_store(&config).await?;
+        store.migrate().await.context("applying migrations")?;
+        let worker = if config.worker.enabled {
+            let concurrency = config.worker.concurrency;
+            let sink = tokio::task::spawn_blocking(move || SinkRuntime::load(&sink_config, concurrency)).await??;
+            Some(Worker::new(store.clone(), Arc::new(sink), config.worker.clone(), &config.node_id))
+        } else {
+            None
+        };
+        Ok(Host { config, store, worker, admin_addr: None })
+    }
+
+    /// The outbox store (tests inspect the table through it).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The worker, unless `outbox_worker.enabled` is false.
+    pub fn worker(&self) -> Option<&Arc<Worker>> {
+        self.worker.as_ref()
+    }
+
+    /// Where the admin listener is bound, once `run` has bound it.
+    pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
+        self.admin_addr
+    }
+
+    /// Serves until `shutdown` is cancelled, then drains and closes everything.
+    pub async fn run(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let readiness = Arc::new(Readiness {
+            store: self.store.clone(),
+            worker_running: Default::default(),
+            draining: Default::default(),
+        });
+        let admin_stop = CancellationToken::new();
+        let admin = match self.config.admin_listen {
+            Some(addr) => {
+                let (bound, task) = admin::serve(addr, readiness.clone(), admin_stop.clone()).await?;
+                self.admin_addr = Some(bound);
+                tracing::info!(listen = %bound, "admin listener up: /healthz /readyz");
+                Some(task)
+            }
+            None => None,
+        };
+        readiness.worker_running.store(true, Ordering::Relaxed);
+        let mark_draining = async {
+            shutdown.cancelled().await;
+            readiness.draining.store(true, Ordering::Relaxed);
+            tracing::info!(worker = "room_outbox", node_id = %self.config.node_id, "shutting down: no new claims; finishing in-flight deliveries");
+        };
+        match self.worker.clone() {
+            Some(worker) => {
+                tokio::join!(worker.run(shutdown.clone()), mark_draining);
+            }
+            None => {
+                tracing::info!("outbox_worker.enabled is false: this host does not deliver");
+                mark_draining.await;
+            }
+        }
+        readiness.worker_running.store(false, Ordering::Relaxed);
+        admin_stop.cancel();
+        if let Some(task) = admin {
+            let _ = task.await;
+        }
+        self.store.close().await;
+        tracing::info!(node_id = %self.config.node_id, "stopped");
+        Ok(())
+    }
+}
+
+/// Cancels `shutdown` on the first SIGINT or SIGTERM and exits the process at once on the
+/// second (leases then expire and another worker picks the rows up).
+pub fn cancel_on_signals(shutdown: CancellationToken) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::spawn(async move {
+        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+        tracing::info!("signal received: draining (send another to exit at once)");
+        shutdown.cancel();
+        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+        tracing::warn!("second signal: exiting now; claimed rows return when their leases expire");
+        std::process::exit(130);
+    });
+    Ok(())
+}

@@ -1,0 +1,480 @@
+//! The YAML configuration: the seed's `outbox_worker` block with its names, defaults and
+//! rules, plus what a standalone host needs (database, table, node id, sink, admin, log).
+//!
+//! Loading is strict: unknown keys are errors, and every problem is reported at once,
+//! each naming its key. Non-positive `poll_interval`, `batch_size`, `publish_timeout` and
+//! `concurrency` fall back to their defaults (the seed's rule), with a note in the log.
+
+mod read;
+pub mod units;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use read::Fields;
+use serde_yaml::Value;
+pub use units::format_duration;
+
+/// Environment variables starting with this override config keys:
+/// `OUTBOX__OUTBOX_WORKER__BATCH_SIZE=50` sets `outbox_worker.batch_size`.
+pub const ENV_PREFIX: &str = "OUTBOX__";
+
+/// Default `database.url`: the embedded SQLite file next to where the host runs.
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://outbox.db";
+/// Default `database.max_connections`.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 8;
+/// Default `outbox.table`, the seed's table.
+pub const DEFAULT_TABLE: &str = "room_outbox";
+/// Default `outbox_worker.poll_interval` (seed): the idle wait between empty claims.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// Default `outbox_worker.batch_size` (seed): rows claimed at most per claim.
+pub const DEFAULT_BATCH_SIZE: u32 = 100;
+/// Default `outbox_worker.publish_timeout` (seed): the bound on one delivery.
+pub const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(3);
+/// The only `outbox_worker.retry_strategy` (seed): retry after a fixed interval, forever
+/// unless `max_attempts` is set.
+pub const RETRY_FIXED_INTERVAL: &str = "fixed_interval";
+/// Default `outbox_worker.concurrency`: deliveries in flight at once (events of one room
+/// always go one after another).
+pub const DEFAULT_CONCURRENCY: u32 = 16;
+/// `batch_size` above this is refused: a claim that large holds locks for too long.
+pub const MAX_BATCH_SIZE: u32 = 10_000;
+/// Safety margin added to the computed minimum lease.
+pub const LEASE_MARGIN: Duration = Duration::from_secs(5);
+/// Default `sink.memory_limit`: linear memory one delivery may use.
+pub const DEFAULT_MEMORY_LIMIT: u64 = 64 << 20;
+/// Default `sink.max_response_bytes`: the largest HTTP response body handed to a sink.
+pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 1 << 20;
+/// Default `admin.listen`: loopback only.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9464";
+
+/// The whole host configuration, validated.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Names this host in `worker_id` and in logs (default: the machine's hostname).
+    pub node_id: String,
+    /// Where the outbox table lives.
+    pub database: DatabaseConfig,
+    /// Which table holds the outbox.
+    pub table: String,
+    /// The seed's worker block plus our additions.
+    pub worker: WorkerConfig,
+    /// The WebAssembly sink every event goes to (required by `run` and `check-config`).
+    pub sink: Option<SinkConfig>,
+    /// The admin HTTP listener (`None` when `admin.listen` is empty).
+    pub admin_listen: Option<SocketAddr>,
+    /// Log output.
+    pub log: LogConfig,
+    /// Things worth telling the operator that are not errors (a value fell back to its default).
+    pub notes: Vec<String>,
+}
+
+/// `database:`.
+#[derive(Clone)]
+pub struct DatabaseConfig {
+    /// `sqlite://path`, `postgres://…` or `mysql://…`.
+    pub url: String,
+    /// Pool size.
+    pub max_connections: u32,
+}
+
+impl fmt::Debug for DatabaseConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DatabaseConfig")
+            .field("url", &redact_url(&self.url))
+            .field("max_connections", &self.max_connections)
+            .finish()
+    }
+}
+
+/// `outbox_worker:`.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Whether `run` delivers at all (the seed lets tests turn it off).
+    pub enabled: bool,
+    /// Idle wait after a claim that was not full.
+    pub poll_interval: Duration,
+    /// Rows per claim.
+    pub batch_size: u32,
+    /// Bound on one delivery, sandbox and HTTP included.
+    pub publish_timeout: Duration,
+    /// Wait before a `retryable` row may be claimed again (default: `poll_interval`).
+    pub retry_interval: Duration,
+    /// Deliveries in flight at once.
+    pub concurrency: u32,
+    /// How long a claim holds its rows (`lock_until_ms - now`).
+    pub lease: Duration,
+    /// After this many failed attempts a row becomes `failed`; 0 retries forever (the seed).
+    pub max_attempts: u32,
+}
+
+impl WorkerConfig {
+    /// The shortest lease that covers a healthy batch: every delivery slot runs its share
+    /// of the batch back to back, each taking up to `publish_timeout`.
+    pub fn min_lease(batch_size: u32, concurrency: u32, publish_timeout: Duration) -> Duration {
+        let rounds = batch_size.div_ceil(concurrency.max(1));
+        publish_timeout * rounds + LEASE_MARGIN
+    }
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            enabled: true,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            batch_size: DEFAULT_BATCH_SIZE,
+            publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
+            retry_interval: DEFAULT_POLL_INTERVAL,
+            concurrency: DEFAULT_CONCURRENCY,
+            lease: Self::min_lease(DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_PUBLISH_TIMEOUT),
+            max_attempts: 0,
+        }
+    }
+}
+
+/// `sink:`.
+#[derive(Debug, Clone)]
+pub struct SinkConfig {
+    /// A short name for logs and metrics.
+    pub name: String,
+    /// The `.wasm` component.
+    pub plugin: PathBuf,
+    /// Hosts the sink may reach through `http.send` (`host`, `host:port` or `*.domain`).
+    pub allowed_hosts: Vec<String>,
+    /// Linear memory one delivery may use.
+    pub memory_limit: u64,
+    /// The largest HTTP response body handed to the sink.
+    pub max_response_bytes: u64,
+    /// Where compiled components are cached (`None` disables the cache).
+    pub cache_dir: Option<PathBuf>,
+    /// The sink's own settings, read by it through `config.get`.
+    pub config: SinkSettings,
+}
+
+/// The sink's `config:` map. Values may be secrets, so `Debug` shows only the keys.
+#[derive(Clone, Default)]
+pub struct SinkSettings(pub BTreeMap<String, String>);
+
+impl fmt::Debug for SinkSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
+
+/// `log:`.
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    /// `text` (human-readable, the default) or `json`.
+    pub format: LogFormat,
+    /// A tracing filter such as `info` or `outbox_host=debug` (`RUST_LOG` wins when set).
+    pub level: String,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Why a config was refused: every problem, each naming its key.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration{}:\n  - {}", source_name(.source_file), .problems.join("\n  - "))]
+pub struct ConfigError {
+    /// The file, if one was read.
+    pub source_file: Option<PathBuf>,
+    /// One line per problem, `key: why`.
+    pub problems: Vec<String>,
+}
+
+fn source_name(file: &Option<PathBuf>) -> String {
+    file.as_ref().map(|f| format!(" in {}", f.display())).unwrap_or_default()
+}
+
+impl Config {
+    /// The sink section, or an error saying it is needed for `what`.
+    pub fn require_sink(&self, what: &str) -> Result<&SinkConfig, ConfigError> {
+        self.sink.as_ref().ok_or_else(|| ConfigError {
+            source_file: None,
+            problems: vec![format!("sink: is required to {what} (at least sink.name and sink.plugin)")],
+        })
+    }
+
+    /// Reads and validates a config file, with `${VAR}` and `OUTBOX__…` overrides from the
+    /// process environment. A missing file is an error unless `optional` (then defaults).
+    pub fn load(path: &Path, optional: bool) -> Result<Config, ConfigError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if optional && e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => {
+                return Err(ConfigError {
+                    source_file: Some(path.to_owned()),
+                    problems: vec![format!("cannot read the file: {e}")],
+                });
+            }
+        };
+        Self::from_yaml(&text, std::env::vars(), &|name| std::env::var(name).ok()).map_err(|mut e| {
+            e.source_file = Some(path.to_owned());
+            e
+        })
+    }
+
+    /// Parses and validates YAML text. `vars` supplies `OUTBOX__…` overrides and `env`
+    /// resolves `${VAR}`; tests pass their own.
+    pub fn from_yaml(
+        text: &str,
+        vars: impl Iterator<Item = (String, String)>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let mut problems = Vec::new();
+        let mut root: Value = if text.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_yaml::from_str(text).map_err(|e| ConfigError {
+                source_file: None,
+                problems: vec![format!("not valid YAML: {e}")],
+            })?
+        };
+        read::apply_overrides(&mut root, vars, &mut problems);
+        read::expand_env(&mut root, "", env, &mut problems);
+        let mut notes = Vec::new();
+        let mut fields = Fields::root(root, &mut problems);
+        let config = read_config(&mut fields, &mut notes);
+        fields.finish();
+        if problems.is_empty() {
+            Ok(Config { notes, ..config })
+        } else {
+            Err(ConfigError { source_file: None, problems })
+        }
+    }
+}
+
+fn read_config(f: &mut Fields<'_>, notes: &mut Vec<String>) -> Config {
+    let node_id = f.take::<String>("node_id").unwrap_or_else(default_node_id);
+    if !is_name(&node_id, 64) {
+        f.problem("node_id", "must be 1-64 characters of letters, digits, '.', '_' or '-'");
+    }
+    let database = f.section("database", |f| {
+        let url = f.take::<String>("url").unwrap_or_else(|| DEFAULT_DATABASE_URL.into());
+        if let Err(why) = crate::store::Backend::from_url(&url) {
+            f.problem("url", why);
+        }
+        let max_connections = f.take::<u32>("max_connections").unwrap_or(DEFAULT_MAX_CONNECTIONS);
+        if max_connections == 0 {
+            f.problem("max_connections", "must be at least 1");
+        }
+        DatabaseConfig { url, max_connections }
+    });
+    let table = f.section("outbox", |f| {
+        let table = f.take::<String>("table").unwrap_or_else(|| DEFAULT_TABLE.into());
+        if !is_identifier(&table) {
+            f.problem("table", format!("{table:?} is not a plain SQL identifier (letters, digits and '_', not starting with a digit, at most 63)"));
+        }
+        table
+    });
+    let worker = f.section("outbox_worker", |f| read_worker(f, notes));
+    let sink = f.has("sink").then(|| f.section("sink", read_sink));
+    let admin_listen = f.section("admin", |f| {
+        let listen = f.take::<String>("listen").unwrap_or_else(|| DEFAULT_ADMIN_LISTEN.into());
+        if listen.is_empty() {
+            return None;
+        }
+        match listen.parse::<SocketAddr>() {
+            Ok(addr) => Some(addr),
+            Err(_) => {
+                f.problem("listen", format!("{listen:?} is not an address such as 127.0.0.1:9464 (empty turns the admin listener off)"));
+                None
+            }
+        }
+    });
+    let log = f.section("log", |f| {
+        let format = match f.take::<String>("format").as_deref() {
+            None | Some("text") => LogFormat::Text,
+            Some("json") => LogFormat::Json,
+            Some(other) => {
+                f.problem("format", format!("{other:?} is not one of text, json"));
+                LogFormat::Text
+            }
+        };
+        let level = f.take::<String>("level").unwrap_or_else(|| "info".into());
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&level) {
+            f.problem("level", format!("{level:?} is not a log filter: {e}"));
+        }
+        LogConfig { format, level }
+    });
+    Config { node_id, database, table, worker, sink, admin_listen, log, notes: Vec::new() }
+}
+
+/// Reads a duration key; non-positive values fall back to `default` with a note.
+fn positive_duration(f: &mut Fields<'_>, key: &str, default: Duration, notes: &mut Vec<String>) -> Duration {
+    let Some(text) = f.take::<String>(key) else { return default };
+    match units::parse_duration_ms(&text) {
+        Ok(ms) if ms > 0 => Duration::from_millis(ms as u64),
+        Ok(_) => {
+            notes.push(format!("{}: {text:?} is not positive; using the default {}", f.key_path(key), format_duration(default)));
+            default
+        }
+        Err(why) => {
+            f.problem(key, why);
+            default
+        }
+    }
+}
+
+/// Reads a count key; non-positive values fall back to `default` with a note.
+fn positive_count(f: &mut Fields<'_>, key: &str, default: u32, notes: &mut Vec<String>) -> u32 {
+    match f.take::<i64>(key) {
+        None => default,
+        Some(n) if n > 0 => u32::try_from(n).unwrap_or(u32::MAX),
+        Some(n) => {
+            notes.push(format!("{}: {n} is not positive; using the default {default}", f.key_path(key)));
+            default
+        }
+    }
+}
+
+fn read_worker(f: &mut Fields<'_>, notes: &mut Vec<String>) -> WorkerConfig {
+    let enabled = f.take::<bool>("enabled").unwrap_or(true);
+    let poll_interval = positive_duration(f, "poll_interval", DEFAULT_POLL_INTERVAL, notes);
+    let batch_size = positive_count(f, "batch_size", DEFAULT_BATCH_SIZE, notes);
+    if batch_size > MAX_BATCH_SIZE {
+        f.problem("batch_size", format!("{batch_size} is more than {MAX_BATCH_SIZE}"));
+    }
+    let publish_timeout = positive_duration(f, "publish_timeout", DEFAULT_PUBLISH_TIMEOUT, notes);
+    match f.take::<String>("retry_strategy").as_deref() {
+        None | Some("") | Some(RETRY_FIXED_INTERVAL) => {}
+        Some(other) => f.problem(
+            "retry_strategy",
+            format!("{other:?} is not supported: the only strategy is {RETRY_FIXED_INTERVAL:?}"),
+        ),
+    }
+    let retry_interval = positive_duration(f, "retry_interval", poll_interval, notes);
+    let concurrency = positive_count(f, "concurrency", DEFAULT_CONCURRENCY, notes);
+    if concurrency > 1024 {
+        f.problem("concurrency", format!("{concurrency} is more than 1024"));
+    }
+    let min_lease = WorkerConfig::min_lease(batch_size, concurrency, publish_timeout);
+    let lease = match f.take::<String>("lease_duration") {
+        None => min_lease.max(Duration::from_secs(30)),
+        Some(text) => match units::parse_duration_ms(&text) {
+            Ok(ms) if ms >= min_lease.as_millis() as i64 => Duration::from_millis(ms as u64),
+            Ok(_) => {
+                f.problem(
+                    "lease_duration",
+                    format!(
+                        "{text} cannot cover a batch: {batch_size} events, {concurrency} at a time, each up to {} needs at least {}",
+                        format_duration(publish_timeout),
+                        format_duration(min_lease)
+                    ),
+                );
+                min_lease
+            }
+            Err(why) => {
+                f.problem("lease_duration", why);
+                min_lease
+            }
+        },
+    };
+    let max_attempts = f.take::<u32>("max_attempts").unwrap_or(0);
+    WorkerConfig { enabled, poll_interval, batch_size, publish_timeout, retry_interval, concurrency, lease, max_attempts }
+}
+
+fn read_sink(f: &mut Fields<'_>) -> SinkConfig {
+    let name = f.take::<String>("name").unwrap_or_default();
+    if !is_name(&name, 64) {
+        f.problem("name", "is required: 1-64 characters of letters, digits, '.', '_' or '-'");
+    }
+    let plugin = f.take::<PathBuf>("plugin").unwrap_or_default();
+    if plugin.as_os_str().is_empty() {
+        f.problem("plugin", "is required: the path of the sink's .wasm component");
+    }
+    let allowed_hosts = f.take::<Vec<String>>("allowed_hosts").unwrap_or_default();
+    for host in &allowed_hosts {
+        if let Err(why) = crate::sink::HostPattern::parse(host) {
+            f.problem("allowed_hosts", why);
+        }
+    }
+    let size = |f: &mut Fields<'_>, key: &str, default: u64, min: u64, max: u64| {
+        let Some(text) = f.take::<Value>(key) else { return default };
+        let parsed = match &text {
+            Value::Number(n) => n.as_u64().ok_or_else(|| "must be a positive size".to_string()),
+            Value::String(s) => units::parse_bytes(s),
+            _ => Err("must be a size such as \"64MiB\"".into()),
+        };
+        match parsed {
+            Ok(n) if (min..=max).contains(&n) => n,
+            Ok(n) => {
+                f.problem(key, format!("{n} bytes is outside {min}..={max}"));
+                default
+            }
+            Err(why) => {
+                f.problem(key, why);
+                default
+            }
+        }
+    };
+    let memory_limit = size(f, "memory_limit", DEFAULT_MEMORY_LIMIT, 1 << 20, 4 << 30);
+    let max_response_bytes = size(f, "max_response_bytes", DEFAULT_MAX_RESPONSE_BYTES, 1024, 64 << 20);
+    let cache_dir = match f.take::<String>("cache_dir") {
+        Some(dir) if dir.is_empty() => None,
+        Some(dir) => Some(PathBuf::from(dir)),
+        None => default_cache_dir(),
+    };
+    let config = SinkSettings(f.string_map("config"));
+    SinkConfig { name, plugin, allowed_hosts, memory_limit, max_response_bytes, cache_dir, config }
+}
+
+fn default_node_id() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| is_name(h, 64))
+        .unwrap_or_else(|| "outbox-host".into())
+}
+
+fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("outbox-host"))
+}
+
+fn is_name(text: &str, max: usize) -> bool {
+    !text.is_empty()
+        && text.len() <= max
+        && text.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+/// A plain SQL identifier that is safe to splice into statements unquoted.
+pub fn is_identifier(text: &str) -> bool {
+    let mut chars = text.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && text.len() <= 63
+}
+
+/// A database URL with its password replaced by `***`, safe for logs and errors.
+pub fn redact_url(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('@') {
+            Some((user_info, host)) => {
+                let user = user_info.split(':').next().unwrap_or("");
+                if user_info.contains(':') {
+                    format!("{scheme}://{user}:***@{host}")
+                } else {
+                    format!("{scheme}://{user}@{host}")
+                }
+            }
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,58 @@
+//! The protobuf `EventEnvelope` stored in each row, and the sink's view of it.
+
+use outbox_proto::{EventEnvelope, Message as _};
+
+use crate::sink::Event;
+use crate::store::Claimed;
+
+/// Decodes a claimed row's envelope into the event handed to the sink. A row whose
+/// envelope does not decode, or names another event, cannot ever be delivered: the caller
+/// marks it `failed` with this reason.
+pub fn to_event(row: &Claimed) -> Result<Event, String> {
+    let envelope = EventEnvelope::decode(row.envelope.as_slice())
+        .map_err(|e| format!("bad envelope: not a protobuf EventEnvelope ({e})"))?;
+    if !envelope.event_id.is_empty() && envelope.event_id != row.event_id {
+        return Err(format!(
+            "bad envelope: its event_id {:?} differs from the row's {:?}",
+            envelope.event_id, row.event_id
+        ));
+    }
+    if !envelope.event_type.is_empty() && envelope.event_type != row.event_type {
+        return Err(format!(
+            "bad envelope: its event_type {:?} differs from the row's {:?}",
+            envelope.event_type, row.event_type
+        ));
+    }
+    Ok(Event {
+        app_code: row.app_code.clone(),
+        event_id: row.event_id.clone(),
+        event_type: row.event_type.clone(),
+        room_id: row.room_id.clone(),
+        room_version: envelope.room_version,
+        occurred_at_ms: envelope.occurred_at_ms,
+        body: envelope.body,
+        attempt: u32::try_from(row.retry_count).unwrap_or(0).saturating_add(1),
+    })
+}
+
+/// Encodes an envelope the way room-service's `outbox.Build` does.
+pub fn encode(
+    app_code: &str,
+    event_id: &str,
+    event_type: &str,
+    room_id: &str,
+    room_version: i64,
+    occurred_at_ms: i64,
+    body: Vec<u8>,
+) -> Vec<u8> {
+    EventEnvelope {
+        app_code: app_code.into(),
+        event_id: event_id.into(),
+        room_id: room_id.into(),
+        event_type: event_type.into(),
+        room_version,
+        occurred_at_ms,
+        body,
+    }
+    .encode_to_vec()
+}

@@ -1,0 +1,202 @@
+//! `outbox-host`: the command line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use outbox_host::app::{self, Host};
+use outbox_host::config::{Config, LogFormat};
+use outbox_host::store::{NewEvent, Status, now_ms};
+use tokio_util::sync::CancellationToken;
+
+/// Drains the room_outbox table and delivers each event through a sandboxed WebAssembly sink.
+#[derive(Parser)]
+#[command(name = "outbox-host", version)]
+struct Cli {
+    /// The YAML config file. Without this flag, ./outbox.yaml is read if it exists.
+    #[arg(long, short, global = true, env = "OUTBOX_CONFIG")]
+    config: Option<PathBuf>,
+    /// Log as JSON lines instead of text (overrides log.format).
+    #[arg(long, global = true)]
+    json_logs: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Apply migrations and deliver until SIGINT/SIGTERM.
+    Run,
+    /// Create or upgrade the outbox table, then exit.
+    Migrate,
+    /// Counts per status, the oldest waiting event and the most frequent errors.
+    Status,
+    /// Insert room events as a producer would, for trying a sink.
+    Enqueue {
+        /// Event type, e.g. RoomGiftSent.
+        #[arg(long = "type", short = 't')]
+        event_type: String,
+        /// Room id.
+        #[arg(long, short)]
+        room: String,
+        /// The event body as JSON (fields of the type's protobuf message).
+        #[arg(long, short)]
+        body: Option<String>,
+        /// How many events to insert.
+        #[arg(long, short = 'n', default_value_t = 1)]
+        count: u32,
+        /// Tenant / app code.
+        #[arg(long, default_value = "default")]
+        app_code: String,
+        /// Insert as already delivered (as after a successful synchronous publish).
+        #[arg(long)]
+        delivered: bool,
+    },
+    /// Validate the config and load the sink plugin, saying exactly what is wrong.
+    CheckConfig,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let (path, optional) = match &cli.config {
+        Some(path) => (path.clone(), false),
+        None => (PathBuf::from("outbox.yaml"), true),
+    };
+    let mut config = match Config::load(&path, optional) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("outbox-host: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if cli.json_logs {
+        config.log.format = LogFormat::Json;
+    }
+    outbox_host::logging::init(&config.log);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(execute(cli.command, config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("outbox-host: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
+    match command {
+        Command::Run => {
+            let host = Host::start(config).await?;
+            let shutdown = CancellationToken::new();
+            app::cancel_on_signals(shutdown.clone())?;
+            host.run(shutdown).await
+        }
+        Command::Migrate => {
+            let store = app::open_store(&config).await?;
+            store.migrate().await?;
+            println!("{} is up to date", config.table);
+            store.close().await;
+            Ok(())
+        }
+        Command::Status => {
+            let store = app::open_store(&config).await?;
+            let stats = store.stats().await?;
+            print!(
+                "{}",
+                outbox_host::report::status(&config.table, &stats, now_ms())
+            );
+            store.close().await;
+            Ok(())
+        }
+        Command::Enqueue {
+            event_type,
+            room,
+            body,
+            count,
+            app_code,
+            delivered,
+        } => {
+            let body = match body {
+                None => Vec::new(),
+                Some(text) => {
+                    let json: serde_json::Value =
+                        serde_json::from_str(&text).context("--body is not JSON")?;
+                    match outbox_proto::body_from_json(&event_type, &json) {
+                        Some(encoded) => {
+                            encoded.with_context(|| format!("--body does not fit {event_type}"))?
+                        }
+                        None => anyhow::bail!(
+                            "--body: unknown event type {event_type:?} (known: {})",
+                            outbox_proto::EVENT_TYPES.join(", ")
+                        ),
+                    }
+                }
+            };
+            let status = if delivered {
+                Status::Delivered
+            } else {
+                Status::Pending
+            };
+            let base = now_ms();
+            let events: Vec<NewEvent> = (0..count)
+                .map(|i| {
+                    let event_id =
+                        format!("evt-{base}-{i}-{:08x}", outbox_host::random_u64() as u32);
+                    let envelope = outbox_host::envelope::encode(
+                        &app_code,
+                        &event_id,
+                        &event_type,
+                        &room,
+                        i64::from(i) + 1,
+                        base,
+                        body.clone(),
+                    );
+                    NewEvent {
+                        app_code: app_code.clone(),
+                        event_id,
+                        event_type: event_type.clone(),
+                        room_id: room.clone(),
+                        status,
+                        envelope,
+                        created_at_ms: base,
+                    }
+                })
+                .collect();
+            let store = app::open_store(&config).await?;
+            store.migrate().await?;
+            store.insert(&events).await?;
+            store.close().await;
+            println!("enqueued {count} {event_type} event(s) for room {room} as {status}");
+            if let (Some(first), Some(last)) = (events.first(), events.last()) {
+                println!("event ids {} .. {}", first.event_id, last.event_id);
+            }
+            Ok(())
+        }
+        Command::CheckConfig => {
+            let sink = config.require_sink("deliver")?.clone();
+            let concurrency = config.worker.concurrency;
+            tokio::task::spawn_blocking(move || {
+                outbox_host::sink::SinkRuntime::load(&sink, concurrency)
+            })
+            .await??;
+            for note in &config.notes {
+                println!("note: {note}");
+            }
+            println!(
+                "config OK: sink {} loads; database {}; table {}; batch_size {}, publish_timeout {}, concurrency {}, lease {}",
+                config.sink.as_ref().map_or("", |s| s.name.as_str()),
+                outbox_host::config::redact_url(&config.database.url),
+                config.table,
+                config.worker.batch_size,
+                outbox_host::config::format_duration(config.worker.publish_timeout),
+                config.worker.concurrency,
+                outbox_host::config::format_duration(config.worker.lease),
+            );
+            Ok(())
+        }
+    }
+}

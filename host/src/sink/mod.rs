@@ -1,0 +1,307 @@
+//! The sandbox: a sink is a WebAssembly component implementing world `outbox:sink/sink`.
+//! It is compiled (or loaded from the compile cache) and pre-instantiated once; every
+//! delivery runs in a fresh store with a memory cap, an epoch deadline and an outer
+//! timeout, so a trap, an endless loop, a memory bomb or a hang fails that one attempt.
+
+mod bindings;
+mod cache;
+mod http;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::time::Instant;
+use wasmtime::component::{HasSelf, Linker, ResourceTable};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimits, StoreLimitsBuilder,
+    Trap, UpdateDeadline,
+};
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+pub use bindings::{Event, FailureKind};
+use bindings::{HttpError, HttpRequest, HttpResponse, Level, Outcome, SinkPre};
+pub use http::HostPattern;
+use http::HttpPolicy;
+
+use crate::config::SinkConfig;
+
+/// How often the epoch advances; the granularity of the CPU deadline.
+const EPOCH_TICK: Duration = Duration::from_millis(10);
+/// Captured stdout/stderr kept per delivery.
+const STDIO_CAPTURE: usize = 16 * 1024;
+
+/// What a sink did with an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivered {
+    /// The destination accepted it.
+    Delivered,
+    /// The sink does not carry this type (stored as delivered).
+    Skipped(String),
+}
+
+/// Why an attempt failed, as the worker and the metrics classify it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureClass {
+    /// The sink said retryable.
+    Retryable,
+    /// The sink said permanent.
+    Permanent,
+    /// The attempt ran past `publish_timeout` (in the guest or waiting on the host).
+    Timeout,
+    /// The guest trapped, hit its memory cap, or could not be instantiated.
+    Trap,
+}
+
+impl FailureClass {
+    /// The label used in logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureClass::Retryable => "retryable",
+            FailureClass::Permanent => "permanent",
+            FailureClass::Timeout => "timeout",
+            FailureClass::Trap => "trap",
+        }
+    }
+}
+
+/// A failed attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptFailure {
+    /// Which kind of failure.
+    pub class: FailureClass,
+    /// Short and secret-free: becomes `last_error`.
+    pub message: String,
+    /// The sink's hint for the next attempt.
+    pub retry_after: Option<Duration>,
+}
+
+impl AttemptFailure {
+    fn new(class: FailureClass, message: impl Into<String>) -> Self {
+        AttemptFailure { class, message: message.into(), retry_after: None }
+    }
+}
+
+/// What every delivery store of one sink shares.
+struct Shared {
+    name: String,
+    settings: std::collections::BTreeMap<String, String>,
+    http: HttpPolicy,
+}
+
+/// The per-delivery store data: a locked-down WASI context plus the host's imports.
+pub struct DeliveryState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limits: StoreLimits,
+    shared: Arc<Shared>,
+    deadline: Instant,
+}
+
+impl WasiView for DeliveryState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+impl bindings::outbox::sink::types::Host for DeliveryState {}
+
+impl bindings::outbox::sink::config::Host for DeliveryState {
+    async fn get(&mut self, key: String) -> Option<String> {
+        self.shared.settings.get(&key).cloned()
+    }
+}
+
+impl bindings::outbox::sink::http::Host for DeliveryState {
+    async fn send(&mut self, req: HttpRequest) -> Result<HttpResponse, HttpError> {
+        self.shared.http.send(req, self.deadline).await
+    }
+}
+
+impl bindings::outbox::sink::log::Host for DeliveryState {
+    async fn log(&mut self, level: Level, message: String) {
+        let sink = self.shared.name.as_str();
+        match level {
+            Level::Trace => tracing::trace!(sink, "{message}"),
+            Level::Debug => tracing::debug!(sink, "{message}"),
+            Level::Info => tracing::info!(sink, "{message}"),
+            Level::Warn => tracing::warn!(sink, "{message}"),
+            Level::Error => tracing::error!(sink, "{message}"),
+        }
+    }
+}
+
+/// A loaded sink, ready to deliver events concurrently.
+pub struct SinkRuntime {
+    engine: Engine,
+    pre: SinkPre<DeliveryState>,
+    shared: Arc<Shared>,
+    memory_limit: usize,
+    ticker_stop: Arc<AtomicBool>,
+}
+
+impl Drop for SinkRuntime {
+    fn drop(&mut self) {
+        self.ticker_stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl SinkRuntime {
+    /// Compiles (or loads from cache), links and pre-instantiates the sink's component.
+    /// `concurrency` sizes the instance pool. Errors say what is wrong with the plugin.
+    pub fn load(config: &SinkConfig, concurrency: u32) -> anyhow::Result<SinkRuntime> {
+        let plugin = &config.plugin;
+        let bytes = std::fs::read(plugin).with_context(|| format!("sink.plugin: cannot read {}", plugin.display()))?;
+        let memory_limit = usize::try_from(config.memory_limit).unwrap_or(usize::MAX);
+        let engine = Engine::new(&engine_config(concurrency, memory_limit))?;
+        let component = cache::load(&engine, &bytes, config.cache_dir.as_deref()).map_err(|e| {
+            let hint = if bytes.starts_with(b"\0asm\x01\0\0\0") {
+                " (this is a core wasm module, not a component: build the sink for wasm32-wasip2)"
+            } else {
+                ""
+            };
+            anyhow::anyhow!("sink.plugin: {} is not a usable WebAssembly component{hint}: {e:#}", plugin.display())
+        })?;
+        let mut linker = Linker::<DeliveryState>::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        bindings::Sink::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+        let instance_pre = linker.instantiate_pre(&component).map_err(|e| {
+            anyhow::anyhow!(
+                "sink.plugin: {} needs imports the host does not grant (only outbox:sink config/http/log and WASI p2 without files, env or sockets): {e:#}",
+                plugin.display()
+            )
+        })?;
+        let pre = SinkPre::new(instance_pre).map_err(|e| {
+            anyhow::anyhow!(
+                "sink.plugin: {} does not implement world outbox:sink/sink@0.1.0 (it must export `deliver`): {e:#}",
+                plugin.display()
+            )
+        })?;
+        let allowed = config.allowed_hosts.iter().map(|h| HostPattern::parse(h).map_err(anyhow::Error::msg)).collect::<Result<_, _>>()?;
+        let shared = Arc::new(Shared {
+            name: config.name.clone(),
+            settings: config.config.0.clone(),
+            http: HttpPolicy::new(allowed, config.max_response_bytes)?,
+        });
+        let ticker_stop = Arc::new(AtomicBool::new(false));
+        spawn_epoch_ticker(engine.weak(), ticker_stop.clone());
+        Ok(SinkRuntime { engine, pre, shared, memory_limit, ticker_stop })
+    }
+
+    /// The sink's configured name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// Runs one delivery in a fresh store, bounded by `timeout`.
+    pub async fn deliver(&self, event: &Event, timeout: Duration) -> Result<Delivered, AttemptFailure> {
+        let deadline = Instant::now() + timeout;
+        let stdout = MemoryOutputPipe::new(STDIO_CAPTURE);
+        let stderr = MemoryOutputPipe::new(STDIO_CAPTURE);
+        let wasi = WasiCtxBuilder::new()
+            .stdout(stdout.clone())
+            .stderr(stderr.clone())
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .build();
+        let limits = StoreLimitsBuilder::new().memory_size(self.memory_limit).trap_on_grow_failure(true).build();
+        let state = DeliveryState { wasi, table: ResourceTable::new(), limits, shared: self.shared.clone(), deadline };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limits);
+        // Check the deadline on every tick, yielding in between so that a guest spinning in
+        // a loop never holds a runtime thread, and trap once it has passed.
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            if Instant::now() >= deadline { Err(Trap::Interrupt.into()) } else { Ok(UpdateDeadline::Yield(1)) }
+        });
+        let call = async {
+            let sink = self.pre.instantiate_async(&mut store).await?;
+            sink.call_deliver(&mut store, event).await
+        };
+        let result = tokio::time::timeout_at(deadline, call).await;
+        log_stdio(&self.shared.name, "stdout", &stdout);
+        log_stdio(&self.shared.name, "stderr", &stderr);
+        match result {
+            Err(_) => Err(timed_out(timeout)),
+            Ok(Err(e)) => Err(classify_error(&e, timeout, self.memory_limit)),
+            Ok(Ok(Ok(Outcome::Delivered))) => Ok(Delivered::Delivered),
+            Ok(Ok(Ok(Outcome::Skipped(reason)))) => Ok(Delivered::Skipped(reason)),
+            Ok(Ok(Err(failure))) => Err(AttemptFailure {
+                class: match failure.kind {
+                    FailureKind::Retryable => FailureClass::Retryable,
+                    FailureKind::Permanent => FailureClass::Permanent,
+                },
+                message: failure.message,
+                retry_after: failure.retry_after_ms.map(Duration::from_millis),
+            }),
+        }
+    }
+}
+
+fn engine_config(concurrency: u32, memory_limit: usize) -> Config {
+    let mut config = Config::new();
+    config.wasm_component_model(true);
+    config.epoch_interruption(true);
+    config.concurrency_support(false);
+    // Room for every in-flight delivery plus the ones being torn down.
+    let instances = concurrency.saturating_mul(2).saturating_add(8);
+    let mut pool = PoolingAllocationConfig::new();
+    pool.total_component_instances(instances)
+        .total_core_instances(instances.saturating_mul(8))
+        .total_memories(instances.saturating_mul(2))
+        .total_tables(instances.saturating_mul(4))
+        .total_stacks(instances)
+        .max_memory_size(memory_limit);
+    config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    config
+}
+
+fn spawn_epoch_ticker(engine: wasmtime::EngineWeak, stop: Arc<AtomicBool>) {
+    std::thread::Builder::new()
+        .name("outbox-epoch".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(EPOCH_TICK);
+                match engine.upgrade() {
+                    Some(engine) => engine.increment_epoch(),
+                    None => break,
+                }
+            }
+        })
+        .expect("spawning the epoch ticker thread");
+}
+
+fn timed_out(timeout: Duration) -> AttemptFailure {
+    AttemptFailure::new(
+        FailureClass::Timeout,
+        format!("sink did not finish within publish_timeout {}", crate::config::format_duration(timeout)),
+    )
+}
+
+fn classify_error(e: &wasmtime::Error, timeout: Duration, memory_limit: usize) -> AttemptFailure {
+    let text = format!("{e:#}");
+    if text.contains("memory growth failure") || text.contains("memory minimum size") {
+        return AttemptFailure::new(
+            FailureClass::Trap,
+            format!("sink exceeded its memory limit of {} MiB", memory_limit >> 20),
+        );
+    }
+    match e.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => timed_out(timeout),
+        Some(trap) => AttemptFailure::new(FailureClass::Trap, format!("sink trapped: {trap}")),
+        None => AttemptFailure::new(FailureClass::Trap, crate::store::short_error(&format!("sink failed: {text}"))),
+    }
+}
+
+fn log_stdio(sink: &str, stream: &'static str, pipe: &MemoryOutputPipe) {
+    let bytes = pipe.contents();
+    if bytes.is_empty() {
+        return;
+    }
+    for line in String::from_utf8_lossy(&bytes).lines().filter(|l| !l.trim().is_empty()) {
+        tracing::info!(sink, stream, "{line}");
+    }
+}

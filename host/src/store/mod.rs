@@ -1,0 +1,339 @@
+//! The outbox table: one [`Store`] trait with the claim / mark / stats operations, and one
+//! module per database implementing it. Dialect differences live in the backend modules.
+
+mod migrate;
+mod sqlite;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+pub use sqlite::SqliteStore;
+
+/// The delivery state of one outbox row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Status {
+    /// Written by the producer in the same transaction as its state change; waits for a
+    /// worker. Also where the host hands back rows it claimed but never started, and where
+    /// an operator's retry puts a `failed` row. Left by a claim.
+    Pending,
+    /// Claimed by the worker named in `worker_id` until `lock_until_ms`. Left by the
+    /// worker's outcome, by a hand-back at shutdown, or by another worker's claim once the
+    /// lease has expired.
+    Delivering,
+    /// Terminal: the sink accepted (or skipped) it, or the producer's own synchronous
+    /// publish succeeded. Nothing moves a row out of it.
+    Delivered,
+    /// The last attempt failed in a way that may pass (sink said retryable, a timeout, a
+    /// trap). Claimable again once `next_retry_at_ms` has passed.
+    Retryable,
+    /// A permanent failure, an envelope that does not decode, or attempts exhausted. Waits
+    /// for an operator, whose retry moves it back to `pending`.
+    Failed,
+}
+
+impl Status {
+    /// Every status, in the order `status` prints them.
+    pub const ALL: [Status; 5] =
+        [Status::Pending, Status::Delivering, Status::Retryable, Status::Failed, Status::Delivered];
+
+    /// The text stored in the `status` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::Delivering => "delivering",
+            Status::Delivered => "delivered",
+            Status::Retryable => "retryable",
+            Status::Failed => "failed",
+        }
+    }
+
+    /// Parses the `status` column.
+    pub fn parse(text: &str) -> Option<Status> {
+        Status::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A row as a producer writes it: every other column has a default.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    /// Tenant / app.
+    pub app_code: String,
+    /// Idempotency key.
+    pub event_id: String,
+    /// e.g. `RoomGiftSent`.
+    pub event_type: String,
+    /// Partition / ordering key.
+    pub room_id: String,
+    /// `Pending`, or `Delivered` after the producer's own synchronous publish succeeded.
+    pub status: Status,
+    /// Protobuf `EventEnvelope`.
+    pub envelope: Vec<u8>,
+    /// UTC milliseconds; claim order.
+    pub created_at_ms: i64,
+}
+
+/// Who holds a claimed row, and until when. Marking a failure applies only while the row
+/// is still held under this exact lease (fencing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The claiming worker.
+    pub worker_id: String,
+    /// The lease end it wrote.
+    pub lock_until_ms: i64,
+}
+
+/// A row the worker claimed.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    /// Surrogate key.
+    pub id: i64,
+    /// Tenant / app.
+    pub app_code: String,
+    /// Idempotency key.
+    pub event_id: String,
+    /// Event type.
+    pub event_type: String,
+    /// Room.
+    pub room_id: String,
+    /// Protobuf `EventEnvelope`.
+    pub envelope: Vec<u8>,
+    /// Claim order.
+    pub created_at_ms: i64,
+    /// Failed worker attempts so far.
+    pub retry_count: i32,
+    /// The lease this claim holds.
+    pub lease: Lease,
+}
+
+/// What became of one claimed row.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// Sink delivered or skipped it: `delivered`, whoever holds it now (delivered wins).
+    Delivered,
+    /// `retryable`, claimable again at `next_retry_at_ms`.
+    Retry {
+        /// Short, secret-free reason.
+        error: String,
+        /// Earliest next claim.
+        next_retry_at_ms: i64,
+    },
+    /// `failed`: needs an operator.
+    Fail {
+        /// Short, secret-free reason.
+        error: String,
+    },
+}
+
+/// One claimed row's outcome, to be written.
+#[derive(Debug, Clone)]
+pub struct Mark {
+    /// Row id.
+    pub id: i64,
+    /// The lease it was claimed under.
+    pub lease: Lease,
+    /// What happened.
+    pub outcome: Outcome,
+}
+
+/// One whole row, for `status`, tests and operators.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    /// Surrogate key.
+    pub id: i64,
+    /// Tenant / app.
+    pub app_code: String,
+    /// Idempotency key.
+    pub event_id: String,
+    /// Event type.
+    pub event_type: String,
+    /// Room.
+    pub room_id: String,
+    /// Delivery state.
+    pub status: Status,
+    /// Protobuf `EventEnvelope`.
+    pub envelope: Vec<u8>,
+    /// Claim order.
+    pub created_at_ms: i64,
+    /// Failed worker attempts.
+    pub retry_count: i32,
+    /// Last failure reason.
+    pub last_error: Option<String>,
+    /// Lease holder.
+    pub worker_id: Option<String>,
+    /// Lease end.
+    pub lock_until_ms: i64,
+    /// Earliest retry.
+    pub next_retry_at_ms: i64,
+    /// Last change.
+    pub updated_at_ms: i64,
+    /// When the worker delivered it.
+    pub delivered_at_ms: Option<i64>,
+}
+
+/// Counts for `status` and the metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Rows per status (every status present, zero when none).
+    pub counts: Vec<(Status, i64)>,
+    /// `created_at_ms` of the oldest row still waiting (pending or retryable).
+    pub oldest_waiting_created_at_ms: Option<i64>,
+    /// The most frequent `last_error` values among retryable and failed rows.
+    pub top_errors: Vec<(String, i64)>,
+}
+
+impl Stats {
+    /// The count for one status.
+    pub fn count(&self, status: Status) -> i64 {
+        self.counts.iter().find(|(s, _)| *s == status).map_or(0, |(_, n)| *n)
+    }
+}
+
+/// The database errors a caller can act on; the message never holds SQL or a password.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Could not reach the database or lost the connection: wait and try again.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    /// A unique key clash (an `event_id` already in the table).
+    #[error("duplicate event_id {0}")]
+    Duplicate(String),
+    /// Migrations could not be applied.
+    #[error("migration failed: {0}")]
+    Migration(String),
+    /// Anything else the database refused.
+    #[error("database error: {0}")]
+    Query(String),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        match &e {
+            sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_) => StoreError::Unavailable(e.to_string()),
+            sqlx::Error::Database(db) if db.is_unique_violation() => StoreError::Duplicate(String::new()),
+            sqlx::Error::Database(db) => StoreError::Query(db.message().to_string()),
+            _ => StoreError::Query(e.to_string()),
+        }
+    }
+}
+
+/// The outbox table operations the worker and the admin commands need.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Creates or upgrades the table and its indexes.
+    async fn migrate(&self) -> Result<(), StoreError>;
+
+    /// Claims up to `limit` claimable rows (pending; retryable whose `next_retry_at_ms`
+    /// has passed; delivering whose lease expired) in `created_at_ms, id` order, moving
+    /// them to `delivering` under `worker_id` until `lock_until_ms`. Two concurrent
+    /// claims never return the same row. The result is in claim order.
+    async fn claim(
+        &self,
+        worker_id: &str,
+        now_ms: i64,
+        lock_until_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<Claimed>, StoreError>;
+
+    /// Writes outcomes. `Delivered` applies to any row not yet delivered; `Retry` and
+    /// `Fail` apply only while the row is still `delivering` under the same lease.
+    /// Returns how many rows changed.
+    async fn mark(&self, marks: &[Mark], now_ms: i64) -> Result<u64, StoreError>;
+
+    /// Hands back rows that were claimed but never started: `pending` at once, lease
+    /// cleared, only while still held under the same lease. Returns how many.
+    async fn release(&self, rows: &[(i64, Lease)], now_ms: i64) -> Result<u64, StoreError>;
+
+    /// Inserts rows as a producer would (the enqueue command and tests).
+    async fn insert(&self, events: &[NewEvent]) -> Result<(), StoreError>;
+
+    /// One row by `event_id`.
+    async fn get(&self, event_id: &str) -> Result<Option<Row>, StoreError>;
+
+    /// Counts per status, the oldest waiting row and the most frequent errors.
+    async fn stats(&self) -> Result<Stats, StoreError>;
+
+    /// A cheap round trip, for readiness.
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Closes the pool once in-flight work has been recorded.
+    async fn close(&self);
+}
+
+/// Which database a URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// `sqlite://path` (embedded).
+    Sqlite,
+    /// `postgres://` or `postgresql://`.
+    Postgres,
+    /// `mysql://` or `mariadb://`.
+    Mysql,
+}
+
+impl Backend {
+    /// Picks the backend from the URL's scheme.
+    pub fn from_url(url: &str) -> Result<Backend, String> {
+        let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
+        match scheme {
+            "sqlite" => Ok(Backend::Sqlite),
+            "postgres" | "postgresql" => Ok(Backend::Postgres),
+            "mysql" | "mariadb" => Ok(Backend::Mysql),
+            _ => Err(format!(
+                "{:?} does not start with sqlite://, postgres:// or mysql://",
+                crate::config::redact_url(url)
+            )),
+        }
+    }
+}
+
+/// Opens the store a `database.url` names.
+pub async fn open(url: &str, max_connections: u32, table: &str) -> Result<Arc<dyn Store>, StoreError> {
+    match Backend::from_url(url).map_err(StoreError::Query)? {
+        Backend::Sqlite => Ok(Arc::new(SqliteStore::connect(url, max_connections, table).await?)),
+        backend => Err(StoreError::Query(format!(
+            "{backend:?} is not supported by this build yet; use sqlite://"
+        ))),
+    }
+}
+
+/// The current wall-clock time in UTC milliseconds.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Cuts an error message to what fits `last_error` (512), on a character boundary.
+pub fn short_error(message: &str) -> String {
+    const MAX: usize = 500;
+    let one_line: String = message.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one_line.len() <= MAX {
+        return one_line;
+    }
+    let mut end = MAX;
+    while !one_line.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &one_line[..end])
+}
+
+/// Assembles [`Stats`] from the rows every backend's queries return.
+fn stats_from(counts: Vec<(String, i64)>, oldest: Option<i64>, top_errors: Vec<(String, i64)>) -> Stats {
+    let counts = Status::ALL
+        .into_iter()
+        .map(|s| (s, counts.iter().find(|(name, _)| name == s.as_str()).map_or(0, |(_, n)| *n)))
+        .collect();
+    Stats { counts, oldest_waiting_created_at_ms: oldest, top_errors }
+}

@@ -1,0 +1,269 @@
+//! The embedded default: SQLite in WAL mode. A claim is one `UPDATE … RETURNING`
+//! statement, which takes SQLite's write lock before it reads, so two claimers (threads or
+//! processes) are serialised and never return the same row.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use sqlx::{QueryBuilder, Row as _, Sqlite, SqlitePool};
+
+use super::{Claimed, Lease, Mark, NewEvent, Outcome, Row, Stats, Status, Store, StoreError, migrate};
+
+/// The SQLite backend.
+pub struct SqliteStore {
+    pool: SqlitePool,
+    table: String,
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the database file a `sqlite://` URL names.
+    pub async fn connect(url: &str, max_connections: u32, table: &str) -> Result<Self, StoreError> {
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|e| StoreError::Query(format!("database.url: {e}")))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(15))
+            .connect_with(options)
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("cannot open {url}: {e}")))?;
+        Ok(SqliteStore { pool, table: table.to_string() })
+    }
+
+    /// The underlying pool, for tests that write rows the way a producer would.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+}
+
+const ROW_COLUMNS: &str = "id, app_code, event_id, event_type, room_id, status, envelope, created_at_ms, \
+     retry_count, last_error, worker_id, lock_until_ms, next_retry_at_ms, updated_at_ms, delivered_at_ms";
+
+fn row_from(r: &SqliteRow) -> Result<Row, sqlx::Error> {
+    let status: String = r.try_get("status")?;
+    Ok(Row {
+        id: r.try_get("id")?,
+        app_code: r.try_get("app_code")?,
+        event_id: r.try_get("event_id")?,
+        event_type: r.try_get("event_type")?,
+        room_id: r.try_get("room_id")?,
+        status: Status::parse(&status).ok_or_else(|| sqlx::Error::Decode(format!("unknown status {status:?}").into()))?,
+        envelope: r.try_get("envelope")?,
+        created_at_ms: r.try_get("created_at_ms")?,
+        retry_count: r.try_get("retry_count")?,
+        last_error: r.try_get("last_error")?,
+        worker_id: r.try_get("worker_id")?,
+        lock_until_ms: r.try_get("lock_until_ms")?,
+        next_retry_at_ms: r.try_get("next_retry_at_ms")?,
+        updated_at_ms: r.try_get("updated_at_ms")?,
+        delivered_at_ms: r.try_get("delivered_at_ms")?,
+    })
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let t = &self.table;
+        sqlx::raw_sql(&format!(
+            "CREATE TABLE IF NOT EXISTS {t}_migrations (version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_at_ms INTEGER NOT NULL)"
+        ))
+        .execute(&self.pool)
+        .await
+        .map_err(|e| StoreError::Migration(e.to_string()))?;
+        for step in migrate::steps(&migrate::SQLITE, t) {
+            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+            let applied: Option<i64> = sqlx::query_scalar(&format!("SELECT version FROM {t}_migrations WHERE version = ?"))
+                .bind(step.version)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if applied.is_some() {
+                continue;
+            }
+            sqlx::Executor::execute(&mut *tx, step.sql.as_str())
+                .await
+                .map_err(|e| StoreError::Migration(format!("{} {}: {e}", step.version, step.description)))?;
+            sqlx::query(&format!("INSERT INTO {t}_migrations (version, description, applied_at_ms) VALUES (?, ?, ?)"))
+                .bind(step.version)
+                .bind(&step.description)
+                .bind(super::now_ms())
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+        }
+        Ok(())
+    }
+
+    async fn claim(&self, worker_id: &str, now_ms: i64, lock_until_ms: i64, limit: u32) -> Result<Vec<Claimed>, StoreError> {
+        let t = &self.table;
+        let sql = format!(
+            "UPDATE {t} SET status = 'delivering', worker_id = ?1, lock_until_ms = ?2, updated_at_ms = ?3 \
+             WHERE id IN (SELECT id FROM {t} \
+                 WHERE status = 'pending' \
+                    OR (status = 'retryable' AND next_retry_at_ms <= ?3) \
+                    OR (status = 'delivering' AND lock_until_ms < ?3) \
+                 ORDER BY created_at_ms, id LIMIT ?4) \
+             RETURNING id, app_code, event_id, event_type, room_id, envelope, created_at_ms, retry_count"
+        );
+        let rows = sqlx::query(&sql)
+            .bind(worker_id)
+            .bind(lock_until_ms)
+            .bind(now_ms)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        let mut claimed = rows
+            .iter()
+            .map(|r| {
+                Ok(Claimed {
+                    id: r.try_get("id")?,
+                    app_code: r.try_get("app_code")?,
+                    event_id: r.try_get("event_id")?,
+                    event_type: r.try_get("event_type")?,
+                    room_id: r.try_get("room_id")?,
+                    envelope: r.try_get("envelope")?,
+                    created_at_ms: r.try_get("created_at_ms")?,
+                    retry_count: r.try_get("retry_count")?,
+                    lease: Lease { worker_id: worker_id.to_string(), lock_until_ms },
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        // RETURNING does not promise an order.
+        claimed.sort_by_key(|c| (c.created_at_ms, c.id));
+        Ok(claimed)
+    }
+
+    async fn mark(&self, marks: &[Mark], now_ms: i64) -> Result<u64, StoreError> {
+        let t = &self.table;
+        let mut changed = 0;
+        let mut tx = self.pool.begin().await?;
+        let delivered: Vec<i64> =
+            marks.iter().filter(|m| matches!(m.outcome, Outcome::Delivered)).map(|m| m.id).collect();
+        if !delivered.is_empty() {
+            let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
+                "UPDATE {t} SET status = 'delivered', last_error = NULL, worker_id = NULL, lock_until_ms = 0, "
+            ));
+            q.push("updated_at_ms = ").push_bind(now_ms);
+            q.push(", delivered_at_ms = ").push_bind(now_ms);
+            q.push(" WHERE status <> 'delivered' AND id IN (");
+            let mut ids = q.separated(", ");
+            for id in &delivered {
+                ids.push_bind(*id);
+            }
+            q.push(")");
+            changed += q.build().execute(&mut *tx).await?.rows_affected();
+        }
+        for m in marks {
+            let (status, error, next_retry_at_ms, bump) = match &m.outcome {
+                Outcome::Delivered => continue,
+                Outcome::Retry { error, next_retry_at_ms } => ("retryable", error, *next_retry_at_ms, 1),
+                Outcome::Fail { error } => ("failed", error, 0, 1),
+            };
+            let sql = format!(
+                "UPDATE {t} SET status = ?, retry_count = retry_count + ?, last_error = ?, next_retry_at_ms = ?, \
+                 worker_id = NULL, lock_until_ms = 0, updated_at_ms = ? \
+                 WHERE id = ? AND status = 'delivering' AND worker_id = ? AND lock_until_ms = ?"
+            );
+            changed += sqlx::query(&sql)
+                .bind(status)
+                .bind(bump)
+                .bind(error)
+                .bind(next_retry_at_ms)
+                .bind(now_ms)
+                .bind(m.id)
+                .bind(&m.lease.worker_id)
+                .bind(m.lease.lock_until_ms)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        }
+        tx.commit().await?;
+        Ok(changed)
+    }
+
+    async fn release(&self, rows: &[(i64, Lease)], now_ms: i64) -> Result<u64, StoreError> {
+        let t = &self.table;
+        let mut tx = self.pool.begin().await?;
+        let mut changed = 0;
+        for (id, lease) in rows {
+            changed += sqlx::query(&format!(
+                "UPDATE {t} SET status = 'pending', worker_id = NULL, lock_until_ms = 0, updated_at_ms = ? \
+                 WHERE id = ? AND status = 'delivering' AND worker_id = ? AND lock_until_ms = ?"
+            ))
+            .bind(now_ms)
+            .bind(id)
+            .bind(&lease.worker_id)
+            .bind(lease.lock_until_ms)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        }
+        tx.commit().await?;
+        Ok(changed)
+    }
+
+    async fn insert(&self, events: &[NewEvent]) -> Result<(), StoreError> {
+        let t = &self.table;
+        let mut tx = self.pool.begin().await?;
+        for e in events {
+            sqlx::query(&format!(
+                "INSERT INTO {t} (app_code, event_id, event_type, room_id, status, envelope, created_at_ms) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?)"
+            ))
+            .bind(&e.app_code)
+            .bind(&e.event_id)
+            .bind(&e.event_type)
+            .bind(&e.room_id)
+            .bind(e.status.as_str())
+            .bind(&e.envelope)
+            .bind(e.created_at_ms)
+            .execute(&mut *tx)
+            .await
+            .map_err(|err| match StoreError::from(err) {
+                StoreError::Duplicate(_) => StoreError::Duplicate(e.event_id.clone()),
+                other => other,
+            })?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn get(&self, event_id: &str) -> Result<Option<Row>, StoreError> {
+        let row = sqlx::query(&format!("SELECT {ROW_COLUMNS} FROM {} WHERE event_id = ?", self.table))
+            .bind(event_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.as_ref().map(row_from).transpose()?)
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        let t = &self.table;
+        let counts: Vec<(String, i64)> =
+            sqlx::query_as(&format!("SELECT status, COUNT(*) FROM {t} GROUP BY status")).fetch_all(&self.pool).await?;
+        let oldest: Option<i64> = sqlx::query_scalar(&format!(
+            "SELECT MIN(created_at_ms) FROM {t} WHERE status IN ('pending', 'retryable')"
+        ))
+        .fetch_one(&self.pool)
+        .await?;
+        let top_errors: Vec<(String, i64)> = sqlx::query_as(&format!(
+            "SELECT last_error, COUNT(*) AS n FROM {t} WHERE status IN ('retryable', 'failed') AND last_error IS NOT NULL \
+             GROUP BY last_error ORDER BY n DESC, last_error LIMIT 5"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(super::stats_from(counts, oldest, top_errors))
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+}

@@ -1,0 +1,287 @@
+//! The delivery loop: claim a batch, deliver it through the sink with bounded concurrency
+//! (events of one room one after another, in claim order), record each outcome, and claim
+//! again at once while batches come back full. `poll_interval` is only the idle wait.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, broadcast, mpsc};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
+
+use crate::config::WorkerConfig;
+use crate::sink::{Delivered, FailureClass, SinkRuntime};
+use crate::store::{Claimed, Lease, Mark, Outcome, Store, now_ms, short_error};
+
+/// A delivery starts only if this much lease is left after its `publish_timeout`;
+/// otherwise the row is handed back, so a lease never runs out under a healthy delivery.
+const START_MARGIN_MS: i64 = 1_000;
+/// At most this many outcomes go into one write.
+const MAX_MARKS_PER_WRITE: usize = 500;
+/// The longest wait between attempts to reach a database that is down.
+const MAX_DB_BACKOFF: Duration = Duration::from_secs(30);
+
+/// What the worker reports as it goes, for tests and the admin endpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Signal {
+    /// A claim returned this many rows.
+    Claimed(usize),
+    /// A claim found nothing to do.
+    Idle,
+    /// This many outcomes were written to the table.
+    Recorded(usize),
+    /// Claimed rows that were never started were handed back.
+    Released(usize),
+    /// The loop has stopped and every outcome has been written.
+    Stopped,
+}
+
+/// The seed's `room_outbox` worker, for one sink.
+pub struct Worker {
+    store: Arc<dyn Store>,
+    sink: Arc<SinkRuntime>,
+    config: WorkerConfig,
+    node_id: String,
+    worker_id: String,
+    signals: broadcast::Sender<Signal>,
+}
+
+impl Worker {
+    /// A worker named after `node_id` plus a per-process suffix, so that two processes on
+    /// one node never share leases.
+    pub fn new(store: Arc<dyn Store>, sink: Arc<SinkRuntime>, config: WorkerConfig, node_id: &str) -> Arc<Worker> {
+        let random = crate::random_u64();
+        let worker_id = format!("{node_id}-{}-{:08x}", std::process::id(), random as u32);
+        let (signals, _) = broadcast::channel(1024);
+        Arc::new(Worker { store, sink, config, node_id: node_id.to_string(), worker_id, signals })
+    }
+
+    /// The id written into `worker_id` of the rows this worker holds.
+    pub fn worker_id(&self) -> &str {
+        &self.worker_id
+    }
+
+    /// Progress signals from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Signal> {
+        self.signals.subscribe()
+    }
+
+    fn signal(&self, s: Signal) {
+        let _ = self.signals.send(s);
+    }
+
+    /// Delivers until `shutdown` is cancelled, then stops claiming, lets in-flight
+    /// deliveries finish (each bounded by `publish_timeout`), hands back rows it claimed
+    /// but did not start, and returns once every outcome is written.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let (marks, rx) = mpsc::unbounded_channel();
+        let recorder = tokio::spawn(self.clone().record(rx));
+        let lease_ms = self.config.lease.as_millis() as i64;
+        let mut backoff = Duration::from_millis(100);
+        tracing::info!(
+            worker = "room_outbox",
+            node_id = %self.node_id,
+            worker_id = %self.worker_id,
+            sink = self.sink.name(),
+            "worker started"
+        );
+        while !shutdown.is_cancelled() {
+            let now = now_ms();
+            let claimed = match self.store.claim(&self.worker_id, now, now + lease_ms, self.config.batch_size).await {
+                Ok(rows) => rows,
+                Err(e) => {
+                    tracing::warn!(worker = "room_outbox", node_id = %self.node_id, error = %e, retry_in_ms = backoff.as_millis() as u64, "claim failed; will retry");
+                    sleep_or_cancel(backoff, &shutdown).await;
+                    backoff = (backoff * 2).min(MAX_DB_BACKOFF);
+                    continue;
+                }
+            };
+            backoff = Duration::from_millis(100);
+            if claimed.is_empty() {
+                self.signal(Signal::Idle);
+                sleep_or_cancel(self.config.poll_interval, &shutdown).await;
+                continue;
+            }
+            let full = claimed.len() >= self.config.batch_size as usize;
+            self.signal(Signal::Claimed(claimed.len()));
+            self.deliver_batch(claimed, &marks, &shutdown).await;
+            if !full {
+                sleep_or_cancel(self.config.poll_interval, &shutdown).await;
+            }
+        }
+        drop(marks);
+        if let Err(e) = recorder.await {
+            tracing::error!(worker = "room_outbox", error = %e, "outcome recorder failed");
+        }
+        tracing::info!(worker = "room_outbox", node_id = %self.node_id, "worker stopped");
+        self.signal(Signal::Stopped);
+    }
+
+    /// Delivers one claimed batch; returns once every started delivery has finished.
+    async fn deliver_batch(self: &Arc<Self>, claimed: Vec<Claimed>, marks: &mpsc::UnboundedSender<Mark>, shutdown: &CancellationToken) {
+        let slots = Arc::new(Semaphore::new(self.config.concurrency as usize));
+        let unstarted = Arc::new(Mutex::new(Vec::new()));
+        let mut rooms = JoinSet::new();
+        for chain in by_room(claimed) {
+            let (this, slots, unstarted, marks, shutdown) =
+                (self.clone(), slots.clone(), unstarted.clone(), marks.clone(), shutdown.clone());
+            rooms.spawn(async move {
+                let mut chain = chain.into_iter();
+                while let Some(row) = chain.next() {
+                    let slot = tokio::select! {
+                        biased;
+                        _ = shutdown.cancelled() => None,
+                        slot = slots.clone().acquire_owned() => slot.ok(),
+                    };
+                    let timeout_ms = this.config.publish_timeout.as_millis() as i64;
+                    let lease_left = row.lease.lock_until_ms - now_ms();
+                    if slot.is_none() || shutdown.is_cancelled() || lease_left < timeout_ms + START_MARGIN_MS {
+                        let mut held = unstarted.lock().expect("unstarted list");
+                        held.push((row.id, row.lease.clone()));
+                        held.extend(chain.map(|r| (r.id, r.lease)));
+                        return;
+                    }
+                    let mark = this.deliver_one(row).await;
+                    let _ = marks.send(mark);
+                }
+            });
+        }
+        while rooms.join_next().await.is_some() {}
+        let unstarted = std::mem::take(&mut *unstarted.lock().expect("unstarted list"));
+        if !unstarted.is_empty() {
+            self.release(&unstarted).await;
+        }
+    }
+
+    async fn release(&self, rows: &[(i64, Lease)]) {
+        match self.store.release(rows, now_ms()).await {
+            Ok(n) => {
+                tracing::info!(worker = "room_outbox", node_id = %self.node_id, released = n, "handed back claimed rows that were not started");
+                self.signal(Signal::Released(n as usize));
+            }
+            // Not fatal: the leases expire and any worker claims the rows again.
+            Err(e) => tracing::warn!(worker = "room_outbox", node_id = %self.node_id, error = %e, rows = rows.len(), "could not hand back rows; they become claimable when their lease expires"),
+        }
+    }
+
+    /// Delivers one row and decides its outcome; every log line carries the seed's fields.
+    async fn deliver_one(&self, row: Claimed) -> Mark {
+        let span = tracing::info_span!("deliver", event_id = %row.event_id, event_type = %row.event_type, room_id = %row.room_id);
+        async {
+            let attempt = row.retry_count + 1;
+            let result = match crate::envelope::to_event(&row) {
+                Err(reason) => Err((FailureClass::Permanent, reason, None)),
+                Ok(event) => self
+                    .sink
+                    .deliver(&event, self.config.publish_timeout)
+                    .await
+                    .map_err(|f| (f.class, f.message, f.retry_after)),
+            };
+            let outcome = match result {
+                Ok(delivered) => {
+                    let skipped = match &delivered {
+                        Delivered::Skipped(reason) => Some(reason.as_str()),
+                        Delivered::Delivered => None,
+                    };
+                    tracing::info!(
+                        worker = "room_outbox",
+                        node_id = %self.node_id,
+                        event_id = %row.event_id,
+                        event_type = %row.event_type,
+                        room_id = %row.room_id,
+                        retry_count = row.retry_count,
+                        status = "delivered",
+                        skipped,
+                        "event delivered"
+                    );
+                    Outcome::Delivered
+                }
+                Err((class, message, retry_after)) => {
+                    let error = short_error(&message);
+                    let exhausted = self.config.max_attempts > 0 && attempt >= self.config.max_attempts as i32;
+                    let outcome = if class == FailureClass::Permanent {
+                        Outcome::Fail { error }
+                    } else if exhausted {
+                        Outcome::Fail { error: short_error(&format!("gave up after {attempt} attempts: {message}")) }
+                    } else {
+                        let wait = retry_after.unwrap_or_default().max(self.config.retry_interval);
+                        Outcome::Retry { error, next_retry_at_ms: now_ms() + wait.as_millis() as i64 }
+                    };
+                    let (status, error) = match &outcome {
+                        Outcome::Fail { error } => ("failed", error.as_str()),
+                        Outcome::Retry { error, .. } => ("retryable", error.as_str()),
+                        Outcome::Delivered => unreachable!("a failure is never delivered"),
+                    };
+                    tracing::warn!(
+                        worker = "room_outbox",
+                        node_id = %self.node_id,
+                        event_id = %row.event_id,
+                        event_type = %row.event_type,
+                        room_id = %row.room_id,
+                        retry_count = attempt,
+                        status,
+                        kind = class.as_str(),
+                        error,
+                        "delivery failed"
+                    );
+                    outcome
+                }
+            };
+            Mark { id: row.id, lease: row.lease, outcome }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Writes outcomes as they arrive, several per write when they queue up, retrying
+    /// while the database is unavailable.
+    async fn record(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Mark>) {
+        while let Some(first) = rx.recv().await {
+            let mut batch = vec![first];
+            while batch.len() < MAX_MARKS_PER_WRITE {
+                match rx.try_recv() {
+                    Ok(mark) => batch.push(mark),
+                    Err(_) => break,
+                }
+            }
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                match self.store.mark(&batch, now_ms()).await {
+                    Ok(_) => break,
+                    Err(e) => {
+                        tracing::warn!(worker = "room_outbox", node_id = %self.node_id, error = %e, outcomes = batch.len(), "could not record outcomes; will retry");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(MAX_DB_BACKOFF);
+                    }
+                }
+            }
+            self.signal(Signal::Recorded(batch.len()));
+        }
+    }
+}
+
+/// Splits a claimed batch into per-room chains, keeping claim order within each room and
+/// the rooms in order of their first event.
+fn by_room(claimed: Vec<Claimed>) -> Vec<Vec<Claimed>> {
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut chains: Vec<Vec<Claimed>> = Vec::new();
+    for row in claimed {
+        match index.get(&row.room_id) {
+            Some(&i) => chains[i].push(row),
+            None => {
+                index.insert(row.room_id.clone(), chains.len());
+                chains.push(vec![row]);
+            }
+        }
+    }
+    chains
+}
+
+async fn sleep_or_cancel(duration: Duration, shutdown: &CancellationToken) {
+    tokio::select! {
+        _ = tokio::time::sleep(duration) => {}
+        _ = shutdown.cancelled() => {}
+    }
+}

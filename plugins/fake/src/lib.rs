@@ -1,0 +1,118 @@
+//! A scripted sink for tests and demos. What it does with an event comes from its config:
+//!
+//! - `room.<room_id>`, else `type.<event_type>`, else `default` (else `ok`) names a behaviour:
+//!   `ok`, `skip`, `retryable`, `permanent`, `fail-then-ok:N` (retryable while the attempt is
+//!   at most N), `retry-after:MS` (retryable with that hint), `trap`, `loop`, `oom`,
+//!   `sleep:MS` (then ok), `http:URL` (GET through the host; ok on 2xx), `log` (log a line, ok).
+//! - `collector`: a URL; every attempt is reported to it as a line
+//!   `<event_id> <attempt> <behaviour>` before the outcome is returned, so a test can count
+//!   exactly what the sink received.
+
+wit_bindgen::generate!({ path: "../../wit", world: "sink" });
+
+use outbox::sink::http::{self, HttpError, Request};
+use outbox::sink::log::{self, Level};
+use outbox::sink::types::FailureKind;
+use outbox::sink::config;
+
+struct FakeSink;
+
+impl Guest for FakeSink {
+    fn deliver(event: Event) -> Result<Outcome, Failure> {
+        let behaviour = config::get(&format!("room.{}", event.room_id))
+            .or_else(|| config::get(&format!("type.{}", event.event_type)))
+            .or_else(|| config::get("default"))
+            .unwrap_or_else(|| "ok".to_string());
+        if let Some(collector) = config::get("collector") {
+            let line = format!("{} {} {}\n", event.event_id, event.attempt, behaviour);
+            post(&collector, line.into_bytes())
+                .map_err(|e| retryable(format!("collector unreachable: {e}"), None))?;
+        }
+        run(&behaviour, &event)
+    }
+}
+
+fn run(behaviour: &str, event: &Event) -> Result<Outcome, Failure> {
+    let (name, arg) = behaviour.split_once(':').unwrap_or((behaviour, ""));
+    match name {
+        "ok" => Ok(Outcome::Delivered),
+        "skip" => Ok(Outcome::Skipped(format!("fake sink does not carry {}", event.event_type))),
+        "retryable" => Err(retryable("fake: scripted retryable failure".into(), None)),
+        "permanent" => Err(Failure {
+            kind: FailureKind::Permanent,
+            message: "fake: scripted permanent failure".into(),
+            retry_after_ms: None,
+        }),
+        "fail-then-ok" => {
+            let failures: u32 = arg.parse().unwrap_or(1);
+            if event.attempt <= failures {
+                Err(retryable(format!("fake: failing attempt {} of {failures}", event.attempt), None))
+            } else {
+                Ok(Outcome::Delivered)
+            }
+        }
+        "retry-after" => Err(retryable("fake: asked to wait".into(), arg.parse().ok())),
+        "trap" => panic!("fake: scripted trap"),
+        "loop" => {
+            let mut n: u64 = 0;
+            loop {
+                n = std::hint::black_box(n.wrapping_add(1));
+            }
+        }
+        "oom" => {
+            let mut hoard: Vec<Vec<u8>> = Vec::new();
+            loop {
+                hoard.push(vec![1u8; 1 << 20]);
+                std::hint::black_box(&hoard);
+            }
+        }
+        "sleep" => {
+            std::thread::sleep(std::time::Duration::from_millis(arg.parse().unwrap_or(1_000)));
+            Ok(Outcome::Delivered)
+        }
+        "http" => match http::send(&Request { method: "GET".into(), url: arg.into(), headers: vec![], body: vec![] }) {
+            Ok(resp) if (200..300).contains(&resp.status) => Ok(Outcome::Delivered),
+            Ok(resp) => Err(retryable(format!("http: status {}", resp.status), None)),
+            Err(e) => Err(retryable(format!("http: {}", describe(&e)), None)),
+        },
+        "log" => {
+            log::log(Level::Info, &format!("fake sink got {} for room {}", event.event_type, event.room_id));
+            Ok(Outcome::Delivered)
+        }
+        other => Err(Failure {
+            kind: FailureKind::Permanent,
+            message: format!("fake: unknown behaviour {other:?}"),
+            retry_after_ms: None,
+        }),
+    }
+}
+
+fn retryable(message: String, retry_after_ms: Option<u64>) -> Failure {
+    Failure { kind: FailureKind::Retryable, message, retry_after_ms }
+}
+
+fn post(url: &str, body: Vec<u8>) -> Result<(), String> {
+    let request = Request {
+        method: "POST".into(),
+        url: url.into(),
+        headers: vec![("content-type".into(), "text/plain".into())],
+        body,
+    };
+    match http::send(&request) {
+        Ok(resp) if (200..300).contains(&resp.status) => Ok(()),
+        Ok(resp) => Err(format!("status {}", resp.status)),
+        Err(e) => Err(describe(&e)),
+    }
+}
+
+fn describe(e: &HttpError) -> String {
+    match e {
+        HttpError::Denied(why) => format!("denied: {why}"),
+        HttpError::InvalidRequest(why) => format!("invalid request: {why}"),
+        HttpError::Transport(why) => format!("transport: {why}"),
+        HttpError::Timeout => "timeout".into(),
+        HttpError::TooLarge(limit) => format!("response larger than {limit} bytes"),
+    }
+}
+
+export!(FakeSink);
