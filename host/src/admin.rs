@@ -39,7 +39,9 @@ pub async fn serve(
         .route("/readyz", get(ready))
         .with_state(readiness);
     let task = tokio::spawn(async move {
-        let served = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await;
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await;
         if let Err(e) = served {
             tracing::error!(error = %e, "admin listener failed");
         }
@@ -52,7 +54,10 @@ async fn ready(State(r): State<Arc<Readiness>>) -> (StatusCode, String) {
         return (StatusCode::SERVICE_UNAVAILABLE, "draining\n".into());
     }
     if !r.worker_running.load(Ordering::Relaxed) {
-        return (StatusCode::SERVICE_UNAVAILABLE, "worker not running\n".into());
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "worker not running\n".into(),
+        );
     }
     match r.store.ping().await {
         Ok(()) => (StatusCode::OK, "ready\n".into()),

@@ -1,1 +1,8 @@
-//! e2e
+//! End-to-end tests: the real host (in process, or the real binary where signals matter)
+//! against a real SQLite file and the real fake sink `.wasm` built from `plugins/fake`.
+
+mod acceptance;
+mod leases;
+mod process;
+mod sandbox;
+mod support;

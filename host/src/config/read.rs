@@ -23,12 +23,20 @@ impl<'p> Fields<'p> {
                 Mapping::new()
             }
         };
-        Fields { path: String::new(), map, problems }
+        Fields {
+            path: String::new(),
+            map,
+            problems,
+        }
     }
 
     /// The dotted name of `key` under this section, as problems name it.
     pub fn key_path(&self, key: &str) -> String {
-        if self.path.is_empty() { key.to_string() } else { format!("{}.{key}", self.path) }
+        if self.path.is_empty() {
+            key.to_string()
+        } else {
+            format!("{}.{key}", self.path)
+        }
     }
 
     /// Records a problem with `key`.
@@ -64,11 +72,16 @@ impl<'p> Fields<'p> {
             None | Some(Value::Null) => Mapping::new(),
             Some(Value::Mapping(map)) => map,
             Some(_) => {
-                self.problems.push(format!("{path}: must be a mapping of keys to values"));
+                self.problems
+                    .push(format!("{path}: must be a mapping of keys to values"));
                 Mapping::new()
             }
         };
-        let mut fields = Fields { path, map, problems: self.problems };
+        let mut fields = Fields {
+            path,
+            map,
+            problems: self.problems,
+        };
         let out = read(&mut fields);
         fields.finish();
         out
@@ -96,16 +109,25 @@ impl<'p> Fields<'p> {
                     }
                 }
             }
-            Some(_) => self.problems.push(format!("{path}: must be a mapping of keys to values")),
+            Some(_) => self
+                .problems
+                .push(format!("{path}: must be a mapping of keys to values")),
         }
         out
     }
 
     /// Reports every key nobody asked for.
     pub fn finish(&mut self) {
-        let keys: Vec<String> = self.map.keys().map(|k| scalar_text(k).unwrap_or_default()).collect();
+        let keys: Vec<String> = self
+            .map
+            .keys()
+            .map(|k| scalar_text(k).unwrap_or_default())
+            .collect();
         for key in keys {
-            self.problem(&key, "unknown key (a typo would silently change delivery, so it is refused)");
+            self.problem(
+                &key,
+                "unknown key (a typo would silently change delivery, so it is refused)",
+            );
         }
         self.map.clear();
     }
@@ -122,7 +144,12 @@ fn scalar_text(value: &Value) -> Option<String> {
 
 /// Replaces `${VAR}` in every string of the tree with the environment variable's value.
 /// A variable that is not set is a problem naming the key that asked for it.
-pub fn expand_env(value: &mut Value, path: &str, env: &dyn Fn(&str) -> Option<String>, problems: &mut Vec<String>) {
+pub fn expand_env(
+    value: &mut Value,
+    path: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+    problems: &mut Vec<String>,
+) {
     match value {
         Value::String(text) if text.contains("${") => {
             let mut out = String::new();
@@ -137,7 +164,9 @@ pub fn expand_env(value: &mut Value, path: &str, env: &dyn Fn(&str) -> Option<St
                 let name = &after[..end];
                 match env(name) {
                     Some(v) => out.push_str(&v),
-                    None => problems.push(format!("{path}: environment variable {name} is not set")),
+                    None => {
+                        problems.push(format!("{path}: environment variable {name} is not set"))
+                    }
                 }
                 rest = &after[end + 1..];
             }
@@ -147,7 +176,11 @@ pub fn expand_env(value: &mut Value, path: &str, env: &dyn Fn(&str) -> Option<St
         Value::Mapping(map) => {
             for (k, v) in map.iter_mut() {
                 let key = scalar_text(k).unwrap_or_default();
-                let child = if path.is_empty() { key } else { format!("{path}.{key}") };
+                let child = if path.is_empty() {
+                    key
+                } else {
+                    format!("{path}.{key}")
+                };
                 expand_env(v, &child, env, problems);
             }
         }
@@ -162,9 +195,15 @@ pub fn expand_env(value: &mut Value, path: &str, env: &dyn Fn(&str) -> Option<St
 
 /// Applies `OUTBOX__SECTION__KEY=value` overrides: the variable names a key path (double
 /// underscore between levels, case-insensitive), the value is read as a YAML scalar.
-pub fn apply_overrides(root: &mut Value, vars: impl Iterator<Item = (String, String)>, problems: &mut Vec<String>) {
+pub fn apply_overrides(
+    root: &mut Value,
+    vars: impl Iterator<Item = (String, String)>,
+    problems: &mut Vec<String>,
+) {
     for (name, raw) in vars {
-        let Some(rest) = name.strip_prefix(super::ENV_PREFIX) else { continue };
+        let Some(rest) = name.strip_prefix(super::ENV_PREFIX) else {
+            continue;
+        };
         let path: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
         if path.iter().any(String::is_empty) {
             problems.push(format!("{name}: cannot name a config key"));
@@ -185,7 +224,9 @@ pub fn apply_overrides(root: &mut Value, vars: impl Iterator<Item = (String, Str
                 map.insert(key, value.clone());
                 break;
             }
-            node = map.entry(key).or_insert_with(|| Value::Mapping(Mapping::new()));
+            node = map
+                .entry(key)
+                .or_insert_with(|| Value::Mapping(Mapping::new()));
             if node.is_null() {
                 *node = Value::Mapping(Mapping::new());
             }

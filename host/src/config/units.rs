@@ -26,7 +26,11 @@ pub fn parse_duration_ms(text: &str) -> Result<i64, String> {
         "s" => 1_000.0,
         "m" => 60_000.0,
         "h" => 3_600_000.0,
-        _ => return Err(format!("{text:?} has unknown unit {unit:?}: use ms, s, m or h")),
+        _ => {
+            return Err(format!(
+                "{text:?} has unknown unit {unit:?}: use ms, s, m or h"
+            ));
+        }
     };
     let ms = (value * factor).round();
     if ms > i64::MAX as f64 / 2.0 {
@@ -52,7 +56,9 @@ pub fn format_duration(duration: Duration) -> String {
 /// Parses a byte size such as `"64MiB"`, `"512KiB"`, `"1GiB"` or a plain number of bytes.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
     let value: u64 = number
         .parse()
@@ -62,7 +68,11 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         "KiB" | "KB" | "K" => 1 << 10,
         "MiB" | "MB" | "M" => 1 << 20,
         "GiB" | "GB" | "G" => 1 << 30,
-        other => return Err(format!("{text:?} has unknown unit {other:?}: use KiB, MiB or GiB")),
+        other => {
+            return Err(format!(
+                "{text:?} has unknown unit {other:?}: use KiB, MiB or GiB"
+            ));
+        }
     };
     value
         .checked_mul(factor)
@@ -87,7 +97,11 @@ mod tests {
     #[test]
     fn durations_without_a_known_unit_are_refused() {
         assert!(parse_duration_ms("5").unwrap_err().contains("needs a unit"));
-        assert!(parse_duration_ms("5d").unwrap_err().contains("unknown unit"));
+        assert!(
+            parse_duration_ms("5d")
+                .unwrap_err()
+                .contains("unknown unit")
+        );
         assert!(parse_duration_ms("fast").is_err());
     }
 

@@ -18,7 +18,9 @@ pub fn load(engine: &Engine, bytes: &[u8], cache_dir: Option<&Path>) -> anyhow::
         return Ok(Component::new(engine, bytes)?);
     };
     let mut engine_hash = std::collections::hash_map::DefaultHasher::new();
-    engine.precompile_compatibility_hash().hash(&mut engine_hash);
+    engine
+        .precompile_compatibility_hash()
+        .hash(&mut engine_hash);
     let key = format!("{:x}-{:016x}", Sha256::digest(bytes), engine_hash.finish());
     let file = dir.join(format!("{key}.cwasm"));
     if file.exists() {
@@ -27,7 +29,9 @@ pub fn load(engine: &Engine, bytes: &[u8], cache_dir: Option<&Path>) -> anyhow::
                 tracing::debug!(path = %file.display(), "loaded compiled sink from cache");
                 return Ok(component);
             }
-            Err(e) => tracing::warn!(path = %file.display(), error = %e, "ignoring unusable compile cache entry"),
+            Err(e) => {
+                tracing::warn!(path = %file.display(), error = %e, "ignoring unusable compile cache entry")
+            }
         }
     }
     let component = Component::new(engine, bytes)?;

@@ -35,7 +35,11 @@ pub fn steps(migrator: &Migrator, table: &str) -> Vec<Step> {
 
 /// The version numbers of every dialect's migrations, for the check that they agree.
 pub fn versions(migrator: &Migrator) -> Vec<i64> {
-    migrator.iter().filter(|m| m.migration_type.is_up_migration()).map(|m| m.version).collect()
+    migrator
+        .iter()
+        .filter(|m| m.migration_type.is_up_migration())
+        .map(|m| m.version)
+        .collect()
 }
 
 #[cfg(test)]
@@ -51,7 +55,11 @@ mod tests {
     #[test]
     fn steps_rename_the_table_and_its_indexes() {
         let steps = steps(&SQLITE, "events_out");
-        assert!(steps[0].sql.contains("CREATE TABLE IF NOT EXISTS events_out ("));
+        assert!(
+            steps[0]
+                .sql
+                .contains("CREATE TABLE IF NOT EXISTS events_out (")
+        );
         assert!(steps[0].sql.contains("events_out_claim_idx"));
         assert!(!steps[0].sql.contains("room_outbox"));
     }

@@ -33,8 +33,13 @@ pub enum Status {
 
 impl Status {
     /// Every status, in the order `status` prints them.
-    pub const ALL: [Status; 5] =
-        [Status::Pending, Status::Delivering, Status::Retryable, Status::Failed, Status::Delivered];
+    pub const ALL: [Status; 5] = [
+        Status::Pending,
+        Status::Delivering,
+        Status::Retryable,
+        Status::Failed,
+        Status::Delivered,
+    ];
 
     /// The text stored in the `status` column.
     pub fn as_str(self) -> &'static str {
@@ -190,7 +195,10 @@ pub struct Stats {
 impl Stats {
     /// The count for one status.
     pub fn count(&self, status: Status) -> i64 {
-        self.counts.iter().find(|(s, _)| *s == status).map_or(0, |(_, n)| *n)
+        self.counts
+            .iter()
+            .find(|(s, _)| *s == status)
+            .map_or(0, |(_, n)| *n)
     }
 }
 
@@ -220,7 +228,9 @@ impl From<sqlx::Error> for StoreError {
             | sqlx::Error::WorkerCrashed
             | sqlx::Error::Tls(_)
             | sqlx::Error::Protocol(_) => StoreError::Unavailable(e.to_string()),
-            sqlx::Error::Database(db) if db.is_unique_violation() => StoreError::Duplicate(String::new()),
+            sqlx::Error::Database(db) if db.is_unique_violation() => {
+                StoreError::Duplicate(String::new())
+            }
             sqlx::Error::Database(db) => StoreError::Query(db.message().to_string()),
             _ => StoreError::Query(e.to_string()),
         }
@@ -298,9 +308,15 @@ impl Backend {
 }
 
 /// Opens the store a `database.url` names.
-pub async fn open(url: &str, max_connections: u32, table: &str) -> Result<Arc<dyn Store>, StoreError> {
+pub async fn open(
+    url: &str,
+    max_connections: u32,
+    table: &str,
+) -> Result<Arc<dyn Store>, StoreError> {
     match Backend::from_url(url).map_err(StoreError::Query)? {
-        Backend::Sqlite => Ok(Arc::new(SqliteStore::connect(url, max_connections, table).await?)),
+        Backend::Sqlite => Ok(Arc::new(
+            SqliteStore::connect(url, max_connections, table).await?,
+        )),
         backend => Err(StoreError::Query(format!(
             "{backend:?} is not supported by this build yet; use sqlite://"
         ))),
@@ -330,10 +346,26 @@ pub fn short_error(message: &str) -> String {
 }
 
 /// Assembles [`Stats`] from the rows every backend's queries return.
-fn stats_from(counts: Vec<(String, i64)>, oldest: Option<i64>, top_errors: Vec<(String, i64)>) -> Stats {
+fn stats_from(
+    counts: Vec<(String, i64)>,
+    oldest: Option<i64>,
+    top_errors: Vec<(String, i64)>,
+) -> Stats {
     let counts = Status::ALL
         .into_iter()
-        .map(|s| (s, counts.iter().find(|(name, _)| name == s.as_str()).map_or(0, |(_, n)| *n)))
+        .map(|s| {
+            (
+                s,
+                counts
+                    .iter()
+                    .find(|(name, _)| name == s.as_str())
+                    .map_or(0, |(_, n)| *n),
+            )
+        })
         .collect();
-    Stats { counts, oldest_waiting_created_at_ms: oldest, top_errors }
+    Stats {
+        counts,
+        oldest_waiting_created_at_ms: oldest,
+        top_errors,
+    }
 }

@@ -6,10 +6,14 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+};
 use sqlx::{QueryBuilder, Row as _, Sqlite, SqlitePool};
 
-use super::{Claimed, Lease, Mark, NewEvent, Outcome, Row, Stats, Status, Store, StoreError, migrate};
+use super::{
+    Claimed, Lease, Mark, NewEvent, Outcome, Row, Stats, Status, Store, StoreError, migrate,
+};
 
 /// The SQLite backend.
 pub struct SqliteStore {
@@ -32,7 +36,10 @@ impl SqliteStore {
             .connect_with(options)
             .await
             .map_err(|e| StoreError::Unavailable(format!("cannot open {url}: {e}")))?;
-        Ok(SqliteStore { pool, table: table.to_string() })
+        Ok(SqliteStore {
+            pool,
+            table: table.to_string(),
+        })
     }
 
     /// The underlying pool, for tests that write rows the way a producer would.
@@ -52,7 +59,8 @@ fn row_from(r: &SqliteRow) -> Result<Row, sqlx::Error> {
         event_id: r.try_get("event_id")?,
         event_type: r.try_get("event_type")?,
         room_id: r.try_get("room_id")?,
-        status: Status::parse(&status).ok_or_else(|| sqlx::Error::Decode(format!("unknown status {status:?}").into()))?,
+        status: Status::parse(&status)
+            .ok_or_else(|| sqlx::Error::Decode(format!("unknown status {status:?}").into()))?,
         envelope: r.try_get("envelope")?,
         created_at_ms: r.try_get("created_at_ms")?,
         retry_count: r.try_get("retry_count")?,
@@ -77,28 +85,40 @@ impl Store for SqliteStore {
         .map_err(|e| StoreError::Migration(e.to_string()))?;
         for step in migrate::steps(&migrate::SQLITE, t) {
             let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-            let applied: Option<i64> = sqlx::query_scalar(&format!("SELECT version FROM {t}_migrations WHERE version = ?"))
-                .bind(step.version)
-                .fetch_optional(&mut *tx)
-                .await?;
+            let applied: Option<i64> = sqlx::query_scalar(&format!(
+                "SELECT version FROM {t}_migrations WHERE version = ?"
+            ))
+            .bind(step.version)
+            .fetch_optional(&mut *tx)
+            .await?;
             if applied.is_some() {
                 continue;
             }
             sqlx::Executor::execute(&mut *tx, step.sql.as_str())
                 .await
-                .map_err(|e| StoreError::Migration(format!("{} {}: {e}", step.version, step.description)))?;
-            sqlx::query(&format!("INSERT INTO {t}_migrations (version, description, applied_at_ms) VALUES (?, ?, ?)"))
-                .bind(step.version)
-                .bind(&step.description)
-                .bind(super::now_ms())
-                .execute(&mut *tx)
-                .await?;
+                .map_err(|e| {
+                    StoreError::Migration(format!("{} {}: {e}", step.version, step.description))
+                })?;
+            sqlx::query(&format!(
+                "INSERT INTO {t}_migrations (version, description, applied_at_ms) VALUES (?, ?, ?)"
+            ))
+            .bind(step.version)
+            .bind(&step.description)
+            .bind(super::now_ms())
+            .execute(&mut *tx)
+            .await?;
             tx.commit().await?;
         }
         Ok(())
     }
 
-    async fn claim(&self, worker_id: &str, now_ms: i64, lock_until_ms: i64, limit: u32) -> Result<Vec<Claimed>, StoreError> {
+    async fn claim(
+        &self,
+        worker_id: &str,
+        now_ms: i64,
+        lock_until_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<Claimed>, StoreError> {
         let t = &self.table;
         let sql = format!(
             "UPDATE {t} SET status = 'delivering', worker_id = ?1, lock_until_ms = ?2, updated_at_ms = ?3 \
@@ -128,7 +148,10 @@ impl Store for SqliteStore {
                     envelope: r.try_get("envelope")?,
                     created_at_ms: r.try_get("created_at_ms")?,
                     retry_count: r.try_get("retry_count")?,
-                    lease: Lease { worker_id: worker_id.to_string(), lock_until_ms },
+                    lease: Lease {
+                        worker_id: worker_id.to_string(),
+                        lock_until_ms,
+                    },
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()?;
@@ -141,8 +164,11 @@ impl Store for SqliteStore {
         let t = &self.table;
         let mut changed = 0;
         let mut tx = self.pool.begin().await?;
-        let delivered: Vec<i64> =
-            marks.iter().filter(|m| matches!(m.outcome, Outcome::Delivered)).map(|m| m.id).collect();
+        let delivered: Vec<i64> = marks
+            .iter()
+            .filter(|m| matches!(m.outcome, Outcome::Delivered))
+            .map(|m| m.id)
+            .collect();
         if !delivered.is_empty() {
             let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
                 "UPDATE {t} SET status = 'delivered', last_error = NULL, worker_id = NULL, lock_until_ms = 0, "
@@ -160,7 +186,10 @@ impl Store for SqliteStore {
         for m in marks {
             let (status, error, next_retry_at_ms, bump) = match &m.outcome {
                 Outcome::Delivered => continue,
-                Outcome::Retry { error, next_retry_at_ms } => ("retryable", error, *next_retry_at_ms, 1),
+                Outcome::Retry {
+                    error,
+                    next_retry_at_ms,
+                } => ("retryable", error, *next_retry_at_ms, 1),
                 Outcome::Fail { error } => ("failed", error, 0, 1),
             };
             let sql = format!(
@@ -233,17 +262,22 @@ impl Store for SqliteStore {
     }
 
     async fn get(&self, event_id: &str) -> Result<Option<Row>, StoreError> {
-        let row = sqlx::query(&format!("SELECT {ROW_COLUMNS} FROM {} WHERE event_id = ?", self.table))
-            .bind(event_id)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row = sqlx::query(&format!(
+            "SELECT {ROW_COLUMNS} FROM {} WHERE event_id = ?",
+            self.table
+        ))
+        .bind(event_id)
+        .fetch_optional(&self.pool)
+        .await?;
         Ok(row.as_ref().map(row_from).transpose()?)
     }
 
     async fn stats(&self) -> Result<Stats, StoreError> {
         let t = &self.table;
         let counts: Vec<(String, i64)> =
-            sqlx::query_as(&format!("SELECT status, COUNT(*) FROM {t} GROUP BY status")).fetch_all(&self.pool).await?;
+            sqlx::query_as(&format!("SELECT status, COUNT(*) FROM {t} GROUP BY status"))
+                .fetch_all(&self.pool)
+                .await?;
         let oldest: Option<i64> = sqlx::query_scalar(&format!(
             "SELECT MIN(created_at_ms) FROM {t} WHERE status IN ('pending', 'retryable')"
         ))

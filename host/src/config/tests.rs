@@ -1,0 +1,253 @@
+//! The seed's configuration rules, one test each.
+
+use super::*;
+
+fn parse(yaml: &str) -> Result<Config, ConfigError> {
+    Config::from_yaml(yaml, std::iter::empty(), &|_| None)
+}
+
+fn problems(yaml: &str) -> Vec<String> {
+    parse(yaml).expect_err("config should be refused").problems
+}
+
+const SINK: &str = "sink:\n  name: fake\n  plugin: fake.wasm\n";
+
+#[test]
+fn an_empty_file_gets_the_seed_defaults() {
+    let config = parse("").unwrap();
+    let w = &config.worker;
+    assert!(w.enabled);
+    assert_eq!(w.poll_interval, Duration::from_secs(1));
+    assert_eq!(w.batch_size, 100);
+    assert_eq!(w.publish_timeout, Duration::from_secs(3));
+    assert_eq!(w.retry_interval, Duration::from_secs(1));
+    assert_eq!(w.max_attempts, 0);
+    assert_eq!(config.database.url, "sqlite://outbox.db");
+    assert_eq!(config.table, "room_outbox");
+    assert_eq!(config.admin_listen, Some("127.0.0.1:9464".parse().unwrap()));
+    assert!(config.sink.is_none());
+    assert!(config.require_sink("run").is_err());
+}
+
+#[test]
+fn the_seed_example_block_is_accepted() {
+    let yaml = format!(
+        "outbox_worker:\n  enabled: true\n  poll_interval: \"1s\"\n  batch_size: 100\n  publish_timeout: \"3s\"\n  retry_strategy: \"fixed_interval\"\n{SINK}"
+    );
+    let config = parse(&yaml).unwrap();
+    assert_eq!(config.worker.batch_size, 100);
+    assert_eq!(config.require_sink("run").unwrap().name, "fake");
+}
+
+#[test]
+fn non_positive_interval_size_and_timeout_fall_back_to_defaults() {
+    let config = parse(
+        "outbox_worker:\n  poll_interval: 0s\n  batch_size: -5\n  publish_timeout: \"-1s\"\n",
+    )
+    .unwrap();
+    assert_eq!(config.worker.poll_interval, DEFAULT_POLL_INTERVAL);
+    assert_eq!(config.worker.batch_size, DEFAULT_BATCH_SIZE);
+    assert_eq!(config.worker.publish_timeout, DEFAULT_PUBLISH_TIMEOUT);
+    assert_eq!(
+        config.notes.len(),
+        3,
+        "each fallback is noted: {:?}",
+        config.notes
+    );
+    assert!(config.notes[0].starts_with("outbox_worker.poll_interval"));
+}
+
+#[test]
+fn an_empty_retry_strategy_is_the_fixed_interval() {
+    assert!(parse("outbox_worker:\n  retry_strategy: \"\"\n").is_ok());
+}
+
+#[test]
+fn an_unknown_retry_strategy_refuses_to_start() {
+    let p = problems("outbox_worker:\n  retry_strategy: exponential\n");
+    assert_eq!(p.len(), 1);
+    assert!(p[0].starts_with("outbox_worker.retry_strategy:"), "{p:?}");
+    assert!(p[0].contains("exponential"));
+}
+
+#[test]
+fn unknown_keys_are_errors_at_every_level() {
+    let p = problems(
+        "outbox_workr:\n  enabled: true\noutbox_worker:\n  batchsize: 5\nsink:\n  name: a\n  plugin: a.wasm\n  alowed_hosts: []\n",
+    );
+    assert!(p.iter().any(|p| p.starts_with("outbox_workr:")), "{p:?}");
+    assert!(
+        p.iter().any(|p| p.starts_with("outbox_worker.batchsize:")),
+        "{p:?}"
+    );
+    assert!(
+        p.iter().any(|p| p.starts_with("sink.alowed_hosts:")),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let p = problems(
+        "outbox_worker:\n  retry_strategy: nope\n  poll_interval: soon\noutbox:\n  table: \"drop table\"\nadmin:\n  listen: everywhere\nsink:\n  name: \"\"\n",
+    );
+    for key in [
+        "outbox_worker.retry_strategy",
+        "outbox_worker.poll_interval",
+        "outbox.table",
+        "admin.listen",
+        "sink.name",
+        "sink.plugin",
+    ] {
+        assert!(
+            p.iter().any(|p| p.starts_with(&format!("{key}:"))),
+            "{key} missing from {p:?}"
+        );
+    }
+}
+
+#[test]
+fn the_table_must_be_an_identifier() {
+    assert!(parse("outbox:\n  table: events_2\n").is_ok());
+    for bad in ["\"room outbox\"", "\"1st\"", "\"a;drop\"", "\"x-y\""] {
+        let p = problems(&format!("outbox:\n  table: {bad}\n"));
+        assert!(p[0].starts_with("outbox.table:"), "{bad}: {p:?}");
+    }
+}
+
+#[test]
+fn a_lease_shorter_than_a_batch_is_refused() {
+    let p = problems(
+        "outbox_worker:\n  batch_size: 100\n  concurrency: 10\n  publish_timeout: 3s\n  lease_duration: 10s\n",
+    );
+    assert!(p[0].starts_with("outbox_worker.lease_duration:"), "{p:?}");
+    assert!(p[0].contains("at least 35s"), "{p:?}");
+    let ok = parse("outbox_worker:\n  batch_size: 100\n  concurrency: 10\n  publish_timeout: 3s\n  lease_duration: 35s\n").unwrap();
+    assert_eq!(ok.worker.lease, Duration::from_secs(35));
+}
+
+#[test]
+fn the_default_lease_covers_the_batch() {
+    let config =
+        parse("outbox_worker:\n  batch_size: 1000\n  concurrency: 4\n  publish_timeout: 2s\n")
+            .unwrap();
+    assert_eq!(config.worker.lease, Duration::from_secs(250 * 2 + 5));
+}
+
+#[test]
+fn database_urls_must_name_a_known_database() {
+    assert!(parse("database:\n  url: postgres://u:secret@db/outbox\n").is_ok());
+    let p = problems("database:\n  url: \"redis://u:secret@cache\"\n");
+    assert!(p[0].starts_with("database.url:"), "{p:?}");
+    assert!(!p[0].contains("secret"), "the password leaked: {p:?}");
+}
+
+#[test]
+fn env_placeholders_fill_values_and_missing_ones_are_named() {
+    let yaml = format!(
+        "{SINK}  config:\n    secret_key: \"${{TIM_KEY}}\"\n    region: \"${{REGION}}-1\"\n"
+    );
+    let env = |name: &str| (name == "TIM_KEY").then(|| "s3cret".to_string());
+    let err = Config::from_yaml(&yaml, std::iter::empty(), &env).unwrap_err();
+    assert_eq!(
+        err.problems,
+        vec!["sink.config.region: environment variable REGION is not set".to_string()]
+    );
+
+    let env = |name: &str| Some(format!("{name}-value"));
+    let config = Config::from_yaml(&yaml, std::iter::empty(), &env).unwrap();
+    let settings = &config.sink.unwrap().config;
+    assert_eq!(settings.0["secret_key"], "TIM_KEY-value");
+    assert_eq!(settings.0["region"], "REGION-value-1");
+    assert!(
+        !format!("{settings:?}").contains("value"),
+        "Debug must not print values"
+    );
+}
+
+#[test]
+fn environment_variables_override_any_key() {
+    let vars = vec![
+        (
+            "OUTBOX__OUTBOX_WORKER__BATCH_SIZE".to_string(),
+            "7".to_string(),
+        ),
+        (
+            "OUTBOX__DATABASE__URL".to_string(),
+            "sqlite://other.db".to_string(),
+        ),
+        ("UNRELATED".to_string(), "x".to_string()),
+    ];
+    let config = Config::from_yaml(
+        "outbox_worker:\n  batch_size: 50\n",
+        vars.into_iter(),
+        &|_| None,
+    )
+    .unwrap();
+    assert_eq!(config.worker.batch_size, 7);
+    assert_eq!(config.database.url, "sqlite://other.db");
+
+    let vars = vec![(
+        "OUTBOX__OUTBOX_WORKER__BATCH_SIZ".to_string(),
+        "7".to_string(),
+    )];
+    let err = Config::from_yaml("", vars.into_iter(), &|_| None).unwrap_err();
+    assert!(
+        err.problems[0].starts_with("outbox_worker.batch_siz:"),
+        "{:?}",
+        err.problems
+    );
+}
+
+#[test]
+fn wrong_types_name_their_key() {
+    let p = problems("outbox_worker:\n  enabled: maybe\n  batch_size: lots\n");
+    assert!(
+        p.iter().any(|p| p.starts_with("outbox_worker.enabled:")),
+        "{p:?}"
+    );
+    assert!(
+        p.iter().any(|p| p.starts_with("outbox_worker.batch_size:")),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn sink_limits_and_hosts_are_checked() {
+    let p = problems(&format!(
+        "{SINK}  memory_limit: 10KiB\n  allowed_hosts: [\"https://x.com\"]\n"
+    ));
+    assert!(
+        p.iter().any(|p| p.starts_with("sink.memory_limit:")),
+        "{p:?}"
+    );
+    assert!(
+        p.iter().any(|p| p.starts_with("sink.allowed_hosts:")),
+        "{p:?}"
+    );
+    let config = parse(&format!("{SINK}  memory_limit: 32MiB\n  cache_dir: \"\"\n")).unwrap();
+    let sink = config.sink.unwrap();
+    assert_eq!(sink.memory_limit, 32 << 20);
+    assert_eq!(sink.cache_dir, None);
+}
+
+#[test]
+fn admin_can_be_turned_off() {
+    assert_eq!(
+        parse("admin:\n  listen: \"\"\n").unwrap().admin_listen,
+        None
+    );
+}
+
+#[test]
+fn passwords_are_redacted() {
+    assert_eq!(
+        redact_url("postgres://app:hunter2@db:5432/x"),
+        "postgres://app:***@db:5432/x"
+    );
+    assert_eq!(
+        redact_url("mysql://root@127.0.0.1/test"),
+        "mysql://root@127.0.0.1/test"
+    );
+    assert_eq!(redact_url("sqlite://outbox.db"), "sqlite://outbox.db");
+}
