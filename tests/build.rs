@@ -10,27 +10,14 @@ fn main() {
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     // OUT_DIR is <target>/<profile>/build/<pkg>-<hash>/out.
     let target_dir = out_dir.ancestors().nth(4).unwrap().join("wasm-plugins");
-    for watched in [
-        "plugins/Cargo.toml",
-        "plugins/fake",
-        "plugins/tencent-im",
-        "wit",
-        "proto",
-    ] {
+    for watched in ["plugins/Cargo.toml", "plugins/fake", "plugins/tencent-im", "wit", "proto"] {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());
     }
 
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         .current_dir(root)
-        .args([
-            "build",
-            "--release",
-            "--target",
-            "wasm32-wasip2",
-            "--manifest-path",
-            "plugins/Cargo.toml",
-        ])
+        .args(["build", "--release", "--target", "wasm32-wasip2", "--manifest-path", "plugins/Cargo.toml"])
         .env("CARGO_TARGET_DIR", &target_dir)
         // Flags meant for the host build must not leak into the wasm build.
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
@@ -46,16 +33,9 @@ fn main() {
 
     let built = target_dir.join("wasm32-wasip2/release");
     let mut consts = String::new();
-    for (name, file) in [
-        ("FAKE_SINK", "fake_sink.wasm"),
-        ("TENCENT_IM_SINK", "tencent_im_sink.wasm"),
-    ] {
+    for (name, file) in [("FAKE_SINK", "fake_sink.wasm"), ("TENCENT_IM_SINK", "tencent_im_sink.wasm")] {
         let path = built.join(file);
-        assert!(
-            Path::new(&path).exists(),
-            "{} was not built",
-            path.display()
-        );
+        assert!(Path::new(&path).exists(), "{} was not built", path.display());
         consts.push_str(&format!(
             "/// Path of the built `{file}`.\npub const {name}: &str = {:?};\n",
             path.display().to_string()

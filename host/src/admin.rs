@@ -34,14 +34,10 @@ pub async fn serve(
         .await
         .map_err(|e| anyhow::anyhow!("admin.listen: cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr()?;
-    let app = Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(ready))
-        .with_state(readiness);
+    let app =
+        Router::new().route("/healthz", get(|| async { "ok\n" })).route("/readyz", get(ready)).with_state(readiness);
     let task = tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await;
+        let served = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await;
         if let Err(e) = served {
             tracing::error!(error = %e, "admin listener failed");
         }
@@ -54,10 +50,7 @@ async fn ready(State(r): State<Arc<Readiness>>) -> (StatusCode, String) {
         return (StatusCode::SERVICE_UNAVAILABLE, "draining\n".into());
     }
     if !r.worker_running.load(Ordering::Relaxed) {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "worker not running\n".into(),
-        );
+        return (StatusCode::SERVICE_UNAVAILABLE, "worker not running\n".into());
     }
     match r.store.ping().await {
         Ok(()) => (StatusCode::OK, "ready\n".into()),

@@ -25,13 +25,9 @@ pub struct Host {
 
 /// Opens the configured database, saying which one could not be reached.
 pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
-    store::open(
-        &config.database.url,
-        config.database.max_connections,
-        &config.table,
-    )
-    .await
-    .with_context(|| format!("database.url {}", redact_url(&config.database.url)))
+    store::open(&config.database.url, config.database.max_connections, &config.table)
+        .await
+        .with_context(|| format!("database.url {}", redact_url(&config.database.url)))
 }
 
 impl Host {
@@ -45,24 +41,12 @@ impl Host {
         store.migrate().await.context("applying migrations")?;
         let worker = if config.worker.enabled {
             let concurrency = config.worker.concurrency;
-            let sink =
-                tokio::task::spawn_blocking(move || SinkRuntime::load(&sink_config, concurrency))
-                    .await??;
-            Some(Worker::new(
-                store.clone(),
-                Arc::new(sink),
-                config.worker.clone(),
-                &config.node_id,
-            ))
+            let sink = tokio::task::spawn_blocking(move || SinkRuntime::load(&sink_config, concurrency)).await??;
+            Some(Worker::new(store.clone(), Arc::new(sink), config.worker.clone(), &config.node_id))
         } else {
             None
         };
-        Ok(Host {
-            config,
-            store,
-            worker,
-            admin_addr: None,
-        })
+        Ok(Host { config, store, worker, admin_addr: None })
     }
 
     /// The outbox store (tests inspect the table through it).
@@ -90,8 +74,7 @@ impl Host {
         let admin_stop = CancellationToken::new();
         let admin = match self.config.admin_listen {
             Some(addr) => {
-                let (bound, task) =
-                    admin::serve(addr, readiness.clone(), admin_stop.clone()).await?;
+                let (bound, task) = admin::serve(addr, readiness.clone(), admin_stop.clone()).await?;
                 self.admin_addr = Some(bound);
                 tracing::info!(listen = %bound, "admin listener up: /healthz /readyz");
                 Some(task)

@@ -31,9 +31,7 @@ pub fn to_event(row: &Claimed) -> Result<Event, String> {
         room_version: envelope.room_version,
         occurred_at_ms: envelope.occurred_at_ms,
         body: envelope.body,
-        attempt: u32::try_from(row.retry_count)
-            .unwrap_or(0)
-            .saturating_add(1),
+        attempt: u32::try_from(row.retry_count).unwrap_or(0).saturating_add(1),
     })
 }
 

@@ -74,10 +74,7 @@ fn main() -> ExitCode {
         config.log.format = LogFormat::Json;
     }
     outbox_host::logging::init(&config.log);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     match runtime.block_on(execute(cli.command, config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -105,30 +102,17 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
         Command::Status => {
             let store = app::open_store(&config).await?;
             let stats = store.stats().await?;
-            print!(
-                "{}",
-                outbox_host::report::status(&config.table, &stats, now_ms())
-            );
+            print!("{}", outbox_host::report::status(&config.table, &stats, now_ms()));
             store.close().await;
             Ok(())
         }
-        Command::Enqueue {
-            event_type,
-            room,
-            body,
-            count,
-            app_code,
-            delivered,
-        } => {
+        Command::Enqueue { event_type, room, body, count, app_code, delivered } => {
             let body = match body {
                 None => Vec::new(),
                 Some(text) => {
-                    let json: serde_json::Value =
-                        serde_json::from_str(&text).context("--body is not JSON")?;
+                    let json: serde_json::Value = serde_json::from_str(&text).context("--body is not JSON")?;
                     match outbox_proto::body_from_json(&event_type, &json) {
-                        Some(encoded) => {
-                            encoded.with_context(|| format!("--body does not fit {event_type}"))?
-                        }
+                        Some(encoded) => encoded.with_context(|| format!("--body does not fit {event_type}"))?,
                         None => anyhow::bail!(
                             "--body: unknown event type {event_type:?} (known: {})",
                             outbox_proto::EVENT_TYPES.join(", ")
@@ -136,16 +120,11 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
                     }
                 }
             };
-            let status = if delivered {
-                Status::Delivered
-            } else {
-                Status::Pending
-            };
+            let status = if delivered { Status::Delivered } else { Status::Pending };
             let base = now_ms();
             let events: Vec<NewEvent> = (0..count)
                 .map(|i| {
-                    let event_id =
-                        format!("evt-{base}-{i}-{:08x}", outbox_host::random_u64() as u32);
+                    let event_id = format!("evt-{base}-{i}-{:08x}", outbox_host::random_u64() as u32);
                     let envelope = outbox_host::envelope::encode(
                         &app_code,
                         &event_id,
@@ -179,10 +158,7 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
         Command::CheckConfig => {
             let sink = config.require_sink("deliver")?.clone();
             let concurrency = config.worker.concurrency;
-            tokio::task::spawn_blocking(move || {
-                outbox_host::sink::SinkRuntime::load(&sink, concurrency)
-            })
-            .await??;
+            tokio::task::spawn_blocking(move || outbox_host::sink::SinkRuntime::load(&sink, concurrency)).await??;
             for note in &config.notes {
                 println!("note: {note}");
             }

@@ -16,11 +16,7 @@ pub fn status(table: &str, stats: &Stats, now_ms: i64) -> String {
     match stats.oldest_waiting_created_at_ms {
         Some(created) => {
             let age = std::time::Duration::from_millis((now_ms - created).max(0) as u64);
-            let _ = writeln!(
-                out,
-                "oldest waiting (pending or retryable): {} old",
-                format_duration(age)
-            );
+            let _ = writeln!(out, "oldest waiting (pending or retryable): {} old", format_duration(age));
         }
         None => out.push_str("oldest waiting (pending or retryable): none\n"),
     }

@@ -51,23 +51,11 @@ pub struct Worker {
 impl Worker {
     /// A worker named after `node_id` plus a per-process suffix, so that two processes on
     /// one node never share leases.
-    pub fn new(
-        store: Arc<dyn Store>,
-        sink: Arc<SinkRuntime>,
-        config: WorkerConfig,
-        node_id: &str,
-    ) -> Arc<Worker> {
+    pub fn new(store: Arc<dyn Store>, sink: Arc<SinkRuntime>, config: WorkerConfig, node_id: &str) -> Arc<Worker> {
         let random = crate::random_u64();
         let worker_id = format!("{node_id}-{}-{:08x}", std::process::id(), random as u32);
         let (signals, _) = broadcast::channel(1024);
-        Arc::new(Worker {
-            store,
-            sink,
-            config,
-            node_id: node_id.to_string(),
-            worker_id,
-            signals,
-        })
+        Arc::new(Worker { store, sink, config, node_id: node_id.to_string(), worker_id, signals })
     }
 
     /// The id written into `worker_id` of the rows this worker holds.
@@ -101,11 +89,7 @@ impl Worker {
         );
         while !shutdown.is_cancelled() {
             let now = now_ms();
-            let claimed = match self
-                .store
-                .claim(&self.worker_id, now, now + lease_ms, self.config.batch_size)
-                .await
-            {
+            let claimed = match self.store.claim(&self.worker_id, now, now + lease_ms, self.config.batch_size).await {
                 Ok(rows) => rows,
                 Err(e) => {
                     tracing::warn!(worker = "room_outbox", node_id = %self.node_id, error = %e, retry_in_ms = backoff.as_millis() as u64, "claim failed; will retry");
@@ -146,13 +130,8 @@ impl Worker {
         let unstarted = Arc::new(Mutex::new(Vec::new()));
         let mut rooms = JoinSet::new();
         for chain in by_room(claimed) {
-            let (this, slots, unstarted, marks, shutdown) = (
-                self.clone(),
-                slots.clone(),
-                unstarted.clone(),
-                marks.clone(),
-                shutdown.clone(),
-            );
+            let (this, slots, unstarted, marks, shutdown) =
+                (self.clone(), slots.clone(), unstarted.clone(), marks.clone(), shutdown.clone());
             rooms.spawn(async move {
                 let mut chain = chain.into_iter();
                 while let Some(row) = chain.next() {
@@ -163,10 +142,7 @@ impl Worker {
                     };
                     let timeout_ms = this.config.publish_timeout.as_millis() as i64;
                     let lease_left = row.lease.lock_until_ms - now_ms();
-                    if slot.is_none()
-                        || shutdown.is_cancelled()
-                        || lease_left < timeout_ms + START_MARGIN_MS
-                    {
+                    if slot.is_none() || shutdown.is_cancelled() || lease_left < timeout_ms + START_MARGIN_MS {
                         let mut held = unstarted.lock().expect("unstarted list");
                         held.push((row.id, row.lease.clone()));
                         held.extend(chain.map(|r| (r.id, r.lease)));
@@ -231,24 +207,14 @@ impl Worker {
                 }
                 Err((class, message, retry_after)) => {
                     let error = short_error(&message);
-                    let exhausted =
-                        self.config.max_attempts > 0 && attempt >= self.config.max_attempts as i32;
+                    let exhausted = self.config.max_attempts > 0 && attempt >= self.config.max_attempts as i32;
                     let outcome = if class == FailureClass::Permanent {
                         Outcome::Fail { error }
                     } else if exhausted {
-                        Outcome::Fail {
-                            error: short_error(&format!(
-                                "gave up after {attempt} attempts: {message}"
-                            )),
-                        }
+                        Outcome::Fail { error: short_error(&format!("gave up after {attempt} attempts: {message}")) }
                     } else {
-                        let wait = retry_after
-                            .unwrap_or_default()
-                            .max(self.config.retry_interval);
-                        Outcome::Retry {
-                            error,
-                            next_retry_at_ms: now_ms() + wait.as_millis() as i64,
-                        }
+                        let wait = retry_after.unwrap_or_default().max(self.config.retry_interval);
+                        Outcome::Retry { error, next_retry_at_ms: now_ms() + wait.as_millis() as i64 }
                     };
                     let (status, error) = match &outcome {
                         Outcome::Fail { error } => ("failed", error.as_str()),
@@ -270,11 +236,7 @@ impl Worker {
                     outcome
                 }
             };
-            Mark {
-                id: row.id,
-                lease: row.lease,
-                outcome,
-            }
+            Mark { id: row.id, lease: row.lease, outcome }
         }
         .instrument(span)
         .await

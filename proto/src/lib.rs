@@ -24,10 +24,7 @@ pub const EVENT_TYPES: &[&str] = &[
 /// Decodes a body of the named event type into JSON (field names as in the .proto file).
 ///
 /// Returns `None` for an event type this schema does not know.
-pub fn body_to_json(
-    event_type: &str,
-    body: &[u8],
-) -> Option<Result<serde_json::Value, prost::DecodeError>> {
+pub fn body_to_json(event_type: &str, body: &[u8]) -> Option<Result<serde_json::Value, prost::DecodeError>> {
     macro_rules! decode {
         ($($name:ident),*) => {
             match event_type {
@@ -38,25 +35,14 @@ pub fn body_to_json(
             }
         };
     }
-    decode!(
-        RoomCreated,
-        RoomUserJoined,
-        RoomUserLeft,
-        RoomGiftSent,
-        RoomMicChanged,
-        RoomHeatChanged,
-        RoomRankChanged
-    )
+    decode!(RoomCreated, RoomUserJoined, RoomUserLeft, RoomGiftSent, RoomMicChanged, RoomHeatChanged, RoomRankChanged)
 }
 
 /// Encodes a JSON body as the protobuf message of the named event type.
 ///
 /// Returns `None` for an unknown event type; `Some(Err)` when the JSON does not fit the
 /// message (an unknown field or a wrong type).
-pub fn body_from_json(
-    event_type: &str,
-    json: &serde_json::Value,
-) -> Option<Result<Vec<u8>, serde_json::Error>> {
+pub fn body_from_json(event_type: &str, json: &serde_json::Value) -> Option<Result<Vec<u8>, serde_json::Error>> {
     macro_rules! encode {
         ($($name:ident),*) => {
             match event_type {
@@ -66,13 +52,5 @@ pub fn body_from_json(
         };
     }
     use serde::Deserialize;
-    encode!(
-        RoomCreated,
-        RoomUserJoined,
-        RoomUserLeft,
-        RoomGiftSent,
-        RoomMicChanged,
-        RoomHeatChanged,
-        RoomRankChanged
-    )
+    encode!(RoomCreated, RoomUserJoined, RoomUserLeft, RoomGiftSent, RoomMicChanged, RoomHeatChanged, RoomRankChanged)
 }

@@ -2,6 +2,7 @@
 //! against a real SQLite file and the real fake sink `.wasm` built from `plugins/fake`.
 
 mod acceptance;
+mod conformance;
 mod leases;
 mod process;
 mod sandbox;

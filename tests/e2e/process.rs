@@ -21,10 +21,7 @@ fn spawn_host(world: &World, yaml: &str) -> Child {
 }
 
 fn signal(child: &Child, name: &str) {
-    let status = Command::new("kill")
-        .args([&format!("-{name}"), &child.id().to_string()])
-        .status()
-        .unwrap();
+    let status = Command::new("kill").args([&format!("-{name}"), &child.id().to_string()]).status().unwrap();
     assert!(status.success());
 }
 
@@ -35,10 +32,7 @@ async fn wait_table(world: &World, what: &str, check: impl Fn(&outbox_host::stor
         if check(&world.producer.stats().await.unwrap()) {
             return;
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -46,10 +40,7 @@ async fn wait_table(world: &World, what: &str, check: impl Fn(&outbox_host::stor
 async fn wait_exit(mut child: Child) -> Output {
     let deadline = std::time::Instant::now() + PATIENCE;
     while child.try_wait().unwrap().is_none() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "outbox-host did not exit"
-        );
+        assert!(std::time::Instant::now() < deadline, "outbox-host did not exit");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     child.wait_with_output().unwrap()
@@ -62,51 +53,26 @@ async fn sigterm_drains_and_exits_zero_with_nothing_delivering() {
     let world = World::new().await;
     let mut ids = Vec::new();
     for _ in 0..6 {
-        ids.push(
-            world
-                .produce("RoomGiftSent", "room-slow", Status::Pending)
-                .await,
-        );
+        ids.push(world.produce("RoomGiftSent", "room-slow", Status::Pending).await);
     }
     let child = spawn_host(&world, &world.yaml("", "room.room-slow: sleep:400"));
-    wait_table(&world, "the first delivery", |s| {
-        s.count(Status::Delivered) >= 1
-    })
-    .await;
+    wait_table(&world, "the first delivery", |s| s.count(Status::Delivered) >= 1).await;
     signal(&child, "TERM");
     let output = wait_exit(child).await;
     let log = String::from_utf8_lossy(&output.stderr);
 
     assert_eq!(output.status.code(), Some(0), "log:\n{log}");
     let stats = world.producer.stats().await.unwrap();
-    assert_eq!(
-        stats.count(Status::Delivering),
-        0,
-        "left delivering: {stats:?}"
-    );
-    assert_eq!(
-        stats.count(Status::Delivered) + stats.count(Status::Pending),
-        6,
-        "{stats:?}"
-    );
-    assert!(
-        stats.count(Status::Pending) >= 1,
-        "nothing was handed back: {stats:?}"
-    );
+    assert_eq!(stats.count(Status::Delivering), 0, "left delivering: {stats:?}");
+    assert_eq!(stats.count(Status::Delivered) + stats.count(Status::Pending), 6, "{stats:?}");
+    assert!(stats.count(Status::Pending) >= 1, "nothing was handed back: {stats:?}");
     for id in &ids {
         let row = world.row(id).await;
         if row.status == Status::Pending {
-            assert_eq!(
-                (row.worker_id, row.lock_until_ms),
-                (None, 0),
-                "{id} still leased"
-            );
+            assert_eq!((row.worker_id, row.lock_until_ms), (None, 0), "{id} still leased");
         }
     }
-    assert!(
-        log.contains("handed back claimed rows that were not started"),
-        "log:\n{log}"
-    );
+    assert!(log.contains("handed back claimed rows that were not started"), "log:\n{log}");
     assert!(log.contains("worker stopped"), "log:\n{log}");
 }
 
@@ -114,13 +80,8 @@ async fn sigterm_drains_and_exits_zero_with_nothing_delivering() {
 #[tokio::test]
 async fn a_second_signal_exits_at_once() {
     let world = World::new().await;
-    let id = world
-        .produce("RoomGiftSent", "room-stuck", Status::Pending)
-        .await;
-    let child = spawn_host(
-        &world,
-        &world.yaml("publish_timeout: 20s", "room.room-stuck: sleep:15000"),
-    );
+    let id = world.produce("RoomGiftSent", "room-stuck", Status::Pending).await;
+    let child = spawn_host(&world, &world.yaml("publish_timeout: 20s", "room.room-stuck: sleep:15000"));
     wait_table(&world, "the claim", |s| s.count(Status::Delivering) == 1).await;
     signal(&child, "TERM");
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -129,32 +90,19 @@ async fn a_second_signal_exits_at_once() {
     assert_eq!(output.status.code(), Some(130));
     let row = world.row(&id).await;
     assert_eq!(row.status, Status::Delivering);
-    assert!(
-        row.lock_until_ms > outbox_host::store::now_ms(),
-        "the lease is still held"
-    );
+    assert!(row.lock_until_ms > outbox_host::store::now_ms(), "the lease is still held");
 }
 
 #[tokio::test]
 async fn check_config_names_every_bad_key() {
     let world = World::new().await;
     let path = world.dir.path().join("bad.yaml");
-    std::fs::write(
-        &path,
-        "outbox_worker:\n  retry_strategy: exponential\n  batch_sise: 5\nsink:\n  name: x\n",
-    )
-    .unwrap();
-    let output = Command::new(BIN)
-        .args(["--config", path.to_str().unwrap(), "check-config"])
-        .output()
+    std::fs::write(&path, "outbox_worker:\n  retry_strategy: exponential\n  batch_sise: 5\nsink:\n  name: x\n")
         .unwrap();
+    let output = Command::new(BIN).args(["--config", path.to_str().unwrap(), "check-config"]).output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
-    for key in [
-        "outbox_worker.retry_strategy:",
-        "outbox_worker.batch_sise: unknown key",
-        "sink.plugin: is required",
-    ] {
+    for key in ["outbox_worker.retry_strategy:", "outbox_worker.batch_sise: unknown key", "sink.plugin: is required"] {
         assert!(stderr.contains(key), "{key} missing from:\n{stderr}");
     }
 }
@@ -164,34 +112,18 @@ async fn check_config_loads_the_plugin_and_explains_a_wrong_one() {
     let world = World::new().await;
     let path = world.dir.path().join("outbox.yaml");
     std::fs::write(&path, world.yaml("", "")).unwrap();
-    let ok = Command::new(BIN)
-        .args(["--config", path.to_str().unwrap(), "check-config"])
-        .output()
-        .unwrap();
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
+    let ok = Command::new(BIN).args(["--config", path.to_str().unwrap(), "check-config"]).output().unwrap();
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
     assert!(String::from_utf8_lossy(&ok.stdout).contains("config OK: sink fake loads"));
 
     let core_module = world.dir.path().join("core.wasm");
     std::fs::write(&core_module, b"\0asm\x01\0\0\0").unwrap();
-    let yaml = world.yaml("", "").replace(
-        outbox_test_support::FAKE_SINK,
-        core_module.to_str().unwrap(),
-    );
+    let yaml = world.yaml("", "").replace(outbox_test_support::FAKE_SINK, core_module.to_str().unwrap());
     std::fs::write(&path, yaml).unwrap();
-    let bad = Command::new(BIN)
-        .args(["--config", path.to_str().unwrap(), "check-config"])
-        .output()
-        .unwrap();
+    let bad = Command::new(BIN).args(["--config", path.to_str().unwrap(), "check-config"]).output().unwrap();
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(!bad.status.success());
-    assert!(
-        stderr.contains("not a component: build the sink for wasm32-wasip2"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("not a component: build the sink for wasm32-wasip2"), "{stderr}");
 }
 
 /// `enqueue` writes what a producer writes; `status` reads it back.
@@ -200,14 +132,7 @@ async fn enqueue_and_status_round_trip() {
     let world = World::new().await;
     let path = world.dir.path().join("outbox.yaml");
     std::fs::write(&path, world.yaml("", "")).unwrap();
-    let run = |args: &[&str]| {
-        Command::new(BIN)
-            .arg("--config")
-            .arg(&path)
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let run = |args: &[&str]| Command::new(BIN).arg("--config").arg(&path).args(args).output().unwrap();
     let out = run(&[
         "enqueue",
         "-t",
@@ -219,20 +144,8 @@ async fn enqueue_and_status_round_trip() {
         "-n",
         "3",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = run(&[
-        "enqueue",
-        "-t",
-        "RoomGiftSent",
-        "-r",
-        "room-9",
-        "-b",
-        r#"{"gift":"rose"}"#,
-    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(&["enqueue", "-t", "RoomGiftSent", "-r", "room-9", "-b", r#"{"gift":"rose"}"#]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--body does not fit RoomGiftSent"));
 
@@ -240,10 +153,5 @@ async fn enqueue_and_status_round_trip() {
     assert_eq!(stats.count(Status::Pending), 3);
     let status = String::from_utf8_lossy(&run(&["status"]).stdout).into_owned();
     assert!(status.contains("room_outbox: 3 rows"), "{status}");
-    assert!(
-        status
-            .lines()
-            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["pending", "3"]),
-        "{status}"
-    );
+    assert!(status.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["pending", "3"]), "{status}");
 }

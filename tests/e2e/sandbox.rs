@@ -9,15 +9,10 @@ use crate::support::{Running, World};
 /// in one batch; returns the faulty row's `last_error` once it is `expect`.
 async fn fault(behaviour: &str, worker: &str, expect: Status) -> String {
     let world = World::new().await;
-    let bad = world
-        .produce("RoomGiftSent", "room-bad", Status::Pending)
-        .await;
-    let good = world
-        .produce("RoomGiftSent", "room-good", Status::Pending)
-        .await;
+    let bad = world.produce("RoomGiftSent", "room-bad", Status::Pending).await;
+    let good = world.produce("RoomGiftSent", "room-good", Status::Pending).await;
     let worker = format!("retry_interval: 1h\n{worker}");
-    let mut host =
-        Running::start(world.config(&worker, &format!("room.room-bad: \"{behaviour}\""))).await;
+    let mut host = Running::start(world.config(&worker, &format!("room.room-bad: \"{behaviour}\""))).await;
     host.wait_status(&world, &[&good], Status::Delivered).await;
     host.wait_status(&world, &[&bad], expect).await;
     host.stop().await;
@@ -41,10 +36,7 @@ async fn an_endless_loop_is_interrupted_at_publish_timeout() {
 #[tokio::test]
 async fn a_memory_bomb_hits_the_cap_and_fails_as_retryable() {
     let error = fault("oom", "", Status::Retryable).await;
-    assert!(
-        error.contains("memory limit of 16 MiB") || error.starts_with("sink trapped"),
-        "{error}"
-    );
+    assert!(error.contains("memory limit of 16 MiB") || error.starts_with("sink trapped"), "{error}");
 }
 
 #[tokio::test]
@@ -62,27 +54,19 @@ async fn a_permanent_failure_is_failed_at_once() {
 #[tokio::test]
 async fn attempts_exhausted_become_failed() {
     let error = fault("retryable", "max_attempts: 1", Status::Failed).await;
-    assert_eq!(
-        error,
-        "gave up after 1 attempts: fake: scripted retryable failure"
-    );
+    assert_eq!(error, "gave up after 1 attempts: fake: scripted retryable failure");
 }
 
 #[tokio::test]
 async fn a_request_to_a_host_not_allowed_is_refused_and_visible_to_the_sink() {
     let error = fault("http:http://127.0.0.1:9/forbidden", "", Status::Retryable).await;
-    assert_eq!(
-        error,
-        "http: denied: 127.0.0.1:9 is not in this sink's allowed_hosts"
-    );
+    assert_eq!(error, "http: denied: 127.0.0.1:9 is not in this sink's allowed_hosts");
 }
 
 #[tokio::test]
 async fn a_request_to_an_allowed_host_goes_through() {
     let world = World::new().await;
-    let id = world
-        .produce("RoomGiftSent", "room-http", Status::Pending)
-        .await;
+    let id = world.produce("RoomGiftSent", "room-http", Status::Pending).await;
     let behaviour = format!("room.room-http: \"http:{}\"", world.collector.url("/ok"));
     let mut host = Running::start(world.config("", &behaviour)).await;
     host.wait_status(&world, &[&id], Status::Delivered).await;
@@ -92,20 +76,13 @@ async fn a_request_to_an_allowed_host_goes_through() {
 #[tokio::test]
 async fn retry_after_pushes_the_next_attempt_out() {
     let world = World::new().await;
-    let id = world
-        .produce("RoomGiftSent", "room-wait", Status::Pending)
-        .await;
-    let mut host =
-        Running::start(world.config("retry_interval: 1s", "room.room-wait: retry-after:600000"))
-            .await;
+    let id = world.produce("RoomGiftSent", "room-wait", Status::Pending).await;
+    let mut host = Running::start(world.config("retry_interval: 1s", "room.room-wait: retry-after:600000")).await;
     host.wait_status(&world, &[&id], Status::Retryable).await;
     host.stop().await;
     let row = world.row(&id).await;
     let wait = row.next_retry_at_ms - row.updated_at_ms;
-    assert!(
-        (599_000..=600_000).contains(&wait),
-        "next retry in {wait} ms, wanted the sink's 600000"
-    );
+    assert!((599_000..=600_000).contains(&wait), "next retry in {wait} ms, wanted the sink's 600000");
 }
 
 /// An envelope that does not decode can never be delivered: `failed` with the reason,
@@ -113,49 +90,20 @@ async fn retry_after_pushes_the_next_attempt_out() {
 #[tokio::test]
 async fn a_bad_envelope_is_failed_and_the_batch_goes_on() {
     let world = World::new().await;
-    world
-        .insert(
-            "evt-garbage",
-            "RoomGiftSent",
-            "room-1",
-            Status::Pending,
-            vec![0xff, 0xff, 0xff],
-        )
-        .await;
-    let mismatched =
-        outbox_host::envelope::encode("app-1", "evt-other", "RoomGiftSent", "room-1", 1, 0, vec![]);
-    world
-        .insert(
-            "evt-mismatch",
-            "RoomGiftSent",
-            "room-1",
-            Status::Pending,
-            mismatched,
-        )
-        .await;
-    let good = world
-        .produce("RoomGiftSent", "room-1", Status::Pending)
-        .await;
+    world.insert("evt-garbage", "RoomGiftSent", "room-1", Status::Pending, vec![0xff, 0xff, 0xff]).await;
+    let mismatched = outbox_host::envelope::encode("app-1", "evt-other", "RoomGiftSent", "room-1", 1, 0, vec![]);
+    world.insert("evt-mismatch", "RoomGiftSent", "room-1", Status::Pending, mismatched).await;
+    let good = world.produce("RoomGiftSent", "room-1", Status::Pending).await;
     let mut host = Running::start(world.config("", "")).await;
-    host.wait_status(&world, &["evt-garbage", "evt-mismatch"], Status::Failed)
-        .await;
+    host.wait_status(&world, &["evt-garbage", "evt-mismatch"], Status::Failed).await;
     host.wait_status(&world, &[&good], Status::Delivered).await;
     host.stop().await;
 
     let garbage = world.row("evt-garbage").await.last_error.unwrap();
-    assert!(
-        garbage.starts_with("bad envelope: not a protobuf EventEnvelope"),
-        "{garbage}"
-    );
+    assert!(garbage.starts_with("bad envelope: not a protobuf EventEnvelope"), "{garbage}");
     let mismatch = world.row("evt-mismatch").await.last_error.unwrap();
-    assert!(
-        mismatch.contains("\"evt-other\" differs from the row's \"evt-mismatch\""),
-        "{mismatch}"
-    );
-    assert!(
-        world.collector.attempts_of("evt-garbage").is_empty(),
-        "the sink was called with a bad envelope"
-    );
+    assert!(mismatch.contains("\"evt-other\" differs from the row's \"evt-mismatch\""), "{mismatch}");
+    assert!(world.collector.attempts_of("evt-garbage").is_empty(), "the sink was called with a bad envelope");
 }
 
 /// Within a batch, one room's events reach the sink one after another in creation order,
@@ -165,29 +113,14 @@ async fn events_of_one_room_are_delivered_in_creation_order() {
     let world = World::new().await;
     let mut ids = Vec::new();
     for i in 0..8 {
-        ids.push(
-            world
-                .produce("RoomGiftSent", "room-ordered", Status::Pending)
-                .await,
-        );
-        world
-            .produce(
-                "RoomUserJoined",
-                &format!("room-other-{i}"),
-                Status::Pending,
-            )
-            .await;
+        ids.push(world.produce("RoomGiftSent", "room-ordered", Status::Pending).await);
+        world.produce("RoomUserJoined", &format!("room-other-{i}"), Status::Pending).await;
     }
     let mut host = Running::start(world.config("batch_size: 16", "")).await;
     let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
     host.wait_status(&world, &refs, Status::Delivered).await;
     host.stop().await;
-    let seen: Vec<String> = world
-        .collector
-        .reports()
-        .into_iter()
-        .map(|r| r.event_id)
-        .filter(|id| ids.contains(id))
-        .collect();
+    let seen: Vec<String> =
+        world.collector.reports().into_iter().map(|r| r.event_id).filter(|id| ids.contains(id)).collect();
     assert_eq!(seen, ids);
 }

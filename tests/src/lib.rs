@@ -36,9 +36,7 @@ impl Collector {
             .route("/report", post(record))
             .route("/ok", get(|| async { "ok" }))
             .with_state(reports.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("binding the collector");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binding the collector");
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await.expect("collector server") });
         Collector { addr, reports }
@@ -61,10 +59,7 @@ impl Collector {
 
     /// The reports for one event.
     pub fn attempts_of(&self, event_id: &str) -> Vec<Report> {
-        self.reports()
-            .into_iter()
-            .filter(|r| r.event_id == event_id)
-            .collect()
+        self.reports().into_iter().filter(|r| r.event_id == event_id).collect()
     }
 }
 
@@ -72,9 +67,7 @@ async fn record(State(reports): State<Arc<Mutex<Vec<Report>>>>, body: String) ->
     let mut reports = reports.lock().unwrap();
     for line in body.lines() {
         let mut parts = line.splitn(3, ' ');
-        let (Some(event_id), Some(attempt), Some(behaviour)) =
-            (parts.next(), parts.next(), parts.next())
-        else {
+        let (Some(event_id), Some(attempt), Some(behaviour)) = (parts.next(), parts.next(), parts.next()) else {
             continue;
         };
         reports.push(Report {

@@ -129,11 +129,7 @@ impl Default for WorkerConfig {
             publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
             retry_interval: DEFAULT_POLL_INTERVAL,
             concurrency: DEFAULT_CONCURRENCY,
-            lease: Self::min_lease(
-                DEFAULT_BATCH_SIZE,
-                DEFAULT_CONCURRENCY,
-                DEFAULT_PUBLISH_TIMEOUT,
-            ),
+            lease: Self::min_lease(DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_PUBLISH_TIMEOUT),
             max_attempts: 0,
         }
     }
@@ -197,9 +193,7 @@ pub struct ConfigError {
 }
 
 fn source_name(file: &Option<PathBuf>) -> String {
-    file.as_ref()
-        .map(|f| format!(" in {}", f.display()))
-        .unwrap_or_default()
+    file.as_ref().map(|f| format!(" in {}", f.display())).unwrap_or_default()
 }
 
 impl Config {
@@ -207,9 +201,7 @@ impl Config {
     pub fn require_sink(&self, what: &str) -> Result<&SinkConfig, ConfigError> {
         self.sink.as_ref().ok_or_else(|| ConfigError {
             source_file: None,
-            problems: vec![format!(
-                "sink: is required to {what} (at least sink.name and sink.plugin)"
-            )],
+            problems: vec![format!("sink: is required to {what} (at least sink.name and sink.plugin)")],
         })
     }
 
@@ -226,12 +218,10 @@ impl Config {
                 });
             }
         };
-        Self::from_yaml(&text, std::env::vars(), &|name| std::env::var(name).ok()).map_err(
-            |mut e| {
-                e.source_file = Some(path.to_owned());
-                e
-            },
-        )
+        Self::from_yaml(&text, std::env::vars(), &|name| std::env::var(name).ok()).map_err(|mut e| {
+            e.source_file = Some(path.to_owned());
+            e
+        })
     }
 
     /// Parses and validates YAML text. `vars` supplies `OUTBOX__…` overrides and `env`
@@ -245,10 +235,8 @@ impl Config {
         let mut root: Value = if text.trim().is_empty() {
             Value::Null
         } else {
-            serde_yaml::from_str(text).map_err(|e| ConfigError {
-                source_file: None,
-                problems: vec![format!("not valid YAML: {e}")],
-            })?
+            serde_yaml::from_str(text)
+                .map_err(|e| ConfigError { source_file: None, problems: vec![format!("not valid YAML: {e}")] })?
         };
         read::apply_overrides(&mut root, vars, &mut problems);
         read::expand_env(&mut root, "", env, &mut problems);
@@ -259,10 +247,7 @@ impl Config {
         if problems.is_empty() {
             Ok(Config { notes, ..config })
         } else {
-            Err(ConfigError {
-                source_file: None,
-                problems,
-            })
+            Err(ConfigError { source_file: None, problems })
         }
     }
 }
@@ -270,28 +255,18 @@ impl Config {
 fn read_config(f: &mut Fields<'_>, notes: &mut Vec<String>) -> Config {
     let node_id = f.take::<String>("node_id").unwrap_or_else(default_node_id);
     if !is_name(&node_id, 64) {
-        f.problem(
-            "node_id",
-            "must be 1-64 characters of letters, digits, '.', '_' or '-'",
-        );
+        f.problem("node_id", "must be 1-64 characters of letters, digits, '.', '_' or '-'");
     }
     let database = f.section("database", |f| {
-        let url = f
-            .take::<String>("url")
-            .unwrap_or_else(|| DEFAULT_DATABASE_URL.into());
+        let url = f.take::<String>("url").unwrap_or_else(|| DEFAULT_DATABASE_URL.into());
         if let Err(why) = crate::store::Backend::from_url(&url) {
             f.problem("url", why);
         }
-        let max_connections = f
-            .take::<u32>("max_connections")
-            .unwrap_or(DEFAULT_MAX_CONNECTIONS);
+        let max_connections = f.take::<u32>("max_connections").unwrap_or(DEFAULT_MAX_CONNECTIONS);
         if max_connections == 0 {
             f.problem("max_connections", "must be at least 1");
         }
-        DatabaseConfig {
-            url,
-            max_connections,
-        }
+        DatabaseConfig { url, max_connections }
     });
     let table = f.section("outbox", |f| {
         let table = f.take::<String>("table").unwrap_or_else(|| DEFAULT_TABLE.into());
@@ -310,7 +285,10 @@ fn read_config(f: &mut Fields<'_>, notes: &mut Vec<String>) -> Config {
         match listen.parse::<SocketAddr>() {
             Ok(addr) => Some(addr),
             Err(_) => {
-                f.problem("listen", format!("{listen:?} is not an address such as 127.0.0.1:9464 (empty turns the admin listener off)"));
+                f.problem(
+                    "listen",
+                    format!("{listen:?} is not an address such as 127.0.0.1:9464 (empty turns the admin listener off)"),
+                );
                 None
             }
         }
@@ -330,25 +308,11 @@ fn read_config(f: &mut Fields<'_>, notes: &mut Vec<String>) -> Config {
         }
         LogConfig { format, level }
     });
-    Config {
-        node_id,
-        database,
-        table,
-        worker,
-        sink,
-        admin_listen,
-        log,
-        notes: Vec::new(),
-    }
+    Config { node_id, database, table, worker, sink, admin_listen, log, notes: Vec::new() }
 }
 
 /// Reads a duration key; non-positive values fall back to `default` with a note.
-fn positive_duration(
-    f: &mut Fields<'_>,
-    key: &str,
-    default: Duration,
-    notes: &mut Vec<String>,
-) -> Duration {
+fn positive_duration(f: &mut Fields<'_>, key: &str, default: Duration, notes: &mut Vec<String>) -> Duration {
     let Some(text) = f.take::<String>(key) else {
         return default;
     };
@@ -375,10 +339,7 @@ fn positive_count(f: &mut Fields<'_>, key: &str, default: u32, notes: &mut Vec<S
         None => default,
         Some(n) if n > 0 => u32::try_from(n).unwrap_or(u32::MAX),
         Some(n) => {
-            notes.push(format!(
-                "{}: {n} is not positive; using the default {default}",
-                f.key_path(key)
-            ));
+            notes.push(format!("{}: {n} is not positive; using the default {default}", f.key_path(key)));
             default
         }
     }
@@ -389,10 +350,7 @@ fn read_worker(f: &mut Fields<'_>, notes: &mut Vec<String>) -> WorkerConfig {
     let poll_interval = positive_duration(f, "poll_interval", DEFAULT_POLL_INTERVAL, notes);
     let batch_size = positive_count(f, "batch_size", DEFAULT_BATCH_SIZE, notes);
     if batch_size > MAX_BATCH_SIZE {
-        f.problem(
-            "batch_size",
-            format!("{batch_size} is more than {MAX_BATCH_SIZE}"),
-        );
+        f.problem("batch_size", format!("{batch_size} is more than {MAX_BATCH_SIZE}"));
     }
     let publish_timeout = positive_duration(f, "publish_timeout", DEFAULT_PUBLISH_TIMEOUT, notes);
     match f.take::<String>("retry_strategy").as_deref() {
@@ -445,17 +403,11 @@ fn read_worker(f: &mut Fields<'_>, notes: &mut Vec<String>) -> WorkerConfig {
 fn read_sink(f: &mut Fields<'_>) -> SinkConfig {
     let name = f.take::<String>("name").unwrap_or_default();
     if !is_name(&name, 64) {
-        f.problem(
-            "name",
-            "is required: 1-64 characters of letters, digits, '.', '_' or '-'",
-        );
+        f.problem("name", "is required: 1-64 characters of letters, digits, '.', '_' or '-'");
     }
     let plugin = f.take::<PathBuf>("plugin").unwrap_or_default();
     if plugin.as_os_str().is_empty() {
-        f.problem(
-            "plugin",
-            "is required: the path of the sink's .wasm component",
-        );
+        f.problem("plugin", "is required: the path of the sink's .wasm component");
     }
     let allowed_hosts = f.take::<Vec<String>>("allowed_hosts").unwrap_or_default();
     for host in &allowed_hosts {
@@ -468,9 +420,7 @@ fn read_sink(f: &mut Fields<'_>) -> SinkConfig {
             return default;
         };
         let parsed = match &text {
-            Value::Number(n) => n
-                .as_u64()
-                .ok_or_else(|| "must be a positive size".to_string()),
+            Value::Number(n) => n.as_u64().ok_or_else(|| "must be a positive size".to_string()),
             Value::String(s) => units::parse_bytes(s),
             _ => Err("must be a size such as \"64MiB\"".into()),
         };
@@ -487,28 +437,14 @@ fn read_sink(f: &mut Fields<'_>) -> SinkConfig {
         }
     };
     let memory_limit = size(f, "memory_limit", DEFAULT_MEMORY_LIMIT, 1 << 20, 4 << 30);
-    let max_response_bytes = size(
-        f,
-        "max_response_bytes",
-        DEFAULT_MAX_RESPONSE_BYTES,
-        1024,
-        64 << 20,
-    );
+    let max_response_bytes = size(f, "max_response_bytes", DEFAULT_MAX_RESPONSE_BYTES, 1024, 64 << 20);
     let cache_dir = match f.take::<String>("cache_dir") {
         Some(dir) if dir.is_empty() => None,
         Some(dir) => Some(PathBuf::from(dir)),
         None => default_cache_dir(),
     };
     let config = SinkSettings(f.string_map("config"));
-    SinkConfig {
-        name,
-        plugin,
-        allowed_hosts,
-        memory_limit,
-        max_response_bytes,
-        cache_dir,
-        config,
-    }
+    SinkConfig { name, plugin, allowed_hosts, memory_limit, max_response_bytes, cache_dir, config }
 }
 
 fn default_node_id() -> String {
@@ -529,9 +465,7 @@ fn default_cache_dir() -> Option<PathBuf> {
 fn is_name(text: &str, max: usize) -> bool {
     !text.is_empty()
         && text.len() <= max
-        && text
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        && text.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
 }
 
 /// A plain SQL identifier that is safe to splice into statements unquoted.

@@ -23,20 +23,12 @@ impl<'p> Fields<'p> {
                 Mapping::new()
             }
         };
-        Fields {
-            path: String::new(),
-            map,
-            problems,
-        }
+        Fields { path: String::new(), map, problems }
     }
 
     /// The dotted name of `key` under this section, as problems name it.
     pub fn key_path(&self, key: &str) -> String {
-        if self.path.is_empty() {
-            key.to_string()
-        } else {
-            format!("{}.{key}", self.path)
-        }
+        if self.path.is_empty() { key.to_string() } else { format!("{}.{key}", self.path) }
     }
 
     /// Records a problem with `key`.
@@ -72,16 +64,11 @@ impl<'p> Fields<'p> {
             None | Some(Value::Null) => Mapping::new(),
             Some(Value::Mapping(map)) => map,
             Some(_) => {
-                self.problems
-                    .push(format!("{path}: must be a mapping of keys to values"));
+                self.problems.push(format!("{path}: must be a mapping of keys to values"));
                 Mapping::new()
             }
         };
-        let mut fields = Fields {
-            path,
-            map,
-            problems: self.problems,
-        };
+        let mut fields = Fields { path, map, problems: self.problems };
         let out = read(&mut fields);
         fields.finish();
         out
@@ -103,31 +90,20 @@ impl<'p> Fields<'p> {
                         Some(text) => {
                             out.insert(k, text);
                         }
-                        None => self
-                            .problems
-                            .push(format!("{path}.{k}: must be a string, number or boolean")),
+                        None => self.problems.push(format!("{path}.{k}: must be a string, number or boolean")),
                     }
                 }
             }
-            Some(_) => self
-                .problems
-                .push(format!("{path}: must be a mapping of keys to values")),
+            Some(_) => self.problems.push(format!("{path}: must be a mapping of keys to values")),
         }
         out
     }
 
     /// Reports every key nobody asked for.
     pub fn finish(&mut self) {
-        let keys: Vec<String> = self
-            .map
-            .keys()
-            .map(|k| scalar_text(k).unwrap_or_default())
-            .collect();
+        let keys: Vec<String> = self.map.keys().map(|k| scalar_text(k).unwrap_or_default()).collect();
         for key in keys {
-            self.problem(
-                &key,
-                "unknown key (a typo would silently change delivery, so it is refused)",
-            );
+            self.problem(&key, "unknown key (a typo would silently change delivery, so it is refused)");
         }
         self.map.clear();
     }
@@ -144,12 +120,7 @@ fn scalar_text(value: &Value) -> Option<String> {
 
 /// Replaces `${VAR}` in every string of the tree with the environment variable's value.
 /// A variable that is not set is a problem naming the key that asked for it.
-pub fn expand_env(
-    value: &mut Value,
-    path: &str,
-    env: &dyn Fn(&str) -> Option<String>,
-    problems: &mut Vec<String>,
-) {
+pub fn expand_env(value: &mut Value, path: &str, env: &dyn Fn(&str) -> Option<String>, problems: &mut Vec<String>) {
     match value {
         Value::String(text) if text.contains("${") => {
             let mut out = String::new();
@@ -164,9 +135,7 @@ pub fn expand_env(
                 let name = &after[..end];
                 match env(name) {
                     Some(v) => out.push_str(&v),
-                    None => {
-                        problems.push(format!("{path}: environment variable {name} is not set"))
-                    }
+                    None => problems.push(format!("{path}: environment variable {name} is not set")),
                 }
                 rest = &after[end + 1..];
             }
@@ -176,11 +145,7 @@ pub fn expand_env(
         Value::Mapping(map) => {
             for (k, v) in map.iter_mut() {
                 let key = scalar_text(k).unwrap_or_default();
-                let child = if path.is_empty() {
-                    key
-                } else {
-                    format!("{path}.{key}")
-                };
+                let child = if path.is_empty() { key } else { format!("{path}.{key}") };
                 expand_env(v, &child, env, problems);
             }
         }
@@ -195,11 +160,7 @@ pub fn expand_env(
 
 /// Applies `OUTBOX__SECTION__KEY=value` overrides: the variable names a key path (double
 /// underscore between levels, case-insensitive), the value is read as a YAML scalar.
-pub fn apply_overrides(
-    root: &mut Value,
-    vars: impl Iterator<Item = (String, String)>,
-    problems: &mut Vec<String>,
-) {
+pub fn apply_overrides(root: &mut Value, vars: impl Iterator<Item = (String, String)>, problems: &mut Vec<String>) {
     for (name, raw) in vars {
         let Some(rest) = name.strip_prefix(super::ENV_PREFIX) else {
             continue;
@@ -224,9 +185,7 @@ pub fn apply_overrides(
                 map.insert(key, value.clone());
                 break;
             }
-            node = map
-                .entry(key)
-                .or_insert_with(|| Value::Mapping(Mapping::new()));
+            node = map.entry(key).or_insert_with(|| Value::Mapping(Mapping::new()));
             if node.is_null() {
                 *node = Value::Mapping(Mapping::new());
             }

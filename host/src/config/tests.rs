@@ -41,19 +41,11 @@ fn the_seed_example_block_is_accepted() {
 
 #[test]
 fn non_positive_interval_size_and_timeout_fall_back_to_defaults() {
-    let config = parse(
-        "outbox_worker:\n  poll_interval: 0s\n  batch_size: -5\n  publish_timeout: \"-1s\"\n",
-    )
-    .unwrap();
+    let config = parse("outbox_worker:\n  poll_interval: 0s\n  batch_size: -5\n  publish_timeout: \"-1s\"\n").unwrap();
     assert_eq!(config.worker.poll_interval, DEFAULT_POLL_INTERVAL);
     assert_eq!(config.worker.batch_size, DEFAULT_BATCH_SIZE);
     assert_eq!(config.worker.publish_timeout, DEFAULT_PUBLISH_TIMEOUT);
-    assert_eq!(
-        config.notes.len(),
-        3,
-        "each fallback is noted: {:?}",
-        config.notes
-    );
+    assert_eq!(config.notes.len(), 3, "each fallback is noted: {:?}", config.notes);
     assert!(config.notes[0].starts_with("outbox_worker.poll_interval"));
 }
 
@@ -76,14 +68,8 @@ fn unknown_keys_are_errors_at_every_level() {
         "outbox_workr:\n  enabled: true\noutbox_worker:\n  batchsize: 5\nsink:\n  name: a\n  plugin: a.wasm\n  alowed_hosts: []\n",
     );
     assert!(p.iter().any(|p| p.starts_with("outbox_workr:")), "{p:?}");
-    assert!(
-        p.iter().any(|p| p.starts_with("outbox_worker.batchsize:")),
-        "{p:?}"
-    );
-    assert!(
-        p.iter().any(|p| p.starts_with("sink.alowed_hosts:")),
-        "{p:?}"
-    );
+    assert!(p.iter().any(|p| p.starts_with("outbox_worker.batchsize:")), "{p:?}");
+    assert!(p.iter().any(|p| p.starts_with("sink.alowed_hosts:")), "{p:?}");
 }
 
 #[test]
@@ -99,10 +85,7 @@ fn every_problem_is_reported_at_once() {
         "sink.name",
         "sink.plugin",
     ] {
-        assert!(
-            p.iter().any(|p| p.starts_with(&format!("{key}:"))),
-            "{key} missing from {p:?}"
-        );
+        assert!(p.iter().any(|p| p.starts_with(&format!("{key}:"))), "{key} missing from {p:?}");
     }
 }
 
@@ -122,15 +105,15 @@ fn a_lease_shorter_than_a_batch_is_refused() {
     );
     assert!(p[0].starts_with("outbox_worker.lease_duration:"), "{p:?}");
     assert!(p[0].contains("at least 35s"), "{p:?}");
-    let ok = parse("outbox_worker:\n  batch_size: 100\n  concurrency: 10\n  publish_timeout: 3s\n  lease_duration: 35s\n").unwrap();
+    let ok =
+        parse("outbox_worker:\n  batch_size: 100\n  concurrency: 10\n  publish_timeout: 3s\n  lease_duration: 35s\n")
+            .unwrap();
     assert_eq!(ok.worker.lease, Duration::from_secs(35));
 }
 
 #[test]
 fn the_default_lease_covers_the_batch() {
-    let config =
-        parse("outbox_worker:\n  batch_size: 1000\n  concurrency: 4\n  publish_timeout: 2s\n")
-            .unwrap();
+    let config = parse("outbox_worker:\n  batch_size: 1000\n  concurrency: 4\n  publish_timeout: 2s\n").unwrap();
     assert_eq!(config.worker.lease, Duration::from_secs(250 * 2 + 5));
 }
 
@@ -144,87 +127,47 @@ fn database_urls_must_name_a_known_database() {
 
 #[test]
 fn env_placeholders_fill_values_and_missing_ones_are_named() {
-    let yaml = format!(
-        "{SINK}  config:\n    secret_key: \"${{TIM_KEY}}\"\n    region: \"${{REGION}}-1\"\n"
-    );
+    let yaml = format!("{SINK}  config:\n    secret_key: \"${{TIM_KEY}}\"\n    region: \"${{REGION}}-1\"\n");
     let env = |name: &str| (name == "TIM_KEY").then(|| "s3cret".to_string());
     let err = Config::from_yaml(&yaml, std::iter::empty(), &env).unwrap_err();
-    assert_eq!(
-        err.problems,
-        vec!["sink.config.region: environment variable REGION is not set".to_string()]
-    );
+    assert_eq!(err.problems, vec!["sink.config.region: environment variable REGION is not set".to_string()]);
 
     let env = |name: &str| Some(format!("{name}-value"));
     let config = Config::from_yaml(&yaml, std::iter::empty(), &env).unwrap();
     let settings = &config.sink.unwrap().config;
     assert_eq!(settings.0["secret_key"], "TIM_KEY-value");
     assert_eq!(settings.0["region"], "REGION-value-1");
-    assert!(
-        !format!("{settings:?}").contains("value"),
-        "Debug must not print values"
-    );
+    assert!(!format!("{settings:?}").contains("value"), "Debug must not print values");
 }
 
 #[test]
 fn environment_variables_override_any_key() {
     let vars = vec![
-        (
-            "OUTBOX__OUTBOX_WORKER__BATCH_SIZE".to_string(),
-            "7".to_string(),
-        ),
-        (
-            "OUTBOX__DATABASE__URL".to_string(),
-            "sqlite://other.db".to_string(),
-        ),
+        ("OUTBOX__OUTBOX_WORKER__BATCH_SIZE".to_string(), "7".to_string()),
+        ("OUTBOX__DATABASE__URL".to_string(), "sqlite://other.db".to_string()),
         ("UNRELATED".to_string(), "x".to_string()),
     ];
-    let config = Config::from_yaml(
-        "outbox_worker:\n  batch_size: 50\n",
-        vars.into_iter(),
-        &|_| None,
-    )
-    .unwrap();
+    let config = Config::from_yaml("outbox_worker:\n  batch_size: 50\n", vars.into_iter(), &|_| None).unwrap();
     assert_eq!(config.worker.batch_size, 7);
     assert_eq!(config.database.url, "sqlite://other.db");
 
-    let vars = vec![(
-        "OUTBOX__OUTBOX_WORKER__BATCH_SIZ".to_string(),
-        "7".to_string(),
-    )];
+    let vars = vec![("OUTBOX__OUTBOX_WORKER__BATCH_SIZ".to_string(), "7".to_string())];
     let err = Config::from_yaml("", vars.into_iter(), &|_| None).unwrap_err();
-    assert!(
-        err.problems[0].starts_with("outbox_worker.batch_siz:"),
-        "{:?}",
-        err.problems
-    );
+    assert!(err.problems[0].starts_with("outbox_worker.batch_siz:"), "{:?}", err.problems);
 }
 
 #[test]
 fn wrong_types_name_their_key() {
     let p = problems("outbox_worker:\n  enabled: maybe\n  batch_size: lots\n");
-    assert!(
-        p.iter().any(|p| p.starts_with("outbox_worker.enabled:")),
-        "{p:?}"
-    );
-    assert!(
-        p.iter().any(|p| p.starts_with("outbox_worker.batch_size:")),
-        "{p:?}"
-    );
+    assert!(p.iter().any(|p| p.starts_with("outbox_worker.enabled:")), "{p:?}");
+    assert!(p.iter().any(|p| p.starts_with("outbox_worker.batch_size:")), "{p:?}");
 }
 
 #[test]
 fn sink_limits_and_hosts_are_checked() {
-    let p = problems(&format!(
-        "{SINK}  memory_limit: 10KiB\n  allowed_hosts: [\"https://x.com\"]\n"
-    ));
-    assert!(
-        p.iter().any(|p| p.starts_with("sink.memory_limit:")),
-        "{p:?}"
-    );
-    assert!(
-        p.iter().any(|p| p.starts_with("sink.allowed_hosts:")),
-        "{p:?}"
-    );
+    let p = problems(&format!("{SINK}  memory_limit: 10KiB\n  allowed_hosts: [\"https://x.com\"]\n"));
+    assert!(p.iter().any(|p| p.starts_with("sink.memory_limit:")), "{p:?}");
+    assert!(p.iter().any(|p| p.starts_with("sink.allowed_hosts:")), "{p:?}");
     let config = parse(&format!("{SINK}  memory_limit: 32MiB\n  cache_dir: \"\"\n")).unwrap();
     let sink = config.sink.unwrap();
     assert_eq!(sink.memory_limit, 32 << 20);
@@ -233,21 +176,12 @@ fn sink_limits_and_hosts_are_checked() {
 
 #[test]
 fn admin_can_be_turned_off() {
-    assert_eq!(
-        parse("admin:\n  listen: \"\"\n").unwrap().admin_listen,
-        None
-    );
+    assert_eq!(parse("admin:\n  listen: \"\"\n").unwrap().admin_listen, None);
 }
 
 #[test]
 fn passwords_are_redacted() {
-    assert_eq!(
-        redact_url("postgres://app:hunter2@db:5432/x"),
-        "postgres://app:***@db:5432/x"
-    );
-    assert_eq!(
-        redact_url("mysql://root@127.0.0.1/test"),
-        "mysql://root@127.0.0.1/test"
-    );
+    assert_eq!(redact_url("postgres://app:hunter2@db:5432/x"), "postgres://app:***@db:5432/x");
+    assert_eq!(redact_url("mysql://root@127.0.0.1/test"), "mysql://root@127.0.0.1/test");
     assert_eq!(redact_url("sqlite://outbox.db"), "sqlite://outbox.db");
 }

@@ -18,18 +18,14 @@ pub fn parse_duration_ms(text: &str) -> Result<i64, String> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .ok_or_else(|| format!("{text:?} needs a unit: ms, s, m or h (e.g. \"1s\")"))?;
     let (number, unit) = digits.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration (e.g. \"500ms\", \"3s\")"))?;
+    let value: f64 = number.parse().map_err(|_| format!("{text:?} is not a duration (e.g. \"500ms\", \"3s\")"))?;
     let factor = match unit {
         "ms" => 1.0,
         "s" => 1_000.0,
         "m" => 60_000.0,
         "h" => 3_600_000.0,
         _ => {
-            return Err(format!(
-                "{text:?} has unknown unit {unit:?}: use ms, s, m or h"
-            ));
+            return Err(format!("{text:?} has unknown unit {unit:?}: use ms, s, m or h"));
         }
     };
     let ms = (value * factor).round();
@@ -42,11 +38,11 @@ pub fn parse_duration_ms(text: &str) -> Result<i64, String> {
 /// Renders milliseconds the way a person writes them in the config.
 pub fn format_duration(duration: Duration) -> String {
     let ms = duration.as_millis();
-    if ms % 3_600_000 == 0 && ms > 0 {
+    if ms.is_multiple_of(3_600_000) && ms > 0 {
         format!("{}h", ms / 3_600_000)
-    } else if ms % 60_000 == 0 && ms > 0 {
+    } else if ms.is_multiple_of(60_000) && ms > 0 {
         format!("{}m", ms / 60_000)
-    } else if ms % 1_000 == 0 {
+    } else if ms.is_multiple_of(1_000) {
         format!("{}s", ms / 1_000)
     } else {
         format!("{ms}ms")
@@ -56,27 +52,19 @@ pub fn format_duration(duration: Duration) -> String {
 /// Parses a byte size such as `"64MiB"`, `"512KiB"`, `"1GiB"` or a plain number of bytes.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let value: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size (e.g. \"64MiB\")"))?;
+    let value: u64 = number.parse().map_err(|_| format!("{text:?} is not a size (e.g. \"64MiB\")"))?;
     let factor: u64 = match unit.trim() {
         "" | "B" => 1,
         "KiB" | "KB" | "K" => 1 << 10,
         "MiB" | "MB" | "M" => 1 << 20,
         "GiB" | "GB" | "G" => 1 << 30,
         other => {
-            return Err(format!(
-                "{text:?} has unknown unit {other:?}: use KiB, MiB or GiB"
-            ));
+            return Err(format!("{text:?} has unknown unit {other:?}: use KiB, MiB or GiB"));
         }
     };
-    value
-        .checked_mul(factor)
-        .ok_or_else(|| format!("{text:?} is too large"))
+    value.checked_mul(factor).ok_or_else(|| format!("{text:?} is too large"))
 }
 
 #[cfg(test)]
@@ -97,11 +85,7 @@ mod tests {
     #[test]
     fn durations_without_a_known_unit_are_refused() {
         assert!(parse_duration_ms("5").unwrap_err().contains("needs a unit"));
-        assert!(
-            parse_duration_ms("5d")
-                .unwrap_err()
-                .contains("unknown unit")
-        );
+        assert!(parse_duration_ms("5d").unwrap_err().contains("unknown unit"));
         assert!(parse_duration_ms("fast").is_err());
     }
 

@@ -18,9 +18,7 @@ pub fn load(engine: &Engine, bytes: &[u8], cache_dir: Option<&Path>) -> anyhow::
         return Ok(Component::new(engine, bytes)?);
     };
     let mut engine_hash = std::collections::hash_map::DefaultHasher::new();
-    engine
-        .precompile_compatibility_hash()
-        .hash(&mut engine_hash);
+    engine.precompile_compatibility_hash().hash(&mut engine_hash);
     let key = format!("{:x}-{:016x}", Sha256::digest(bytes), engine_hash.finish());
     let file = dir.join(format!("{key}.cwasm"));
     if file.exists() {

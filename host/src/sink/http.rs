@@ -20,18 +20,12 @@ impl HostPattern {
     pub fn parse(text: &str) -> Result<HostPattern, String> {
         let lower = text.trim().to_ascii_lowercase();
         if lower.contains("://") || lower.contains('/') {
-            return Err(format!(
-                "{text:?} must be a host name, optionally with :port, not a URL"
-            ));
+            return Err(format!("{text:?} must be a host name, optionally with :port, not a URL"));
         }
         let (host, port) = match lower.rsplit_once(':') {
-            Some((h, p)) if !h.contains(':') => (
-                h.to_string(),
-                Some(
-                    p.parse::<u16>()
-                        .map_err(|_| format!("{text:?} has a bad port"))?,
-                ),
-            ),
+            Some((h, p)) if !h.contains(':') => {
+                (h.to_string(), Some(p.parse::<u16>().map_err(|_| format!("{text:?} has a bad port"))?))
+            }
             _ => (lower.clone(), None),
         };
         let (host, wildcard) = match host.strip_prefix("*.") {
@@ -39,17 +33,11 @@ impl HostPattern {
             None => (host, false),
         };
         if host.is_empty()
-            || !host
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '[' | ']' | ':'))
+            || !host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '[' | ']' | ':'))
         {
             return Err(format!("{text:?} is not a host name"));
         }
-        Ok(HostPattern {
-            host,
-            port,
-            wildcard,
-        })
+        Ok(HostPattern { host, port, wildcard })
     }
 
     /// Whether a URL's host and port are allowed by this entry.
@@ -84,33 +72,19 @@ impl HttpPolicy {
             .pool_idle_timeout(Duration::from_secs(60))
             .connect_timeout(Duration::from_secs(5))
             .build()?;
-        Ok(HttpPolicy {
-            client,
-            allowed,
-            max_response_bytes,
-        })
+        Ok(HttpPolicy { client, allowed, max_response_bytes })
     }
 
     /// Performs `req` if its host is allowed, within `deadline`.
-    pub async fn send(
-        &self,
-        req: HttpRequest,
-        deadline: Instant,
-    ) -> Result<HttpResponse, HttpError> {
-        let url = reqwest::Url::parse(&req.url)
-            .map_err(|e| HttpError::InvalidRequest(format!("bad url: {e}")))?;
+    pub async fn send(&self, req: HttpRequest, deadline: Instant) -> Result<HttpResponse, HttpError> {
+        let url = reqwest::Url::parse(&req.url).map_err(|e| HttpError::InvalidRequest(format!("bad url: {e}")))?;
         if !matches!(url.scheme(), "http" | "https") {
-            return Err(HttpError::InvalidRequest(format!(
-                "scheme {} is not http or https",
-                url.scheme()
-            )));
+            return Err(HttpError::InvalidRequest(format!("scheme {} is not http or https", url.scheme())));
         }
         let host = url.host_str().unwrap_or_default().to_string();
         let port = url.port_or_known_default().unwrap_or(0);
         if !self.allowed.iter().any(|p| p.allows(&host, port)) {
-            return Err(HttpError::Denied(format!(
-                "{host}:{port} is not in this sink's allowed_hosts"
-            )));
+            return Err(HttpError::Denied(format!("{host}:{port} is not in this sink's allowed_hosts")));
         }
         let method = reqwest::Method::from_bytes(req.method.as_bytes())
             .map_err(|_| HttpError::InvalidRequest(format!("bad method {:?}", req.method)))?;
@@ -118,11 +92,7 @@ impl HttpPolicy {
         if remaining.is_zero() {
             return Err(HttpError::Timeout);
         }
-        let mut builder = self
-            .client
-            .request(method, url)
-            .timeout(remaining)
-            .body(req.body);
+        let mut builder = self.client.request(method, url).timeout(remaining).body(req.body);
         for (name, value) in req.headers {
             builder = builder.header(name, value);
         }
@@ -132,12 +102,7 @@ impl HttpPolicy {
             let headers = response
                 .headers()
                 .iter()
-                .map(|(k, v)| {
-                    (
-                        k.to_string(),
-                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                    )
-                })
+                .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
                 .collect();
             let mut body = Vec::new();
             while let Some(chunk) = response.chunk().await.map_err(transport)? {
@@ -146,15 +111,9 @@ impl HttpPolicy {
                 }
                 body.extend_from_slice(&chunk);
             }
-            Ok(HttpResponse {
-                status,
-                headers,
-                body,
-            })
+            Ok(HttpResponse { status, headers, body })
         };
-        tokio::time::timeout_at(deadline, work)
-            .await
-            .unwrap_or(Err(HttpError::Timeout))
+        tokio::time::timeout_at(deadline, work).await.unwrap_or(Err(HttpError::Timeout))
     }
 }
 

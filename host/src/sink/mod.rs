@@ -15,8 +15,8 @@ use anyhow::Context as _;
 use tokio::time::Instant;
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
 use wasmtime::{
-    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimits,
-    StoreLimitsBuilder, Trap, UpdateDeadline,
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimits, StoreLimitsBuilder, Trap,
+    UpdateDeadline,
 };
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
@@ -80,11 +80,7 @@ pub struct AttemptFailure {
 
 impl AttemptFailure {
     fn new(class: FailureClass, message: impl Into<String>) -> Self {
-        AttemptFailure {
-            class,
-            message: message.into(),
-            retry_after: None,
-        }
+        AttemptFailure { class, message: message.into(), retry_after: None }
     }
 }
 
@@ -106,10 +102,7 @@ pub struct DeliveryState {
 
 impl WasiView for DeliveryState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
     }
 }
 
@@ -160,8 +153,7 @@ impl SinkRuntime {
     /// `concurrency` sizes the instance pool. Errors say what is wrong with the plugin.
     pub fn load(config: &SinkConfig, concurrency: u32) -> anyhow::Result<SinkRuntime> {
         let plugin = &config.plugin;
-        let bytes = std::fs::read(plugin)
-            .with_context(|| format!("sink.plugin: cannot read {}", plugin.display()))?;
+        let bytes = std::fs::read(plugin).with_context(|| format!("sink.plugin: cannot read {}", plugin.display()))?;
         let memory_limit = usize::try_from(config.memory_limit).unwrap_or(usize::MAX);
         let engine = Engine::new(&engine_config(concurrency, memory_limit))?;
         let component = cache::load(&engine, &bytes, config.cache_dir.as_deref()).map_err(|e| {
@@ -170,10 +162,7 @@ impl SinkRuntime {
             } else {
                 ""
             };
-            anyhow::anyhow!(
-                "sink.plugin: {} is not a usable WebAssembly component{hint}: {e:#}",
-                plugin.display()
-            )
+            anyhow::anyhow!("sink.plugin: {} is not a usable WebAssembly component{hint}: {e:#}", plugin.display())
         })?;
         let mut linker = Linker::<DeliveryState>::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
@@ -202,13 +191,7 @@ impl SinkRuntime {
         });
         let ticker_stop = Arc::new(AtomicBool::new(false));
         spawn_epoch_ticker(engine.weak(), ticker_stop.clone());
-        Ok(SinkRuntime {
-            engine,
-            pre,
-            shared,
-            memory_limit,
-            ticker_stop,
-        })
+        Ok(SinkRuntime { engine, pre, shared, memory_limit, ticker_stop })
     }
 
     /// The sink's configured name.
@@ -217,11 +200,7 @@ impl SinkRuntime {
     }
 
     /// Runs one delivery in a fresh store, bounded by `timeout`.
-    pub async fn deliver(
-        &self,
-        event: &Event,
-        timeout: Duration,
-    ) -> Result<Delivered, AttemptFailure> {
+    pub async fn deliver(&self, event: &Event, timeout: Duration) -> Result<Delivered, AttemptFailure> {
         let deadline = Instant::now() + timeout;
         let stdout = MemoryOutputPipe::new(STDIO_CAPTURE);
         let stderr = MemoryOutputPipe::new(STDIO_CAPTURE);
@@ -232,28 +211,15 @@ impl SinkRuntime {
             .allow_udp(false)
             .allow_ip_name_lookup(false)
             .build();
-        let limits = StoreLimitsBuilder::new()
-            .memory_size(self.memory_limit)
-            .trap_on_grow_failure(true)
-            .build();
-        let state = DeliveryState {
-            wasi,
-            table: ResourceTable::new(),
-            limits,
-            shared: self.shared.clone(),
-            deadline,
-        };
+        let limits = StoreLimitsBuilder::new().memory_size(self.memory_limit).trap_on_grow_failure(true).build();
+        let state = DeliveryState { wasi, table: ResourceTable::new(), limits, shared: self.shared.clone(), deadline };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
         // Check the deadline on every tick, yielding in between so that a guest spinning in
         // a loop never holds a runtime thread, and trap once it has passed.
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(move |_| {
-            if Instant::now() >= deadline {
-                Err(Trap::Interrupt.into())
-            } else {
-                Ok(UpdateDeadline::Yield(1))
-            }
+            if Instant::now() >= deadline { Err(Trap::Interrupt.into()) } else { Ok(UpdateDeadline::Yield(1)) }
         });
         let call = async {
             let sink = self.pre.instantiate_async(&mut store).await?;
@@ -315,10 +281,7 @@ fn spawn_epoch_ticker(engine: wasmtime::EngineWeak, stop: Arc<AtomicBool>) {
 fn timed_out(timeout: Duration) -> AttemptFailure {
     AttemptFailure::new(
         FailureClass::Timeout,
-        format!(
-            "sink did not finish within publish_timeout {}",
-            crate::config::format_duration(timeout)
-        ),
+        format!("sink did not finish within publish_timeout {}", crate::config::format_duration(timeout)),
     )
 }
 
@@ -327,19 +290,13 @@ fn classify_error(e: &wasmtime::Error, timeout: Duration, memory_limit: usize) -
     if text.contains("growing memory") || text.contains("memory growth failure") {
         return AttemptFailure::new(
             FailureClass::Trap,
-            format!(
-                "sink exceeded its memory limit of {} MiB",
-                memory_limit >> 20
-            ),
+            format!("sink exceeded its memory limit of {} MiB", memory_limit >> 20),
         );
     }
     match e.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => timed_out(timeout),
         Some(trap) => AttemptFailure::new(FailureClass::Trap, format!("sink trapped: {trap}")),
-        None => AttemptFailure::new(
-            FailureClass::Trap,
-            crate::store::short_error(&format!("sink failed: {text}")),
-        ),
+        None => AttemptFailure::new(FailureClass::Trap, crate::store::short_error(&format!("sink failed: {text}"))),
     }
 }
 
@@ -348,10 +305,7 @@ fn log_stdio(sink: &str, stream: &'static str, pipe: &MemoryOutputPipe) {
     if bytes.is_empty() {
         return;
     }
-    for line in String::from_utf8_lossy(&bytes)
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-    {
+    for line in String::from_utf8_lossy(&bytes).lines().filter(|l| !l.trim().is_empty()) {
         tracing::info!(sink, stream, "{line}");
     }
 }

@@ -1,13 +1,71 @@
 //! The outbox table: one [`Store`] trait with the claim / mark / stats operations, and one
 //! module per database implementing it. Dialect differences live in the backend modules.
 
-mod migrate;
+pub mod migrate;
+mod mysql;
+mod postgres;
 mod sqlite;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
+pub use mysql::MysqlStore;
+pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
+
+/// The columns of a whole [`Row`], in the order [`decode_row!`] reads them.
+const ROW_COLUMNS: &str = "id, app_code, event_id, event_type, room_id, status, envelope, created_at_ms, \
+     retry_count, last_error, worker_id, lock_until_ms, next_retry_at_ms, updated_at_ms, delivered_at_ms";
+
+/// The columns a claim returns, as [`decode_claimed!`] reads them.
+const CLAIM_COLUMNS: &str = "id, app_code, event_id, event_type, room_id, envelope, created_at_ms, retry_count";
+
+/// Decodes a [`Row`] from any backend's result row (the column types agree across dialects).
+macro_rules! decode_row {
+    ($r:expr) => {{
+        use sqlx::Row as _;
+        let r = $r;
+        let status: String = r.try_get("status")?;
+        Ok::<_, sqlx::Error>($crate::store::Row {
+            id: r.try_get("id")?,
+            app_code: r.try_get("app_code")?,
+            event_id: r.try_get("event_id")?,
+            event_type: r.try_get("event_type")?,
+            room_id: r.try_get("room_id")?,
+            status: $crate::store::Status::parse(&status)
+                .ok_or_else(|| sqlx::Error::Decode(format!("unknown status {status:?}").into()))?,
+            envelope: r.try_get("envelope")?,
+            created_at_ms: r.try_get("created_at_ms")?,
+            retry_count: r.try_get("retry_count")?,
+            last_error: r.try_get("last_error")?,
+            worker_id: r.try_get("worker_id")?,
+            lock_until_ms: r.try_get("lock_until_ms")?,
+            next_retry_at_ms: r.try_get("next_retry_at_ms")?,
+            updated_at_ms: r.try_get("updated_at_ms")?,
+            delivered_at_ms: r.try_get("delivered_at_ms")?,
+        })
+    }};
+}
+
+/// Decodes a [`Claimed`] row (see [`CLAIM_COLUMNS`]) held under `lease`.
+macro_rules! decode_claimed {
+    ($r:expr, $lease:expr) => {{
+        use sqlx::Row as _;
+        let r = $r;
+        Ok::<_, sqlx::Error>($crate::store::Claimed {
+            id: r.try_get("id")?,
+            app_code: r.try_get("app_code")?,
+            event_id: r.try_get("event_id")?,
+            event_type: r.try_get("event_type")?,
+            room_id: r.try_get("room_id")?,
+            envelope: r.try_get("envelope")?,
+            created_at_ms: r.try_get("created_at_ms")?,
+            retry_count: r.try_get("retry_count")?,
+            lease: $lease,
+        })
+    }};
+}
+use {decode_claimed, decode_row};
 
 /// The delivery state of one outbox row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -33,13 +91,8 @@ pub enum Status {
 
 impl Status {
     /// Every status, in the order `status` prints them.
-    pub const ALL: [Status; 5] = [
-        Status::Pending,
-        Status::Delivering,
-        Status::Retryable,
-        Status::Failed,
-        Status::Delivered,
-    ];
+    pub const ALL: [Status; 5] =
+        [Status::Pending, Status::Delivering, Status::Retryable, Status::Failed, Status::Delivered];
 
     /// The text stored in the `status` column.
     pub fn as_str(self) -> &'static str {
@@ -195,10 +248,7 @@ pub struct Stats {
 impl Stats {
     /// The count for one status.
     pub fn count(&self, status: Status) -> i64 {
-        self.counts
-            .iter()
-            .find(|(s, _)| *s == status)
-            .map_or(0, |(_, n)| *n)
+        self.counts.iter().find(|(s, _)| *s == status).map_or(0, |(_, n)| *n)
     }
 }
 
@@ -228,9 +278,7 @@ impl From<sqlx::Error> for StoreError {
             | sqlx::Error::WorkerCrashed
             | sqlx::Error::Tls(_)
             | sqlx::Error::Protocol(_) => StoreError::Unavailable(e.to_string()),
-            sqlx::Error::Database(db) if db.is_unique_violation() => {
-                StoreError::Duplicate(String::new())
-            }
+            sqlx::Error::Database(db) if db.is_unique_violation() => StoreError::Duplicate(String::new()),
             sqlx::Error::Database(db) => StoreError::Query(db.message().to_string()),
             _ => StoreError::Query(e.to_string()),
         }
@@ -307,28 +355,24 @@ impl Backend {
     }
 }
 
-/// Opens the store a `database.url` names.
-pub async fn open(
-    url: &str,
-    max_connections: u32,
-    table: &str,
-) -> Result<Arc<dyn Store>, StoreError> {
-    match Backend::from_url(url).map_err(StoreError::Query)? {
-        Backend::Sqlite => Ok(Arc::new(
-            SqliteStore::connect(url, max_connections, table).await?,
-        )),
-        backend => Err(StoreError::Query(format!(
-            "{backend:?} is not supported by this build yet; use sqlite://"
-        ))),
-    }
+/// Opens the store a `database.url` names. An unreachable database is an error that names
+/// the host (never the password).
+pub async fn open(url: &str, max_connections: u32, table: &str) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(match Backend::from_url(url).map_err(StoreError::Query)? {
+        Backend::Sqlite => Arc::new(SqliteStore::connect(url, max_connections, table).await?),
+        Backend::Postgres => Arc::new(PostgresStore::connect(url, max_connections, table).await?),
+        Backend::Mysql => Arc::new(MysqlStore::connect(url, max_connections, table).await?),
+    })
+}
+
+/// The error for a database that could not be reached at start-up.
+fn unreachable_error(url: &str, e: sqlx::Error) -> StoreError {
+    StoreError::Unavailable(format!("cannot connect to {}: {e}", crate::config::redact_url(url)))
 }
 
 /// The current wall-clock time in UTC milliseconds.
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
 /// Cuts an error message to what fits `last_error` (512), on a character boundary.
@@ -346,26 +390,70 @@ pub fn short_error(message: &str) -> String {
 }
 
 /// Assembles [`Stats`] from the rows every backend's queries return.
-fn stats_from(
-    counts: Vec<(String, i64)>,
-    oldest: Option<i64>,
-    top_errors: Vec<(String, i64)>,
-) -> Stats {
+fn stats_from(counts: Vec<(String, i64)>, oldest: Option<i64>, top_errors: Vec<(String, i64)>) -> Stats {
     let counts = Status::ALL
         .into_iter()
-        .map(|s| {
-            (
-                s,
-                counts
-                    .iter()
-                    .find(|(name, _)| name == s.as_str())
-                    .map_or(0, |(_, n)| *n),
-            )
-        })
+        .map(|s| (s, counts.iter().find(|(name, _)| name == s.as_str()).map_or(0, |(_, n)| *n)))
         .collect();
-    Stats {
-        counts,
-        oldest_waiting_created_at_ms: oldest,
-        top_errors,
+    Stats { counts, oldest_waiting_created_at_ms: oldest, top_errors }
+}
+
+/// The three statements behind [`Store::stats`]; they need no parameters and read the same
+/// in every dialect.
+fn stats_sql(table: &str) -> [String; 3] {
+    [
+        format!("SELECT status, COUNT(*) FROM {table} GROUP BY status"),
+        format!("SELECT MIN(created_at_ms) FROM {table} WHERE status IN ('pending', 'retryable')"),
+        format!(
+            "SELECT last_error, COUNT(*) AS n FROM {table} \
+             WHERE status IN ('retryable', 'failed') AND last_error IS NOT NULL \
+             GROUP BY last_error ORDER BY n DESC, last_error LIMIT 5"
+        ),
+    ]
+}
+
+/// Names the event in a unique-key clash on insert.
+fn name_duplicate(err: sqlx::Error, event_id: &str) -> StoreError {
+    match StoreError::from(err) {
+        StoreError::Duplicate(_) => StoreError::Duplicate(event_id.to_string()),
+        other => other,
+    }
+}
+
+/// The `Retry` and `Fail` marks of a batch as parallel columns, for statements that write
+/// them all at once.
+struct FailedMarks<'a> {
+    ids: Vec<i64>,
+    worker_ids: Vec<&'a str>,
+    lock_untils: Vec<i64>,
+    statuses: Vec<&'static str>,
+    errors: Vec<&'a str>,
+    next_retry_ats: Vec<i64>,
+}
+
+impl<'a> From<&'a [Mark]> for FailedMarks<'a> {
+    fn from(marks: &'a [Mark]) -> Self {
+        let mut out = FailedMarks {
+            ids: vec![],
+            worker_ids: vec![],
+            lock_untils: vec![],
+            statuses: vec![],
+            errors: vec![],
+            next_retry_ats: vec![],
+        };
+        for m in marks {
+            let (status, error, next) = match &m.outcome {
+                Outcome::Delivered => continue,
+                Outcome::Retry { error, next_retry_at_ms } => ("retryable", error, *next_retry_at_ms),
+                Outcome::Fail { error } => ("failed", error, 0),
+            };
+            out.ids.push(m.id);
+            out.worker_ids.push(&m.lease.worker_id);
+            out.lock_untils.push(m.lease.lock_until_ms);
+            out.statuses.push(status);
+            out.errors.push(error);
+            out.next_retry_ats.push(next);
+        }
+        out
     }
 }

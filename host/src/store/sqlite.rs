@@ -6,13 +6,12 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
-};
-use sqlx::{QueryBuilder, Row as _, Sqlite, SqlitePool};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{QueryBuilder, Sqlite, SqlitePool};
 
 use super::{
-    Claimed, Lease, Mark, NewEvent, Outcome, Row, Stats, Status, Store, StoreError, migrate,
+    CLAIM_COLUMNS, Claimed, Lease, Mark, NewEvent, Outcome, ROW_COLUMNS, Row, Stats, Store, StoreError, decode_claimed,
+    decode_row, migrate,
 };
 
 /// The SQLite backend.
@@ -35,42 +34,14 @@ impl SqliteStore {
             .acquire_timeout(Duration::from_secs(15))
             .connect_with(options)
             .await
-            .map_err(|e| StoreError::Unavailable(format!("cannot open {url}: {e}")))?;
-        Ok(SqliteStore {
-            pool,
-            table: table.to_string(),
-        })
+            .map_err(|e| super::unreachable_error(url, e))?;
+        Ok(SqliteStore { pool, table: table.to_string() })
     }
 
     /// The underlying pool, for tests that write rows the way a producer would.
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
-}
-
-const ROW_COLUMNS: &str = "id, app_code, event_id, event_type, room_id, status, envelope, created_at_ms, \
-     retry_count, last_error, worker_id, lock_until_ms, next_retry_at_ms, updated_at_ms, delivered_at_ms";
-
-fn row_from(r: &SqliteRow) -> Result<Row, sqlx::Error> {
-    let status: String = r.try_get("status")?;
-    Ok(Row {
-        id: r.try_get("id")?,
-        app_code: r.try_get("app_code")?,
-        event_id: r.try_get("event_id")?,
-        event_type: r.try_get("event_type")?,
-        room_id: r.try_get("room_id")?,
-        status: Status::parse(&status)
-            .ok_or_else(|| sqlx::Error::Decode(format!("unknown status {status:?}").into()))?,
-        envelope: r.try_get("envelope")?,
-        created_at_ms: r.try_get("created_at_ms")?,
-        retry_count: r.try_get("retry_count")?,
-        last_error: r.try_get("last_error")?,
-        worker_id: r.try_get("worker_id")?,
-        lock_until_ms: r.try_get("lock_until_ms")?,
-        next_retry_at_ms: r.try_get("next_retry_at_ms")?,
-        updated_at_ms: r.try_get("updated_at_ms")?,
-        delivered_at_ms: r.try_get("delivered_at_ms")?,
-    })
 }
 
 #[async_trait]
@@ -85,28 +56,23 @@ impl Store for SqliteStore {
         .map_err(|e| StoreError::Migration(e.to_string()))?;
         for step in migrate::steps(&migrate::SQLITE, t) {
             let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-            let applied: Option<i64> = sqlx::query_scalar(&format!(
-                "SELECT version FROM {t}_migrations WHERE version = ?"
-            ))
-            .bind(step.version)
-            .fetch_optional(&mut *tx)
-            .await?;
+            let applied: Option<i64> =
+                sqlx::query_scalar(&format!("SELECT version FROM {t}_migrations WHERE version = ?"))
+                    .bind(step.version)
+                    .fetch_optional(&mut *tx)
+                    .await?;
             if applied.is_some() {
                 continue;
             }
             sqlx::Executor::execute(&mut *tx, step.sql.as_str())
                 .await
-                .map_err(|e| {
-                    StoreError::Migration(format!("{} {}: {e}", step.version, step.description))
-                })?;
-            sqlx::query(&format!(
-                "INSERT INTO {t}_migrations (version, description, applied_at_ms) VALUES (?, ?, ?)"
-            ))
-            .bind(step.version)
-            .bind(&step.description)
-            .bind(super::now_ms())
-            .execute(&mut *tx)
-            .await?;
+                .map_err(|e| StoreError::Migration(format!("{} {}: {e}", step.version, step.description)))?;
+            sqlx::query(&format!("INSERT INTO {t}_migrations (version, description, applied_at_ms) VALUES (?, ?, ?)"))
+                .bind(step.version)
+                .bind(&step.description)
+                .bind(super::now_ms())
+                .execute(&mut *tx)
+                .await?;
             tx.commit().await?;
         }
         Ok(())
@@ -127,7 +93,7 @@ impl Store for SqliteStore {
                     OR (status = 'retryable' AND next_retry_at_ms <= ?3) \
                     OR (status = 'delivering' AND lock_until_ms < ?3) \
                  ORDER BY created_at_ms, id LIMIT ?4) \
-             RETURNING id, app_code, event_id, event_type, room_id, envelope, created_at_ms, retry_count"
+             RETURNING {CLAIM_COLUMNS}"
         );
         let rows = sqlx::query(&sql)
             .bind(worker_id)
@@ -136,25 +102,9 @@ impl Store for SqliteStore {
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
             .await?;
-        let mut claimed = rows
-            .iter()
-            .map(|r| {
-                Ok(Claimed {
-                    id: r.try_get("id")?,
-                    app_code: r.try_get("app_code")?,
-                    event_id: r.try_get("event_id")?,
-                    event_type: r.try_get("event_type")?,
-                    room_id: r.try_get("room_id")?,
-                    envelope: r.try_get("envelope")?,
-                    created_at_ms: r.try_get("created_at_ms")?,
-                    retry_count: r.try_get("retry_count")?,
-                    lease: Lease {
-                        worker_id: worker_id.to_string(),
-                        lock_until_ms,
-                    },
-                })
-            })
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms };
+        let mut claimed =
+            rows.iter().map(|r| decode_claimed!(r, lease.clone())).collect::<Result<Vec<_>, sqlx::Error>>()?;
         // RETURNING does not promise an order.
         claimed.sort_by_key(|c| (c.created_at_ms, c.id));
         Ok(claimed)
@@ -164,11 +114,8 @@ impl Store for SqliteStore {
         let t = &self.table;
         let mut changed = 0;
         let mut tx = self.pool.begin().await?;
-        let delivered: Vec<i64> = marks
-            .iter()
-            .filter(|m| matches!(m.outcome, Outcome::Delivered))
-            .map(|m| m.id)
-            .collect();
+        let delivered: Vec<i64> =
+            marks.iter().filter(|m| matches!(m.outcome, Outcome::Delivered)).map(|m| m.id).collect();
         if !delivered.is_empty() {
             let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
                 "UPDATE {t} SET status = 'delivered', last_error = NULL, worker_id = NULL, lock_until_ms = 0, "
@@ -186,10 +133,7 @@ impl Store for SqliteStore {
         for m in marks {
             let (status, error, next_retry_at_ms, bump) = match &m.outcome {
                 Outcome::Delivered => continue,
-                Outcome::Retry {
-                    error,
-                    next_retry_at_ms,
-                } => ("retryable", error, *next_retry_at_ms, 1),
+                Outcome::Retry { error, next_retry_at_ms } => ("retryable", error, *next_retry_at_ms, 1),
                 Outcome::Fail { error } => ("failed", error, 0, 1),
             };
             let sql = format!(
@@ -262,27 +206,21 @@ impl Store for SqliteStore {
     }
 
     async fn get(&self, event_id: &str) -> Result<Option<Row>, StoreError> {
-        let row = sqlx::query(&format!(
-            "SELECT {ROW_COLUMNS} FROM {} WHERE event_id = ?",
-            self.table
-        ))
-        .bind(event_id)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row.as_ref().map(row_from).transpose()?)
+        let row = sqlx::query(&format!("SELECT {ROW_COLUMNS} FROM {} WHERE event_id = ?", self.table))
+            .bind(event_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.as_ref().map(|r| decode_row!(r)).transpose()?)
     }
 
     async fn stats(&self) -> Result<Stats, StoreError> {
         let t = &self.table;
         let counts: Vec<(String, i64)> =
-            sqlx::query_as(&format!("SELECT status, COUNT(*) FROM {t} GROUP BY status"))
-                .fetch_all(&self.pool)
+            sqlx::query_as(&format!("SELECT status, COUNT(*) FROM {t} GROUP BY status")).fetch_all(&self.pool).await?;
+        let oldest: Option<i64> =
+            sqlx::query_scalar(&format!("SELECT MIN(created_at_ms) FROM {t} WHERE status IN ('pending', 'retryable')"))
+                .fetch_one(&self.pool)
                 .await?;
-        let oldest: Option<i64> = sqlx::query_scalar(&format!(
-            "SELECT MIN(created_at_ms) FROM {t} WHERE status IN ('pending', 'retryable')"
-        ))
-        .fetch_one(&self.pool)
-        .await?;
         let top_errors: Vec<(String, i64)> = sqlx::query_as(&format!(
             "SELECT last_error, COUNT(*) AS n FROM {t} WHERE status IN ('retryable', 'failed') AND last_error IS NOT NULL \
              GROUP BY last_error ORDER BY n DESC, last_error LIMIT 5"

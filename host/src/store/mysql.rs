@@ -1,0 +1,248 @@
+//! MySQL 8 and MariaDB 10.6+. Without `UPDATE … RETURNING`, a claim is one short
+//! transaction: `SELECT … FOR UPDATE SKIP LOCKED`, then `UPDATE` of the picked ids. The
+//! outcomes of a batch are written with one statement per kind (`CASE` over the ids).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::mysql::MySqlPoolOptions;
+use sqlx::{MySql, MySqlPool, QueryBuilder};
+
+use super::{
+    CLAIM_COLUMNS, Claimed, Lease, Mark, NewEvent, Outcome, ROW_COLUMNS, Row, Stats, Store, StoreError, decode_claimed,
+    decode_row, migrate,
+};
+
+/// The MySQL / MariaDB backend.
+pub struct MysqlStore {
+    pool: MySqlPool,
+    table: String,
+}
+
+impl MysqlStore {
+    /// Connects to a `mysql://` (or `mariadb://`) URL.
+    pub async fn connect(url: &str, max_connections: u32, table: &str) -> Result<Self, StoreError> {
+        let url = match url.strip_prefix("mariadb://") {
+            Some(rest) => format!("mysql://{rest}"),
+            None => url.to_string(),
+        };
+        let pool = MySqlPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(15))
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    // Claims lock only the rows they take, not the gaps between them.
+                    sqlx::Executor::execute(&mut *conn, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .await?;
+                    Ok(())
+                })
+            })
+            .connect(&url)
+            .await
+            .map_err(|e| super::unreachable_error(&url, e))?;
+        Ok(MysqlStore { pool, table: table.to_string() })
+    }
+
+    /// `AND (id, worker_id, lock_until_ms) IN ((…), …)`: only rows still held under the
+    /// same lease.
+    fn push_lease_filter<'a>(q: &mut QueryBuilder<'a, MySql>, rows: impl Iterator<Item = (i64, &'a Lease)>) {
+        q.push(" AND status = 'delivering' AND (id, worker_id, lock_until_ms) IN (");
+        let mut list = q.separated(", ");
+        for (id, lease) in rows {
+            list.push("(");
+            list.push_bind_unseparated(id);
+            list.push_unseparated(", ");
+            list.push_bind_unseparated(lease.worker_id.as_str());
+            list.push_unseparated(", ");
+            list.push_bind_unseparated(lease.lock_until_ms);
+            list.push_unseparated(")");
+        }
+        q.push(")");
+    }
+}
+
+#[async_trait]
+impl Store for MysqlStore {
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let t = &self.table;
+        // DDL commits implicitly in MySQL, so a named lock (not a transaction) keeps two
+        // starting hosts from migrating at once.
+        let mut conn = self.pool.acquire().await?;
+        let lock = format!("{t}_migrations");
+        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)").bind(&lock).fetch_one(&mut *conn).await?;
+        if got != Some(1) {
+            return Err(StoreError::Migration(format!("could not take the lock {lock} within 60s")));
+        }
+        let result = async {
+            sqlx::query(&format!(
+                "CREATE TABLE IF NOT EXISTS {t}_migrations (version BIGINT PRIMARY KEY, description VARCHAR(255) NOT NULL, applied_at_ms BIGINT NOT NULL)"
+            ))
+            .execute(&mut *conn)
+            .await?;
+            for step in migrate::steps(&migrate::MYSQL, t) {
+                let applied: Option<i64> =
+                    sqlx::query_scalar(&format!("SELECT version FROM {t}_migrations WHERE version = ?"))
+                        .bind(step.version)
+                        .fetch_optional(&mut *conn)
+                        .await?;
+                if applied.is_some() {
+                    continue;
+                }
+                sqlx::Executor::execute(&mut *conn, step.sql.as_str())
+                    .await
+                    .map_err(|e| StoreError::Migration(format!("{} {}: {e}", step.version, step.description)))?;
+                sqlx::query(&format!("INSERT INTO {t}_migrations (version, description, applied_at_ms) VALUES (?, ?, ?)"))
+                    .bind(step.version)
+                    .bind(&step.description)
+                    .bind(super::now_ms())
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            Ok::<_, StoreError>(())
+        }
+        .await;
+        sqlx::query("SELECT RELEASE_LOCK(?)").bind(&lock).execute(&mut *conn).await?;
+        result
+    }
+
+    async fn claim(
+        &self,
+        worker_id: &str,
+        now_ms: i64,
+        lock_until_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<Claimed>, StoreError> {
+        let t = &self.table;
+        let mut tx = self.pool.begin().await?;
+        let rows = sqlx::query(&format!(
+            "SELECT {CLAIM_COLUMNS} FROM {t} \
+             WHERE status = 'pending' \
+                OR (status = 'retryable' AND next_retry_at_ms <= ?) \
+                OR (status = 'delivering' AND lock_until_ms < ?) \
+             ORDER BY created_at_ms, id LIMIT ? \
+             FOR UPDATE SKIP LOCKED"
+        ))
+        .bind(now_ms)
+        .bind(now_ms)
+        .bind(i64::from(limit))
+        .fetch_all(&mut *tx)
+        .await?;
+        let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms };
+        let claimed = rows.iter().map(|r| decode_claimed!(r, lease.clone())).collect::<Result<Vec<_>, _>>()?;
+        if !claimed.is_empty() {
+            let mut q: QueryBuilder<MySql> =
+                QueryBuilder::new(format!("UPDATE {t} SET status = 'delivering', worker_id = "));
+            q.push_bind(worker_id).push(", lock_until_ms = ").push_bind(lock_until_ms);
+            q.push(", updated_at_ms = ").push_bind(now_ms).push(" WHERE id IN (");
+            let mut ids = q.separated(", ");
+            for c in &claimed {
+                ids.push_bind(c.id);
+            }
+            q.push(")");
+            q.build().execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(claimed)
+    }
+
+    async fn mark(&self, marks: &[Mark], now_ms: i64) -> Result<u64, StoreError> {
+        let t = &self.table;
+        let mut changed = 0;
+        let delivered: Vec<i64> =
+            marks.iter().filter(|m| matches!(m.outcome, Outcome::Delivered)).map(|m| m.id).collect();
+        if !delivered.is_empty() {
+            let mut q: QueryBuilder<MySql> = QueryBuilder::new(format!(
+                "UPDATE {t} SET status = 'delivered', last_error = NULL, worker_id = NULL, lock_until_ms = 0, updated_at_ms = "
+            ));
+            q.push_bind(now_ms).push(", delivered_at_ms = ").push_bind(now_ms);
+            q.push(" WHERE status <> 'delivered' AND id IN (");
+            let mut ids = q.separated(", ");
+            for id in &delivered {
+                ids.push_bind(*id);
+            }
+            q.push(")");
+            changed += q.build().execute(&self.pool).await?.rows_affected();
+        }
+        let failed: Vec<&Mark> = marks.iter().filter(|m| !matches!(m.outcome, Outcome::Delivered)).collect();
+        if !failed.is_empty() {
+            let mut q: QueryBuilder<MySql> = QueryBuilder::new(format!("UPDATE {t} SET "));
+            for (column, i) in [("status", 0), ("last_error", 1), ("next_retry_at_ms", 2)] {
+                q.push(format!("{column} = CASE id"));
+                for m in &failed {
+                    q.push(" WHEN ").push_bind(m.id).push(" THEN ");
+                    match (&m.outcome, i) {
+                        (Outcome::Retry { .. }, 0) => q.push_bind("retryable"),
+                        (Outcome::Fail { .. }, 0) => q.push_bind("failed"),
+                        (Outcome::Retry { error, .. } | Outcome::Fail { error }, 1) => q.push_bind(error.as_str()),
+                        (Outcome::Retry { next_retry_at_ms, .. }, _) => q.push_bind(*next_retry_at_ms),
+                        _ => q.push_bind(0i64),
+                    };
+                }
+                q.push(" END, ");
+            }
+            q.push("retry_count = retry_count + 1, worker_id = NULL, lock_until_ms = 0, updated_at_ms = ");
+            q.push_bind(now_ms).push(" WHERE 1 = 1");
+            Self::push_lease_filter(&mut q, failed.iter().map(|m| (m.id, &m.lease)));
+            changed += q.build().execute(&self.pool).await?.rows_affected();
+        }
+        Ok(changed)
+    }
+
+    async fn release(&self, rows: &[(i64, Lease)], now_ms: i64) -> Result<u64, StoreError> {
+        let mut q: QueryBuilder<MySql> = QueryBuilder::new(format!(
+            "UPDATE {} SET status = 'pending', worker_id = NULL, lock_until_ms = 0, updated_at_ms = ",
+            self.table
+        ));
+        q.push_bind(now_ms).push(" WHERE 1 = 1");
+        Self::push_lease_filter(&mut q, rows.iter().map(|(id, lease)| (*id, lease)));
+        Ok(q.build().execute(&self.pool).await?.rows_affected())
+    }
+
+    async fn insert(&self, events: &[NewEvent]) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        for e in events {
+            sqlx::query(&format!(
+                "INSERT INTO {} (app_code, event_id, event_type, room_id, status, envelope, created_at_ms) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?)",
+                self.table
+            ))
+            .bind(&e.app_code)
+            .bind(&e.event_id)
+            .bind(&e.event_type)
+            .bind(&e.room_id)
+            .bind(e.status.as_str())
+            .bind(&e.envelope)
+            .bind(e.created_at_ms)
+            .execute(&mut *tx)
+            .await
+            .map_err(|err| super::name_duplicate(err, &e.event_id))?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn get(&self, event_id: &str) -> Result<Option<Row>, StoreError> {
+        let row = sqlx::query(&format!("SELECT {ROW_COLUMNS} FROM {} WHERE event_id = ?", self.table))
+            .bind(event_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.as_ref().map(|r| decode_row!(r)).transpose()?)
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        let [counts, oldest, errors] = super::stats_sql(&self.table);
+        let counts: Vec<(String, i64)> = sqlx::query_as(&counts).fetch_all(&self.pool).await?;
+        let oldest: Option<i64> = sqlx::query_scalar(&oldest).fetch_one(&self.pool).await?;
+        let errors: Vec<(String, i64)> = sqlx::query_as(&errors).fetch_all(&self.pool).await?;
+        Ok(super::stats_from(counts, oldest, errors))
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+}
