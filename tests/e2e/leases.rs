@@ -1,7 +1,7 @@
 //! A host that crashed left a row `delivering`; once its lease is over, a worker delivers
 //! it. (The lease and fencing rules themselves are in the store conformance suite.)
 
-use outbox_host::store::{Status, Store, now_ms};
+use outbox_host::store::{Status, now_ms};
 
 use crate::support::{Running, World, per_backend};
 

@@ -6,4 +6,5 @@ mod conformance;
 mod leases;
 mod process;
 mod sandbox;
+mod scale;
 mod support;

@@ -3,7 +3,7 @@
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use outbox_host::store::{Status, Store};
+use outbox_host::store::Status;
 
 use crate::support::{PATIENCE, World};
 
@@ -154,4 +154,19 @@ async fn enqueue_and_status_round_trip() {
     let status = String::from_utf8_lossy(&run(&["status"]).stdout).into_owned();
     assert!(status.contains("room_outbox: 3 rows"), "{status}");
     assert!(status.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["pending", "3"]), "{status}");
+}
+
+/// A database that cannot be reached at start-up is a clear error naming the host, never
+/// the password.
+#[tokio::test]
+async fn an_unreachable_database_is_named_without_its_password() {
+    let world = World::new().await;
+    let path = world.dir.path().join("outbox.yaml");
+    let yaml = world.yaml("", "").replace(&world.db_url(), "postgres://app:hunter2@127.0.0.1:1/outbox");
+    std::fs::write(&path, yaml).unwrap();
+    let out = Command::new(BIN).args(["--config", path.to_str().unwrap(), "migrate"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("cannot connect to postgres://app:***@127.0.0.1:1/outbox"), "{stderr}");
+    assert!(!stderr.contains("hunter2"), "{stderr}");
 }

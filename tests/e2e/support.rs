@@ -212,12 +212,21 @@ impl Running {
     }
 
     /// Waits, re-checking after every worker signal, until `check` holds.
-    pub async fn wait_for<F, Fut>(&mut self, what: &str, mut check: F)
+    pub async fn wait_for<F, Fut>(&mut self, what: &str, check: F)
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = bool>,
     {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
+        self.wait_for_within(what, PATIENCE, check).await
+    }
+
+    /// [`Running::wait_for`] with a patience of its own, for long runs.
+    pub async fn wait_for_within<F, Fut>(&mut self, what: &str, patience: Duration, mut check: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = bool>,
+    {
+        let deadline = tokio::time::Instant::now() + patience;
         loop {
             if check().await {
                 return;

@@ -365,6 +365,9 @@ pub async fn open(url: &str, max_connections: u32, table: &str) -> Result<Arc<dy
     })
 }
 
+/// How long to wait for a connection before an operation fails (and the worker backs off).
+const ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The error for a database that could not be reached at start-up.
 fn unreachable_error(url: &str, e: sqlx::Error) -> StoreError {
     StoreError::Unavailable(format!("cannot connect to {}: {e}", crate::config::redact_url(url)))

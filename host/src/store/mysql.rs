@@ -2,7 +2,6 @@
 //! transaction: `SELECT … FOR UPDATE SKIP LOCKED`, then `UPDATE` of the picked ids. The
 //! outcomes of a batch are written with one statement per kind (`CASE` over the ids).
 
-use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::mysql::MySqlPoolOptions;
@@ -28,7 +27,7 @@ impl MysqlStore {
         };
         let pool = MySqlPoolOptions::new()
             .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(15))
+            .acquire_timeout(super::ACQUIRE_TIMEOUT)
             .after_connect(|conn, _| {
                 Box::pin(async move {
                     // Claims lock only the rows they take, not the gaps between them.

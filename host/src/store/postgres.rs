@@ -3,7 +3,6 @@
 //! lease was renewed in between is re-checked, not taken. Outcomes of a whole batch are
 //! written with one statement per kind, passing arrays.
 
-use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::PgPool;
@@ -25,7 +24,7 @@ impl PostgresStore {
     pub async fn connect(url: &str, max_connections: u32, table: &str) -> Result<Self, StoreError> {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(15))
+            .acquire_timeout(super::ACQUIRE_TIMEOUT)
             .connect(url)
             .await
             .map_err(|e| super::unreachable_error(url, e))?;

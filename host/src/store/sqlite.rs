@@ -31,7 +31,7 @@ impl SqliteStore {
             .busy_timeout(Duration::from_secs(10));
         let pool = SqlitePoolOptions::new()
             .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(15))
+            .acquire_timeout(super::ACQUIRE_TIMEOUT)
             .connect_with(options)
             .await
             .map_err(|e| super::unreachable_error(url, e))?;

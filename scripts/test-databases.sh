@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Sourced by `make test`: makes sure the local PostgreSQL and MariaDB servers run, clears
+# schemas and databases left by earlier test runs, and exports TEST_POSTGRES_URL and
+# TEST_MYSQL_URL for the server-backed suites. A server that cannot be started is skipped
+# with a note, unless OUTBOX_REQUIRE_SERVER_TESTS=1 (CI), where it is an error.
+
+: "${TEST_POSTGRES_URL:=postgres://postgres@127.0.0.1:5432/test}"
+: "${TEST_MYSQL_URL:=mysql://root@127.0.0.1:3306/test}"
+
+outbox_db_missing() {
+  if [ "${OUTBOX_REQUIRE_SERVER_TESTS:-}" = 1 ]; then
+    echo "error: $1 is not available and OUTBOX_REQUIRE_SERVER_TESTS=1" >&2
+    return 1
+  fi
+  echo "note: $1 is not available; its suites will be skipped" >&2
+}
+
+outbox_wait() { # tries "$@" for up to 30 seconds
+  for _ in $(seq 60); do "$@" >/dev/null 2>&1 && return 0; sleep 0.5; done
+  return 1
+}
+
+outbox_postgres() {
+  command -v psql >/dev/null || return 1
+  local ready=(psql "$TEST_POSTGRES_URL" -Atqc 'SELECT 1')
+  if ! "${ready[@]}" >/dev/null 2>&1 && command -v pg_ctlcluster >/dev/null; then
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start >/dev/null 2>&1 || true
+  fi
+  outbox_wait "${ready[@]}" || return 1
+  # Schemas of earlier runs (each test makes one named outbox_t_…).
+  psql "$TEST_POSTGRES_URL" -Atqc "SELECT 'DROP SCHEMA ' || nspname || ' CASCADE;' FROM pg_namespace WHERE nspname LIKE 'outbox\_t\_%'" \
+    | psql "$TEST_POSTGRES_URL" -q >/dev/null
+}
+
+outbox_mysql() {
+  command -v mariadb >/dev/null || command -v mysql >/dev/null || return 1
+  local client; client=$(command -v mariadb || command -v mysql)
+  local ready=("$client" -h 127.0.0.1 -P 3306 -uroot -e 'SELECT 1')
+  if ! "${ready[@]}" >/dev/null 2>&1 && [ -x /usr/sbin/mariadbd ]; then
+    start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd >/dev/null 2>&1 || true
+  fi
+  outbox_wait "${ready[@]}" || return 1
+  "$client" -h 127.0.0.1 -uroot -N -e "SELECT CONCAT('DROP DATABASE ', schema_name, ';') FROM information_schema.schemata WHERE schema_name LIKE 'outbox\_t\_%'" \
+    | "$client" -h 127.0.0.1 -uroot
+}
+
+if outbox_postgres; then export TEST_POSTGRES_URL; else unset TEST_POSTGRES_URL; outbox_db_missing PostgreSQL || return 1 2>/dev/null || exit 1; fi
+if outbox_mysql; then export TEST_MYSQL_URL; else unset TEST_MYSQL_URL; outbox_db_missing MariaDB/MySQL || return 1 2>/dev/null || exit 1; fi
