@@ -37,6 +37,11 @@ pub fn steps(migrator: &Migrator, table: &str) -> Vec<Step> {
         .collect()
 }
 
+/// Whether every migration of `migrator` is among `applied`.
+pub fn up_to_date(migrator: &Migrator, applied: &[i64]) -> bool {
+    versions(migrator).iter().all(|v| applied.contains(v))
+}
+
 /// The version numbers of every dialect's migrations, for the check that they agree.
 pub fn versions(migrator: &Migrator) -> Vec<i64> {
     migrator.iter().filter(|m| m.migration_type.is_up_migration()).map(|m| m.version).collect()

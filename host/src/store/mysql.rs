@@ -2,7 +2,6 @@
 //! transaction: `SELECT … FOR UPDATE SKIP LOCKED`, then `UPDATE` of the picked ids. The
 //! outcomes of a batch are written with one statement per kind (`CASE` over the ids).
 
-
 use async_trait::async_trait;
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{MySql, MySqlPool, QueryBuilder};
@@ -64,6 +63,11 @@ impl MysqlStore {
 impl Store for MysqlStore {
     async fn migrate(&self) -> Result<(), StoreError> {
         let t = &self.table;
+        // Up to date: no DDL, so a host whose user may only read and write rows can start.
+        let applied = sqlx::query_scalar(&format!("SELECT version FROM {t}_migrations")).fetch_all(&self.pool).await;
+        if applied.is_ok_and(|applied: Vec<i64>| migrate::up_to_date(&migrate::MYSQL, &applied)) {
+            return Ok(());
+        }
         // DDL commits implicitly in MySQL, so a named lock (not a transaction) keeps two
         // starting hosts from migrating at once.
         let mut conn = self.pool.acquire().await?;
