@@ -24,25 +24,25 @@ pub struct Readiness {
     pub draining: AtomicBool,
 }
 
-/// Binds the listener now (so a taken port fails start-up) and serves until `stop`.
-pub async fn serve(
-    addr: SocketAddr,
+/// Binds the admin address, so that a port already taken fails start-up.
+pub async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("admin.listen: cannot listen on {addr}: {e}"))
+}
+
+/// Serves `/healthz` and `/readyz` on `listener` until `stop`.
+pub fn serve(
+    listener: tokio::net::TcpListener,
     readiness: Arc<Readiness>,
     stop: CancellationToken,
-) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("admin.listen: cannot listen on {addr}: {e}"))?;
-    let local = listener.local_addr()?;
+) -> tokio::task::JoinHandle<()> {
     let app =
         Router::new().route("/healthz", get(|| async { "ok\n" })).route("/readyz", get(ready)).with_state(readiness);
-    let task = tokio::spawn(async move {
+    tokio::spawn(async move {
         let served = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await;
         if let Err(e) = served {
             tracing::error!(error = %e, "admin listener failed");
         }
-    });
-    Ok((local, task))
+    })
 }
 
 async fn ready(State(r): State<Arc<Readiness>>) -> (StatusCode, String) {

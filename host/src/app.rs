@@ -20,7 +20,7 @@ pub struct Host {
     config: Config,
     store: Arc<dyn Store>,
     worker: Option<Arc<Worker>>,
-    admin_addr: Option<std::net::SocketAddr>,
+    admin: Option<tokio::net::TcpListener>,
 }
 
 /// Opens the configured database, saying which one could not be reached.
@@ -46,7 +46,11 @@ impl Host {
         } else {
             None
         };
-        Ok(Host { config, store, worker, admin_addr: None })
+        let admin = match config.admin_listen {
+            Some(addr) => Some(admin::bind(addr).await?),
+            None => None,
+        };
+        Ok(Host { config, store, worker, admin })
     }
 
     /// The outbox store (tests inspect the table through it).
@@ -59,28 +63,25 @@ impl Host {
         self.worker.as_ref()
     }
 
-    /// Where the admin listener is bound, once `run` has bound it.
+    /// Where the admin listener is bound (`None` when `admin.listen` is empty).
     pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
-        self.admin_addr
+        self.admin.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// Serves until `shutdown` is cancelled, then drains and closes everything.
-    pub async fn run(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let readiness = Arc::new(Readiness {
             store: self.store.clone(),
             worker_running: Default::default(),
             draining: Default::default(),
         });
         let admin_stop = CancellationToken::new();
-        let admin = match self.config.admin_listen {
-            Some(addr) => {
-                let (bound, task) = admin::serve(addr, readiness.clone(), admin_stop.clone()).await?;
-                self.admin_addr = Some(bound);
+        let admin = self.admin.map(|listener| {
+            if let Ok(bound) = listener.local_addr() {
                 tracing::info!(listen = %bound, "admin listener up: /healthz /readyz");
-                Some(task)
             }
-            None => None,
-        };
+            admin::serve(listener, readiness.clone(), admin_stop.clone())
+        });
         readiness.worker_running.store(true, Ordering::Relaxed);
         let mark_draining = async {
             shutdown.cancelled().await;

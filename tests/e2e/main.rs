@@ -2,6 +2,7 @@
 //! against a real SQLite file and the real fake sink `.wasm` built from `plugins/fake`.
 
 mod acceptance;
+mod admin;
 mod conformance;
 mod leases;
 mod process;

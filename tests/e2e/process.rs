@@ -170,3 +170,48 @@ async fn an_unreachable_database_is_named_without_its_password() {
     assert!(stderr.contains("cannot connect to postgres://app:***@127.0.0.1:1/outbox"), "{stderr}");
     assert!(!stderr.contains("hunter2"), "{stderr}");
 }
+
+/// `--json-logs`: one JSON object per line, each outcome with the seed's fields.
+#[tokio::test]
+async fn json_logs_carry_the_seed_fields() {
+    let world = World::new().await;
+    let ok = world.produce("RoomGiftSent", "room-ok", Status::Pending).await;
+    let bad = world.produce("RoomGiftSent", "room-bad", Status::Pending).await;
+    let config = world.dir.path().join("outbox.yaml");
+    std::fs::write(&config, world.yaml("retry_interval: 1h", "room.room-bad: retryable")).unwrap();
+    let child = Command::new(BIN)
+        .args(["--config", config.to_str().unwrap(), "--json-logs", "run"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_table(&world, "both outcomes", |s| s.count(Status::Delivered) == 1 && s.count(Status::Retryable) == 1).await;
+    signal(&child, "TERM");
+    let output = wait_exit(child).await;
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stderr)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let outcome = |id: &str| {
+        lines
+            .iter()
+            .find(|l| l["event_id"] == id && l.get("status").is_some())
+            .cloned()
+            .unwrap_or_else(|| panic!("no outcome line for {id}"))
+    };
+    let delivered = outcome(&ok);
+    for (field, value) in [
+        ("worker", "room_outbox"),
+        ("node_id", "test-node"),
+        ("event_type", "RoomGiftSent"),
+        ("room_id", "room-ok"),
+        ("status", "delivered"),
+    ] {
+        assert_eq!(delivered[field], value, "{field} in {delivered}");
+    }
+    assert_eq!(delivered["retry_count"], 0);
+    let failed = outcome(&bad);
+    assert_eq!((failed["status"].as_str(), failed["retry_count"].as_i64()), (Some("retryable"), Some(1)), "{failed}");
+    assert_eq!(failed["error"], "fake: scripted retryable failure");
+    assert_eq!(failed["kind"], "retryable");
+}

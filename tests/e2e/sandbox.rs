@@ -124,3 +124,48 @@ async fn events_of_one_room_are_delivered_in_creation_order() {
         world.collector.reports().into_iter().map(|r| r.event_id).filter(|id| ids.contains(id)).collect();
     assert_eq!(seen, ids);
 }
+
+/// The compiled component is cached on disk; a restart loads it instead of compiling, and
+/// a corrupt cache entry is recompiled rather than trusted.
+#[tokio::test]
+async fn the_compiled_sink_is_cached_and_a_corrupt_entry_is_replaced() {
+    let world = World::new().await;
+    let cache = world.dir.path().join("cache");
+    let yaml = world.yaml("", "").replace(
+        &format!(
+            "cache_dir: \"{}\"",
+            std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sink-cache").display()
+        ),
+        &format!("cache_dir: \"{}\"", cache.display()),
+    );
+    let config = outbox_host::config::Config::from_yaml(&yaml, std::iter::empty(), &|_| None).unwrap();
+    let sink = config.sink.clone().unwrap();
+    let cached = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(&cache).map(|d| d.map(|e| e.unwrap().path()).collect()).unwrap_or_default()
+    };
+
+    outbox_host::sink::SinkRuntime::load(&sink, 4).unwrap();
+    let files = cached();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert_eq!(files[0].extension().unwrap(), "cwasm");
+    let written = std::fs::metadata(&files[0]).unwrap().modified().unwrap();
+
+    outbox_host::sink::SinkRuntime::load(&sink, 4).unwrap();
+    assert_eq!(std::fs::metadata(&files[0]).unwrap().modified().unwrap(), written, "recompiled despite the cache");
+
+    std::fs::write(&files[0], b"not a compiled component").unwrap();
+    let runtime = outbox_host::sink::SinkRuntime::load(&sink, 4).unwrap();
+    assert!(std::fs::metadata(&files[0]).unwrap().len() > 1_000, "the corrupt entry was not replaced");
+    let event = outbox_host::sink::Event {
+        app_code: "a".into(),
+        event_id: "evt-1".into(),
+        event_type: "RoomGiftSent".into(),
+        room_id: "room-1".into(),
+        room_version: 1,
+        occurred_at_ms: 0,
+        body: vec![],
+        attempt: 1,
+    };
+    let delivered = runtime.deliver(&event, std::time::Duration::from_secs(2)).await;
+    assert_eq!(delivered, Ok(outbox_host::sink::Delivered::Delivered));
+}

@@ -196,6 +196,8 @@ fn sink_cache_dir() -> PathBuf {
 
 /// A host running in this process.
 pub struct Running {
+    /// The admin listener's address, when the config turned it on.
+    pub admin: Option<std::net::SocketAddr>,
     pub signals: broadcast::Receiver<Signal>,
     pub shutdown: CancellationToken,
     pub task: JoinHandle<anyhow::Result<()>>,
@@ -206,9 +208,10 @@ impl Running {
         let host = Host::start(config).await.expect("host starts");
         let worker = host.worker().expect("worker enabled").clone();
         let signals = worker.subscribe();
+        let admin = host.admin_addr();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(host.run(shutdown.clone()));
-        Running { signals, shutdown, task }
+        Running { admin, signals, shutdown, task }
     }
 
     /// Waits, re-checking after every worker signal, until `check` holds.
