@@ -1,6 +1,7 @@
 //! The outbox table: one [`Store`] trait with the claim / mark / stats operations, and one
 //! module per database implementing it. Dialect differences live in the backend modules.
 
+mod common;
 pub mod migrate;
 mod mysql;
 mod postgres;
@@ -65,7 +66,7 @@ macro_rules! decode_claimed {
         })
     }};
 }
-use {decode_claimed, decode_row};
+pub(crate) use {decode_claimed, decode_row};
 
 /// The delivery state of one outbox row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

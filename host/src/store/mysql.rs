@@ -6,10 +6,7 @@ use async_trait::async_trait;
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{MySql, MySqlPool, QueryBuilder};
 
-use super::{
-    CLAIM_COLUMNS, Claimed, Lease, Mark, NewEvent, Outcome, ROW_COLUMNS, Row, Stats, Store, StoreError, decode_claimed,
-    decode_row, migrate,
-};
+use super::{CLAIM_COLUMNS, Claimed, Lease, Mark, NewEvent, Outcome, Row, Stats, Store, StoreError, decode_claimed};
 
 /// The MySQL / MariaDB backend.
 pub struct MysqlStore {
@@ -59,51 +56,24 @@ impl MysqlStore {
     }
 }
 
+super::common::common_queries!(MysqlStore, sqlx::MySql, super::migrate::MYSQL);
+
 #[async_trait]
 impl Store for MysqlStore {
     async fn migrate(&self) -> Result<(), StoreError> {
-        let t = &self.table;
         // Up to date: no DDL, so a host whose user may only read and write rows can start.
-        let applied = sqlx::query_scalar(&format!("SELECT version FROM {t}_migrations")).fetch_all(&self.pool).await;
-        if applied.is_ok_and(|applied: Vec<i64>| migrate::up_to_date(&migrate::MYSQL, &applied)) {
+        if self.applied_all().await {
             return Ok(());
         }
         // DDL commits implicitly in MySQL, so a named lock (not a transaction) keeps two
         // starting hosts from migrating at once.
         let mut conn = self.pool.acquire().await?;
-        let lock = format!("{t}_migrations");
+        let lock = format!("{}_migrations", self.table);
         let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)").bind(&lock).fetch_one(&mut *conn).await?;
         if got != Some(1) {
             return Err(StoreError::Migration(format!("could not take the lock {lock} within 60s")));
         }
-        let result = async {
-            sqlx::query(&format!(
-                "CREATE TABLE IF NOT EXISTS {t}_migrations (version BIGINT PRIMARY KEY, description VARCHAR(255) NOT NULL, applied_at_ms BIGINT NOT NULL)"
-            ))
-            .execute(&mut *conn)
-            .await?;
-            for step in migrate::steps(&migrate::MYSQL, t) {
-                let applied: Option<i64> =
-                    sqlx::query_scalar(&format!("SELECT version FROM {t}_migrations WHERE version = ?"))
-                        .bind(step.version)
-                        .fetch_optional(&mut *conn)
-                        .await?;
-                if applied.is_some() {
-                    continue;
-                }
-                sqlx::Executor::execute(&mut *conn, step.sql.as_str())
-                    .await
-                    .map_err(|e| StoreError::Migration(format!("{} {}: {e}", step.version, step.description)))?;
-                sqlx::query(&format!("INSERT INTO {t}_migrations (version, description, applied_at_ms) VALUES (?, ?, ?)"))
-                    .bind(step.version)
-                    .bind(&step.description)
-                    .bind(super::now_ms())
-                    .execute(&mut *conn)
-                    .await?;
-            }
-            Ok::<_, StoreError>(())
-        }
-        .await;
+        let result = self.apply_missing(&mut conn).await;
         sqlx::query("SELECT RELEASE_LOCK(?)").bind(&lock).execute(&mut *conn).await?;
         result
     }
@@ -202,42 +172,15 @@ impl Store for MysqlStore {
     }
 
     async fn insert(&self, events: &[NewEvent]) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
-        for e in events {
-            sqlx::query(&format!(
-                "INSERT INTO {} (app_code, event_id, event_type, room_id, status, envelope, created_at_ms) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?)",
-                self.table
-            ))
-            .bind(&e.app_code)
-            .bind(&e.event_id)
-            .bind(&e.event_type)
-            .bind(&e.room_id)
-            .bind(e.status.as_str())
-            .bind(&e.envelope)
-            .bind(e.created_at_ms)
-            .execute(&mut *tx)
-            .await
-            .map_err(|err| super::name_duplicate(err, &e.event_id))?;
-        }
-        tx.commit().await?;
-        Ok(())
+        self.insert_rows(events).await
     }
 
     async fn get(&self, event_id: &str) -> Result<Option<Row>, StoreError> {
-        let row = sqlx::query(&format!("SELECT {ROW_COLUMNS} FROM {} WHERE event_id = ?", self.table))
-            .bind(event_id)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.as_ref().map(|r| decode_row!(r)).transpose()?)
+        self.get_row(event_id).await
     }
 
     async fn stats(&self) -> Result<Stats, StoreError> {
-        let [counts, oldest, errors] = super::stats_sql(&self.table);
-        let counts: Vec<(String, i64)> = sqlx::query_as(&counts).fetch_all(&self.pool).await?;
-        let oldest: Option<i64> = sqlx::query_scalar(&oldest).fetch_one(&self.pool).await?;
-        let errors: Vec<(String, i64)> = sqlx::query_as(&errors).fetch_all(&self.pool).await?;
-        Ok(super::stats_from(counts, oldest, errors))
+        self.read_stats().await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -9,10 +9,7 @@ use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{QueryBuilder, Sqlite, SqlitePool};
 
-use super::{
-    CLAIM_COLUMNS, Claimed, Lease, Mark, NewEvent, Outcome, ROW_COLUMNS, Row, Stats, Store, StoreError, decode_claimed,
-    decode_row, migrate,
-};
+use super::{CLAIM_COLUMNS, Claimed, Lease, Mark, NewEvent, Outcome, Row, Stats, Store, StoreError, decode_claimed};
 
 /// The SQLite backend.
 pub struct SqliteStore {
@@ -44,42 +41,18 @@ impl SqliteStore {
     }
 }
 
+super::common::common_queries!(SqliteStore, sqlx::Sqlite, super::migrate::SQLITE);
+
 #[async_trait]
 impl Store for SqliteStore {
     async fn migrate(&self) -> Result<(), StoreError> {
-        let t = &self.table;
         // Up to date: no DDL, so a host whose user may only read and write rows can start.
-        let applied = sqlx::query_scalar(&format!("SELECT version FROM {t}_migrations")).fetch_all(&self.pool).await;
-        if applied.is_ok_and(|applied: Vec<i64>| migrate::up_to_date(&migrate::SQLITE, &applied)) {
+        if self.applied_all().await {
             return Ok(());
         }
-        sqlx::raw_sql(&format!(
-            "CREATE TABLE IF NOT EXISTS {t}_migrations (version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_at_ms INTEGER NOT NULL)"
-        ))
-        .execute(&self.pool)
-        .await
-        .map_err(|e| StoreError::Migration(e.to_string()))?;
-        for step in migrate::steps(&migrate::SQLITE, t) {
-            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-            let applied: Option<i64> =
-                sqlx::query_scalar(&format!("SELECT version FROM {t}_migrations WHERE version = ?"))
-                    .bind(step.version)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            if applied.is_some() {
-                continue;
-            }
-            sqlx::Executor::execute(&mut *tx, step.sql.as_str())
-                .await
-                .map_err(|e| StoreError::Migration(format!("{} {}: {e}", step.version, step.description)))?;
-            sqlx::query(&format!("INSERT INTO {t}_migrations (version, description, applied_at_ms) VALUES (?, ?, ?)"))
-                .bind(step.version)
-                .bind(&step.description)
-                .bind(super::now_ms())
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await?;
-        }
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        self.apply_missing(&mut tx).await?;
+        tx.commit().await?;
         Ok(())
     }
 
@@ -185,54 +158,15 @@ impl Store for SqliteStore {
     }
 
     async fn insert(&self, events: &[NewEvent]) -> Result<(), StoreError> {
-        let t = &self.table;
-        let mut tx = self.pool.begin().await?;
-        for e in events {
-            sqlx::query(&format!(
-                "INSERT INTO {t} (app_code, event_id, event_type, room_id, status, envelope, created_at_ms) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?)"
-            ))
-            .bind(&e.app_code)
-            .bind(&e.event_id)
-            .bind(&e.event_type)
-            .bind(&e.room_id)
-            .bind(e.status.as_str())
-            .bind(&e.envelope)
-            .bind(e.created_at_ms)
-            .execute(&mut *tx)
-            .await
-            .map_err(|err| match StoreError::from(err) {
-                StoreError::Duplicate(_) => StoreError::Duplicate(e.event_id.clone()),
-                other => other,
-            })?;
-        }
-        tx.commit().await?;
-        Ok(())
+        self.insert_rows(events).await
     }
 
     async fn get(&self, event_id: &str) -> Result<Option<Row>, StoreError> {
-        let row = sqlx::query(&format!("SELECT {ROW_COLUMNS} FROM {} WHERE event_id = ?", self.table))
-            .bind(event_id)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.as_ref().map(|r| decode_row!(r)).transpose()?)
+        self.get_row(event_id).await
     }
 
     async fn stats(&self) -> Result<Stats, StoreError> {
-        let t = &self.table;
-        let counts: Vec<(String, i64)> =
-            sqlx::query_as(&format!("SELECT status, COUNT(*) FROM {t} GROUP BY status")).fetch_all(&self.pool).await?;
-        let oldest: Option<i64> =
-            sqlx::query_scalar(&format!("SELECT MIN(created_at_ms) FROM {t} WHERE status IN ('pending', 'retryable')"))
-                .fetch_one(&self.pool)
-                .await?;
-        let top_errors: Vec<(String, i64)> = sqlx::query_as(&format!(
-            "SELECT last_error, COUNT(*) AS n FROM {t} WHERE status IN ('retryable', 'failed') AND last_error IS NOT NULL \
-             GROUP BY last_error ORDER BY n DESC, last_error LIMIT 5"
-        ))
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(super::stats_from(counts, oldest, top_errors))
+        self.read_stats().await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
