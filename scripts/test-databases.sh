@@ -29,7 +29,10 @@ outbox_postgres() {
   outbox_wait "${ready[@]}" || return 1
   # Schemas of earlier runs (each test makes one named outbox_t_…).
   psql "$TEST_POSTGRES_URL" -Atqc "SELECT 'DROP SCHEMA ' || nspname || ' CASCADE;' FROM pg_namespace WHERE nspname LIKE 'outbox\_t\_%'" \
-    | psql "$TEST_POSTGRES_URL" -q >/dev/null
+    | PGOPTIONS='-c client_min_messages=warning' psql "$TEST_POSTGRES_URL" -q >/dev/null
+  # Roles of the privilege tests (outbox_t_..._app).
+  psql "$TEST_POSTGRES_URL" -Atqc "SELECT 'DROP OWNED BY ' || rolname || '; DROP ROLE ' || rolname || ';' FROM pg_roles WHERE rolname LIKE 'outbox\_t\_%'" \
+    | PGOPTIONS='-c client_min_messages=warning' psql "$TEST_POSTGRES_URL" -q >/dev/null
 }
 
 outbox_mysql() {
@@ -41,6 +44,9 @@ outbox_mysql() {
   fi
   outbox_wait "${ready[@]}" || return 1
   "$client" -h 127.0.0.1 -uroot -N -e "SELECT CONCAT('DROP DATABASE ', schema_name, ';') FROM information_schema.schemata WHERE schema_name LIKE 'outbox\_t\_%'" \
+    | "$client" -h 127.0.0.1 -uroot
+  # Users of the privilege tests.
+  "$client" -h 127.0.0.1 -uroot -N -e "SELECT CONCAT('DROP USER ', QUOTE(user), '@', QUOTE(host), ';') FROM mysql.user WHERE user LIKE 'outbox\_t\_%'" \
     | "$client" -h 127.0.0.1 -uroot
 }
 
