@@ -10,8 +10,10 @@ fn main() {
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     // OUT_DIR is <target>/<profile>/build/<pkg>-<hash>/out.
     let target_dir = out_dir.ancestors().nth(4).unwrap().join("wasm-plugins");
+    // Relative to this package, so that two checkouts sharing a target directory each
+    // watch their own files.
     for watched in ["plugins/Cargo.toml", "plugins/fake", "plugins/tencent-im", "wit", "proto"] {
-        println!("cargo:rerun-if-changed={}", root.join(watched).display());
+        println!("cargo:rerun-if-changed=../{watched}");
     }
 
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());

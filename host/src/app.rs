@@ -40,8 +40,9 @@ impl Host {
         let store = open_store(&config).await?;
         store.migrate().await.context("applying migrations")?;
         let worker = if config.worker.enabled {
-            let concurrency = config.worker.concurrency;
-            let sink = tokio::task::spawn_blocking(move || SinkRuntime::load(&sink_config, concurrency)).await??;
+            let sink =
+                SinkRuntime::load_checked(&sink_config, config.worker.concurrency, config.worker.publish_timeout)
+                    .await?;
             Some(Worker::new(store.clone(), Arc::new(sink), config.worker.clone(), &config.node_id))
         } else {
             None

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use outbox_host::app::{self, Host};
-use outbox_host::config::{Config, LogFormat};
+use outbox_host::config::{Config, ConfigError, LogFormat};
 use outbox_host::store::{NewEvent, Status, now_ms};
 use tokio_util::sync::CancellationToken;
 
@@ -79,7 +79,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("outbox-host: {e:#}");
-            ExitCode::FAILURE
+            if e.downcast_ref::<ConfigError>().is_some() { ExitCode::from(2) } else { ExitCode::FAILURE }
         }
     }
 }
@@ -156,9 +156,13 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
             Ok(())
         }
         Command::CheckConfig => {
-            let sink = config.require_sink("deliver")?.clone();
-            let concurrency = config.worker.concurrency;
-            tokio::task::spawn_blocking(move || outbox_host::sink::SinkRuntime::load(&sink, concurrency)).await??;
+            let sink = config.require_sink("deliver")?;
+            outbox_host::sink::SinkRuntime::load_checked(
+                sink,
+                config.worker.concurrency,
+                config.worker.publish_timeout,
+            )
+            .await?;
             for note in &config.notes {
                 println!("note: {note}");
             }

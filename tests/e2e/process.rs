@@ -215,3 +215,17 @@ async fn json_logs_carry_the_seed_fields() {
     assert_eq!(failed["error"], "fake: scripted retryable failure");
     assert_eq!(failed["kind"], "retryable");
 }
+
+/// The sink checks its own config map; problems it reports refuse `check-config` and `run`.
+#[tokio::test]
+async fn sink_config_problems_refuse_to_start() {
+    let world = World::new().await;
+    let path = world.dir.path().join("outbox.yaml");
+    std::fs::write(&path, world.yaml("", "default: bogus")).unwrap();
+    for command in ["check-config", "run"] {
+        let out = Command::new(BIN).args(["--config", path.to_str().unwrap(), command]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
+        assert!(stderr.contains("sink.config.default: unknown behaviour \"bogus\""), "{command}: {stderr}");
+    }
+}

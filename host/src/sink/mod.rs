@@ -194,6 +194,24 @@ impl SinkRuntime {
         Ok(SinkRuntime { engine, pre, shared, memory_limit, ticker_stop })
     }
 
+    /// Loads the sink (compiling off the async runtime) and asks it to check its config;
+    /// problems it reports refuse start-up like any other config problem.
+    pub async fn load_checked(config: &SinkConfig, concurrency: u32, timeout: Duration) -> anyhow::Result<SinkRuntime> {
+        let owned = config.clone();
+        let runtime = tokio::task::spawn_blocking(move || SinkRuntime::load(&owned, concurrency)).await??;
+        let problems = runtime.check_config(timeout).await.map_err(|f| {
+            anyhow::anyhow!("sink.plugin: {} failed its config check: {}", config.plugin.display(), f.message)
+        })?;
+        if !problems.is_empty() {
+            let problems = problems
+                .into_iter()
+                .map(|p| if p.starts_with("sink.") { p } else { format!("sink.config.{p}") })
+                .collect();
+            return Err(crate::config::ConfigError { source_file: None, problems }.into());
+        }
+        Ok(runtime)
+    }
+
     /// The sink's configured name.
     pub fn name(&self) -> &str {
         &self.shared.name
@@ -201,6 +219,32 @@ impl SinkRuntime {
 
     /// Runs one delivery in a fresh store, bounded by `timeout`.
     pub async fn deliver(&self, event: &Event, timeout: Duration) -> Result<Delivered, AttemptFailure> {
+        match self.call(Call::Deliver(event), timeout).await? {
+            Returned::Delivery(Ok(Outcome::Delivered)) => Ok(Delivered::Delivered),
+            Returned::Delivery(Ok(Outcome::Skipped(reason))) => Ok(Delivered::Skipped(reason)),
+            Returned::Delivery(Err(failure)) => Err(AttemptFailure {
+                class: match failure.kind {
+                    FailureKind::Retryable => FailureClass::Retryable,
+                    FailureKind::Permanent => FailureClass::Permanent,
+                },
+                message: failure.message,
+                retry_after: failure.retry_after_ms.map(Duration::from_millis),
+            }),
+            Returned::Problems(_) => unreachable!("deliver returns a delivery"),
+        }
+    }
+
+    /// Asks the sink whether its `config:` map lets it deliver: one line per problem.
+    pub async fn check_config(&self, timeout: Duration) -> Result<Vec<String>, AttemptFailure> {
+        match self.call(Call::CheckConfig, timeout).await? {
+            Returned::Problems(problems) => Ok(problems),
+            Returned::Delivery(_) => unreachable!("check-config returns problems"),
+        }
+    }
+
+    /// Calls one export in a fresh store with the memory cap, the epoch deadline and the
+    /// outer timeout, capturing the guest's stdout and stderr into the log.
+    async fn call(&self, call: Call<'_>, timeout: Duration) -> Result<Returned, AttemptFailure> {
         let deadline = Instant::now() + timeout;
         let stdout = MemoryOutputPipe::new(STDIO_CAPTURE);
         let stderr = MemoryOutputPipe::new(STDIO_CAPTURE);
@@ -221,28 +265,34 @@ impl SinkRuntime {
         store.epoch_deadline_callback(move |_| {
             if Instant::now() >= deadline { Err(Trap::Interrupt.into()) } else { Ok(UpdateDeadline::Yield(1)) }
         });
-        let call = async {
+        let run = async {
             let sink = self.pre.instantiate_async(&mut store).await?;
-            sink.call_deliver(&mut store, event).await
+            Ok::<_, wasmtime::Error>(match call {
+                Call::Deliver(event) => Returned::Delivery(sink.call_deliver(&mut store, event).await?),
+                Call::CheckConfig => Returned::Problems(sink.call_check_config(&mut store).await?),
+            })
         };
-        let result = tokio::time::timeout_at(deadline, call).await;
+        let result = tokio::time::timeout_at(deadline, run).await;
         log_stdio(&self.shared.name, "stdout", &stdout);
         log_stdio(&self.shared.name, "stderr", &stderr);
         match result {
             Err(_) => Err(timed_out(timeout)),
             Ok(Err(e)) => Err(classify_error(&e, timeout, self.memory_limit)),
-            Ok(Ok(Ok(Outcome::Delivered))) => Ok(Delivered::Delivered),
-            Ok(Ok(Ok(Outcome::Skipped(reason)))) => Ok(Delivered::Skipped(reason)),
-            Ok(Ok(Err(failure))) => Err(AttemptFailure {
-                class: match failure.kind {
-                    FailureKind::Retryable => FailureClass::Retryable,
-                    FailureKind::Permanent => FailureClass::Permanent,
-                },
-                message: failure.message,
-                retry_after: failure.retry_after_ms.map(Duration::from_millis),
-            }),
+            Ok(Ok(returned)) => Ok(returned),
         }
     }
+}
+
+/// Which export to call.
+enum Call<'e> {
+    Deliver(&'e Event),
+    CheckConfig,
+}
+
+/// What the export returned.
+enum Returned {
+    Delivery(Result<Outcome, bindings::Failure>),
+    Problems(Vec<String>),
 }
 
 fn engine_config(concurrency: u32, memory_limit: usize) -> Config {

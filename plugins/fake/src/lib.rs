@@ -17,7 +17,25 @@ use outbox::sink::config;
 
 struct FakeSink;
 
+/// The behaviours `run` knows.
+const BEHAVIOURS: &[&str] = &[
+    "ok", "skip", "retryable", "permanent", "fail-then-ok", "retry-after", "trap", "loop", "oom", "sleep", "http", "log",
+];
+
 impl Guest for FakeSink {
+    fn check_config() -> Vec<String> {
+        let mut problems = Vec::new();
+        for key in ["default"] {
+            if let Some(behaviour) = config::get(key) {
+                let name = behaviour.split(':').next().unwrap_or_default();
+                if !BEHAVIOURS.contains(&name) {
+                    problems.push(format!("sink.config.{key}: unknown behaviour {behaviour:?}"));
+                }
+            }
+        }
+        problems
+    }
+
     fn deliver(event: Event) -> Result<Outcome, Failure> {
         let behaviour = config::get(&format!("room.{}", event.room_id))
             .or_else(|| config::get(&format!("type.{}", event.event_type)))

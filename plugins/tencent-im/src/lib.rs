@@ -7,6 +7,10 @@ wit_bindgen::generate!({ path: "../../wit", world: "sink" });
 struct TencentIm;
 
 impl Guest for TencentIm {
+    fn check_config() -> Vec<String> {
+        Vec::new()
+    }
+
     fn deliver(event: Event) -> Result<Outcome, Failure> {
         Ok(Outcome::Skipped(format!("tencent-im sink is a placeholder; {} not sent", event.event_type)))
     }
