@@ -33,14 +33,18 @@ run: plugins build ## Start the host on SQLite with the fake sink, after enqueue
 	$(BIN) $(DEMO) run
 
 test: toolchain ## Run the whole test suite (starts PostgreSQL and MariaDB when they are stopped)
+	CARGO_TARGET_DIR=$(WASM_TARGET_DIR) cargo test --manifest-path plugins/Cargo.toml
 	source scripts/test-databases.sh && cargo test --workspace
 
-lint: toolchain ## cargo fmt --check and clippy with warnings as errors
+lint: toolchain ## cargo fmt --check and clippy with warnings as errors (host and plugins)
 	cargo fmt --all -- --check
+	cargo fmt --all --manifest-path plugins/Cargo.toml -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	CARGO_TARGET_DIR=$(WASM_TARGET_DIR) cargo clippy --manifest-path plugins/Cargo.toml --all-targets -- -D warnings
 
 fmt: ## Format the code
 	cargo fmt --all
+	cargo fmt --all --manifest-path plugins/Cargo.toml
 
 verify-migrations: ## Check that migrations/{sqlite,postgres,mysql} have the same versions
 	cargo test -p outbox-host --lib store::migrate

@@ -10,3 +10,4 @@ mod process;
 mod sandbox;
 mod scale;
 mod support;
+mod tencent;

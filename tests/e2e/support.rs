@@ -120,36 +120,62 @@ impl World {
         self.db.url.clone()
     }
 
+    /// The fake sink reporting to this world's collector, with extra `config:` lines.
+    pub fn fake_sink(&self, config: &str) -> SinkSpec {
+        SinkSpec {
+            name: "fake",
+            plugin: FAKE_SINK,
+            allowed_hosts: vec![self.collector.host_port()],
+            config: format!("collector: \"{}\"\n{config}", self.collector.url("/report")),
+        }
+    }
+
     /// The YAML of a host on this world's database with the fake sink reporting to the
     /// collector. `worker` and `sink_config` are extra lines for those sections.
     pub fn yaml(&self, worker: &str, sink_config: &str) -> String {
+        self.yaml_with(worker, &self.fake_sink(sink_config))
+    }
+
+    /// The YAML of a host on this world's database with `sink`; `worker` lines replace
+    /// the test defaults (and earlier lines) they name.
+    pub fn yaml_with(&self, worker: &str, sink: &SinkSpec) -> String {
         let indent = |text: &str, by: &str| text.lines().map(|l| format!("{by}{l}\n")).collect::<String>();
-        // Test defaults, each replaced by a line of `worker` naming the same key.
         let defaults =
             ["poll_interval: 50ms", "retry_interval: 50ms", "publish_timeout: 2s", "batch_size: 10", "concurrency: 4"];
         let key = |line: &str| line.split(':').next().unwrap_or("").trim().to_string();
-        let overridden: Vec<String> = worker.lines().map(key).collect();
-        let worker_lines: Vec<&str> =
-            defaults.into_iter().filter(|d| !overridden.contains(&key(d))).chain(worker.lines()).collect();
+        // A later line wins over an earlier one with the same key.
+        let all: Vec<&str> = defaults.into_iter().chain(worker.lines()).collect();
+        let worker_lines: Vec<&str> = all
+            .iter()
+            .enumerate()
+            .filter(|(i, l)| !all[i + 1..].iter().any(|m| key(m) == key(l)))
+            .map(|(_, l)| *l)
+            .collect();
+        let hosts: Vec<String> = sink.allowed_hosts.iter().map(|h| format!("\"{h}\"")).collect();
         format!(
             "node_id: test-node\n\
              database:\n  url: \"{db}\"\n  max_connections: 4\n\
              outbox_worker:\n{worker}\
-             sink:\n  name: fake\n  plugin: \"{plugin}\"\n  cache_dir: \"{cache}\"\n  memory_limit: 16MiB\n  allowed_hosts: [\"{collector}\"]\n  config:\n    collector: \"{report}\"\n{sink}\
+             sink:\n  name: {name}\n  plugin: \"{plugin}\"\n  cache_dir: \"{cache}\"\n  memory_limit: 16MiB\n  allowed_hosts: [{hosts}]\n  config:\n{config}\
              admin:\n  listen: \"\"\n",
             db = self.db_url(),
             worker = indent(&worker_lines.join("\n"), "  "),
-            plugin = FAKE_SINK,
+            name = sink.name,
+            plugin = sink.plugin,
             cache = sink_cache_dir().display(),
-            collector = self.collector.host_port(),
-            report = self.collector.url("/report"),
-            sink = indent(sink_config, "    "),
+            hosts = hosts.join(", "),
+            config = indent(&sink.config, "    "),
         )
     }
 
-    pub fn config(&self, worker: &str, sink_config: &str) -> Config {
-        Config::from_yaml(&self.yaml(worker, sink_config), std::iter::empty(), &|_| None)
+    /// [`World::yaml_with`], parsed.
+    pub fn config_with(&self, worker: &str, sink: &SinkSpec) -> Config {
+        Config::from_yaml(&self.yaml_with(worker, sink), std::iter::empty(), &|_| None)
             .unwrap_or_else(|e| panic!("test config refused: {e}"))
+    }
+
+    pub fn config(&self, worker: &str, sink_config: &str) -> Config {
+        self.config_with(worker, &self.fake_sink(sink_config))
     }
 
     /// An event as room-service builds it (envelope and row agree), with a fresh id.
@@ -187,6 +213,15 @@ impl World {
     pub async fn row(&self, event_id: &str) -> Row {
         self.producer.get(event_id).await.unwrap().unwrap_or_else(|| panic!("no row {event_id}"))
     }
+}
+
+/// Which sink a test host runs, and its settings.
+pub struct SinkSpec {
+    pub name: &'static str,
+    pub plugin: &'static str,
+    pub allowed_hosts: Vec<String>,
+    /// Lines of the sink's `config:` map.
+    pub config: String,
 }
 
 /// Compiled sinks are cached across tests (which also exercises the cache).

@@ -8,6 +8,8 @@ use axum::Router;
 use axum::extract::State;
 use axum::routing::{get, post};
 
+pub mod tencent;
+
 include!(concat!(env!("OUT_DIR"), "/plugins.rs"));
 
 /// One attempt the fake sink reported: `<event_id> <attempt> <behaviour>`.

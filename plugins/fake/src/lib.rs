@@ -8,18 +8,33 @@
 //!   `<event_id> <attempt> <behaviour>` before the outcome is returned, so a test can count
 //!   exactly what the sink received.
 
-wit_bindgen::generate!({ path: "../../wit", world: "sink" });
+mod bindings {
+    #![allow(missing_docs, clippy::too_many_arguments)] // generated from wit/sink.wit
+    wit_bindgen::generate!({ path: "../../wit", world: "sink" });
+}
 
-use outbox::sink::http::{self, HttpError, Request};
-use outbox::sink::log::{self, Level};
-use outbox::sink::types::FailureKind;
-use outbox::sink::config;
+use bindings::outbox::sink::config;
+use bindings::outbox::sink::http::{self, HttpError, Request};
+use bindings::outbox::sink::log::{self, Level};
+use bindings::outbox::sink::types::FailureKind;
+use bindings::{Event, Failure, Guest, Outcome};
 
 struct FakeSink;
 
 /// The behaviours `run` knows.
 const BEHAVIOURS: &[&str] = &[
-    "ok", "skip", "retryable", "permanent", "fail-then-ok", "retry-after", "trap", "loop", "oom", "sleep", "http", "log",
+    "ok",
+    "skip",
+    "retryable",
+    "permanent",
+    "fail-then-ok",
+    "retry-after",
+    "trap",
+    "loop",
+    "oom",
+    "sleep",
+    "http",
+    "log",
 ];
 
 impl Guest for FakeSink {
@@ -43,8 +58,7 @@ impl Guest for FakeSink {
             .unwrap_or_else(|| "ok".to_string());
         if let Some(collector) = config::get("collector") {
             let line = format!("{} {} {}\n", event.event_id, event.attempt, behaviour);
-            post(&collector, line.into_bytes())
-                .map_err(|e| retryable(format!("collector unreachable: {e}"), None))?;
+            post(&collector, line.into_bytes()).map_err(|e| retryable(format!("collector unreachable: {e}"), None))?;
         }
         run(&behaviour, &event)
     }
@@ -133,4 +147,4 @@ fn describe(e: &HttpError) -> String {
     }
 }
 
-export!(FakeSink);
+bindings::export!(FakeSink with_types_in bindings);

@@ -1,19 +1,15 @@
-//! The Tencent Cloud IM sink. Placeholder: it answers `skipped` for every event, without
-//! any HTTP call, until the real mapping, signing and classification land.
+//! The Tencent Cloud IM sink: each room event becomes one `send_group_msg` call on the
+//! room's group, signed with a UserSig made in the sink, with a `Random` derived from
+//! `event_id` so Tencent drops a retry it already has, and the reply classified as
+//! delivered, retryable or permanent. Event types IM does not carry are `skipped`.
+//!
+//! The pure parts (settings, signing, mapping, classification) are plain modules tested
+//! natively; the WebAssembly glue is in `guest`.
 
-wit_bindgen::generate!({ path: "../../wit", world: "sink" });
+pub mod classify;
+pub mod message;
+pub mod settings;
+pub mod usersig;
 
-
-struct TencentIm;
-
-impl Guest for TencentIm {
-    fn check_config() -> Vec<String> {
-        Vec::new()
-    }
-
-    fn deliver(event: Event) -> Result<Outcome, Failure> {
-        Ok(Outcome::Skipped(format!("tencent-im sink is a placeholder; {} not sent", event.event_type)))
-    }
-}
-
-export!(TencentIm);
+#[cfg(target_family = "wasm")]
+mod guest;

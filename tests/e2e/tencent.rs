@@ -1,0 +1,206 @@
+//! The real `tencent_im_sink.wasm` in the real host against a local server standing in for
+//! Tencent Cloud IM: what the server received, and what the table holds afterwards.
+
+use std::time::Duration;
+
+use outbox_host::store::{Row, Status};
+use outbox_test_support::TENCENT_IM_SINK;
+use outbox_test_support::tencent::{IDENTIFIER, SDK_APP_ID, SECRET_KEY, Script, TencentIm};
+
+use crate::support::{Running, SinkSpec, World};
+
+const PREFIX: &str = "live_";
+
+fn sink(im: &TencentIm, endpoint: &str) -> SinkSpec {
+    SinkSpec {
+        name: "tencent-im",
+        plugin: TENCENT_IM_SINK,
+        allowed_hosts: vec![im.host_port()],
+        config: format!(
+            "sdk_app_id: \"{SDK_APP_ID}\"\nidentifier: {IDENTIFIER}\nsecret_key: \"{SECRET_KEY}\"\nendpoint: \"{endpoint}\"\ngroup_id_prefix: {PREFIX}\n"
+        ),
+    }
+}
+
+/// Runs one event per (room, script) through the sink until each reaches `status`;
+/// returns the rows in order.
+async fn run(cases: &[(&str, Script, &str, Status)], worker: &str) -> (World, TencentIm, Vec<Row>) {
+    let world = World::new().await;
+    let im =
+        TencentIm::start(cases.iter().map(|(room, script, _, _)| (format!("{PREFIX}{room}"), script.clone()))).await;
+    let mut ids = Vec::new();
+    for (room, _, event_type, _) in cases {
+        ids.push(world.produce(event_type, room, Status::Pending).await);
+    }
+    let mut host =
+        Running::start(world.config_with(&format!("retry_interval: 1h\n{worker}"), &sink(&im, &im.endpoint()))).await;
+    for (id, (_, _, _, status)) in ids.iter().zip(cases) {
+        host.wait_status(&world, &[id], *status).await;
+    }
+    host.stop().await;
+    let mut rows = Vec::new();
+    for id in &ids {
+        rows.push(world.row(id).await);
+    }
+    for row in &rows {
+        let error = row.last_error.clone().unwrap_or_default();
+        assert!(!error.contains(SECRET_KEY) && !error.contains("usersig"), "a secret leaked into last_error: {error}");
+    }
+    (world, im, rows)
+}
+
+#[tokio::test]
+async fn a_room_event_reaches_the_rooms_group_signed_and_intact() {
+    let (_world, im, rows) = run(&[("room-1", Script::Ok, "RoomGiftSent", Status::Delivered)], "").await;
+    let row = &rows[0];
+    assert_eq!((row.retry_count, &row.last_error), (0, &None));
+    let received = im.received_for(&row.event_id);
+    assert_eq!(received.len(), 1);
+    let request = &received[0];
+    assert!(request.problems.is_empty(), "the server refused the request: {:?}", request.problems);
+    assert_eq!(request.body["GroupId"], "live_room-1");
+    assert_eq!(request.data["event_type"], "RoomGiftSent");
+    assert_eq!(request.data["room_id"], "room-1");
+    assert_eq!(request.data["room_version"], 1);
+    assert_eq!(request.data["body"]["room_id"], "room-1", "the decoded body travels in Data");
+    assert!(!request.body.to_string().contains(SECRET_KEY), "the key was sent in the body");
+}
+
+#[tokio::test]
+async fn a_retry_reuses_the_same_random_so_tencent_drops_duplicates() {
+    let script = Script::Sequence(vec![Script::Code(70500)]);
+    let (_world, im, rows) =
+        run(&[("room-1", script, "RoomGiftSent", Status::Delivered)], "retry_interval: 50ms").await;
+    let received = im.received_for(&rows[0].event_id);
+    assert_eq!(received.len(), 2, "one failure, one success");
+    assert_eq!(received[0].body["Random"], received[1].body["Random"]);
+    assert_eq!(rows[0].retry_count, 1);
+    let (_world, im2, other) = run(&[("room-1", Script::Ok, "RoomGiftSent", Status::Delivered)], "").await;
+    assert_ne!(im2.received_for(&other[0].event_id)[0].body["Random"], received[0].body["Random"]);
+}
+
+#[tokio::test]
+async fn frequency_control_drops_are_retried_after_a_pause() {
+    let (_world, _im, rows) =
+        run(&[("room-1", Script::FreqCtrl, "RoomGiftSent", Status::Retryable)], "retry_interval: 50ms").await;
+    let row = &rows[0];
+    assert!(row.last_error.as_deref().unwrap().contains("MsgFreqCtrl"), "{row:?}");
+    assert!(row.next_retry_at_ms - row.updated_at_ms >= 1_000, "no pause after frequency control: {row:?}");
+}
+
+#[tokio::test]
+async fn rate_limits_internal_errors_and_server_errors_are_retryable() {
+    let cases = [
+        ("rate", Script::Code(10023), "RoomGiftSent", Status::Retryable),
+        ("internal", Script::Code(70500), "RoomUserJoined", Status::Retryable),
+        ("timeout", Script::Code(60008), "RoomMicChanged", Status::Retryable),
+        ("http", Script::Http(503), "RoomUserLeft", Status::Retryable),
+        ("unknown", Script::Code(12345), "RoomGiftSent", Status::Retryable),
+    ];
+    let (_world, _im, rows) = run(&cases, "retry_interval: 50ms").await;
+    let errors: Vec<&str> = rows.iter().map(|r| r.last_error.as_deref().unwrap()).collect();
+    assert_eq!(
+        errors,
+        [
+            "Tencent IM error 10023: scripted error",
+            "Tencent IM error 70500: scripted error",
+            "Tencent IM error 60008: scripted error",
+            "HTTP 503 from Tencent IM",
+            "Tencent IM error 12345: scripted error",
+        ]
+    );
+    assert!(rows[0].next_retry_at_ms - rows[0].updated_at_ms >= 1_000, "a rate limit is retried at once");
+    assert!(rows[1].next_retry_at_ms - rows[1].updated_at_ms < 1_000, "an internal error waits like a rate limit");
+    assert!(rows.iter().all(|r| r.retry_count == 1));
+}
+
+#[tokio::test]
+async fn invalid_group_permission_parameter_signature_and_content_errors_fail() {
+    let cases = [
+        ("group", Script::Code(10010), "RoomGiftSent", Status::Failed),
+        ("perm", Script::Code(10007), "RoomGiftSent", Status::Failed),
+        ("param", Script::Code(10004), "RoomGiftSent", Status::Failed),
+        ("sig", Script::Code(70003), "RoomGiftSent", Status::Failed),
+        ("content", Script::Code(80001), "RoomGiftSent", Status::Failed),
+    ];
+    let (_world, _im, rows) = run(&cases, "").await;
+    for (row, (_, script, _, _)) in rows.iter().zip(&cases) {
+        let Script::Code(code) = script else { unreachable!() };
+        assert_eq!(row.last_error.as_deref(), Some(format!("Tencent IM error {code}: scripted error").as_str()));
+        assert_eq!(row.retry_count, 1);
+    }
+}
+
+#[tokio::test]
+async fn non_im_event_types_are_skipped_without_a_call() {
+    let cases = [
+        ("room-1", Script::Ok, "RoomCreated", Status::Delivered),
+        ("room-1", Script::Ok, "RoomHeatChanged", Status::Delivered),
+        ("room-1", Script::Ok, "RoomRankChanged", Status::Delivered),
+        ("room-1", Script::Ok, "RoomUserJoined", Status::Delivered),
+    ];
+    let (_world, im, rows) = run(&cases, "").await;
+    let received = im.received();
+    assert_eq!(received.len(), 1, "only the IM event was sent");
+    assert_eq!(received[0].data["event_id"], rows[3].event_id.as_str());
+}
+
+#[tokio::test]
+async fn a_reply_slower_than_publish_timeout_is_retryable() {
+    let cases = [("slow", Script::Slow(Duration::from_secs(5)), "RoomGiftSent", Status::Retryable)];
+    let (_world, _im, rows) = run(&cases, "publish_timeout: 500ms").await;
+    let error = rows[0].last_error.as_deref().unwrap();
+    assert!(error.contains("publish_timeout"), "{error}");
+}
+
+#[tokio::test]
+async fn an_endpoint_not_in_allowed_hosts_is_refused_and_failed() {
+    let world = World::new().await;
+    let im = TencentIm::start([]).await;
+    let id = world.produce("RoomGiftSent", "room-1", Status::Pending).await;
+    let mut spec = sink(&im, "http://127.0.0.2:9");
+    spec.allowed_hosts = vec![im.host_port()];
+    let mut host = Running::start(world.config_with("", &spec)).await;
+    host.wait_status(&world, &[&id], Status::Failed).await;
+    host.stop().await;
+    let error = world.row(&id).await.last_error.unwrap();
+    assert_eq!(error, "Tencent IM endpoint refused by the host: 127.0.0.2:9 is not in this sink's allowed_hosts");
+    assert!(im.received().is_empty());
+}
+
+#[tokio::test]
+async fn an_unreachable_endpoint_is_retryable() {
+    let world = World::new().await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let im = TencentIm::start([]).await;
+    let id = world.produce("RoomGiftSent", "room-1", Status::Pending).await;
+    let mut spec = sink(&im, &format!("http://{closed}"));
+    spec.allowed_hosts = vec![closed.to_string()];
+    let mut host = Running::start(world.config_with("retry_interval: 1h", &spec)).await;
+    host.wait_status(&world, &[&id], Status::Retryable).await;
+    host.stop().await;
+    let error = world.row(&id).await.last_error.unwrap();
+    assert!(error.starts_with("Tencent IM unreachable"), "{error}");
+    assert!(!error.contains("usersig") && !error.contains(SECRET_KEY), "{error}");
+}
+
+/// A missing key is named by `check-config` before anything is delivered, and the host
+/// refuses to start.
+#[tokio::test]
+async fn missing_config_keys_are_named_before_anything_is_delivered() {
+    let world = World::new().await;
+    let im = TencentIm::start([]).await;
+    let mut spec = sink(&im, &im.endpoint());
+    spec.config = spec.config.lines().filter(|l| !l.starts_with("secret_key")).map(|l| format!("{l}\n")).collect();
+    spec.config.push_str("msg_priority: Urgent\n");
+    let path = world.dir.path().join("outbox.yaml");
+    std::fs::write(&path, world.yaml_with("", &spec)).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-host"))
+        .args(["--config", path.to_str().unwrap(), "check-config"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("sink.config.secret_key: is required"), "{stderr}");
+    assert!(stderr.contains("sink.config.msg_priority: \"Urgent\" is not one of High, Normal, Low, Lossy"), "{stderr}");
+}
