@@ -204,3 +204,51 @@ async fn missing_config_keys_are_named_before_anything_is_delivered() {
     assert!(stderr.contains("sink.config.secret_key: is required"), "{stderr}");
     assert!(stderr.contains("sink.config.msg_priority: \"Urgent\" is not one of High, Normal, Low, Lossy"), "{stderr}");
 }
+
+/// Run by the real binary with debug logs: neither the key nor a UserSig the server
+/// received appears anywhere in the log, whatever went wrong.
+#[tokio::test]
+async fn the_log_never_shows_the_key_or_a_usersig() {
+    let world = World::new().await;
+    let im = TencentIm::start([
+        (format!("{PREFIX}sig"), Script::Code(70003)),
+        (format!("{PREFIX}unknown"), Script::Code(12345)),
+        (format!("{PREFIX}http"), Script::Http(502)),
+    ])
+    .await;
+    let mut ids = Vec::new();
+    for room in ["ok", "sig", "unknown", "http"] {
+        ids.push(world.produce("RoomGiftSent", room, Status::Pending).await);
+    }
+    let path = world.dir.path().join("outbox.yaml");
+    let yaml = world.yaml_with("retry_interval: 1h", &sink(&im, &im.endpoint())).replace("level: info", "");
+    std::fs::write(&path, yaml).unwrap();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-host"))
+        .args(["--config", path.to_str().unwrap(), "run"])
+        .env("RUST_LOG", "debug")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + crate::support::PATIENCE;
+    loop {
+        let stats = world.producer.stats().await.unwrap();
+        if stats.count(Status::Delivered) + stats.count(Status::Retryable) + stats.count(Status::Failed) == 4 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not all outcomes recorded: {stats:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let status = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let output = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(log.contains("unknown Tencent IM error, retrying"), "the sink's own log line is missing:\n{log}");
+    let usersigs: Vec<String> = im.received().iter().map(|r| r.query["usersig"].clone()).collect();
+    assert_eq!(usersigs.len(), 4);
+    assert!(!log.contains(SECRET_KEY), "the key is in the log");
+    for usersig in &usersigs {
+        assert!(!log.contains(usersig.as_str()), "a UserSig is in the log");
+    }
+    assert!(!log.contains("usersig="), "a request URL with its query is in the log");
+}
