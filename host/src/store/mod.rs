@@ -63,6 +63,7 @@ macro_rules! decode_claimed {
             created_at_ms: r.try_get("created_at_ms")?,
             retry_count: r.try_get("retry_count")?,
             lease: $lease,
+            rescued: false,
         })
     }};
 }
@@ -168,6 +169,9 @@ pub struct Claimed {
     pub retry_count: i32,
     /// The lease this claim holds.
     pub lease: Lease,
+    /// The row was `delivering` under another lease that had expired (its holder died or
+    /// stalled): a lease rescue.
+    pub rescued: bool,
 }
 
 /// What became of one claimed row.
@@ -244,6 +248,34 @@ pub struct Stats {
     pub oldest_waiting_created_at_ms: Option<i64>,
     /// The most frequent `last_error` values among retryable and failed rows.
     pub top_errors: Vec<(String, i64)>,
+    /// Rows the worker delivered in the last minute.
+    pub delivered_last_minute: i64,
+}
+
+/// Which `failed` rows an operator's retry moves back to `pending`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RetryFilter {
+    /// One event.
+    EventId(String),
+    /// Every failed event of one type.
+    EventType(String),
+    /// Every failed event whose `last_error` contains this text.
+    ErrorContains(String),
+    /// Every failed event whose `last_error` is exactly this (an error group).
+    ErrorIs(String),
+    /// Every failed event.
+    All,
+}
+
+/// Deliveries and failures in one minute, for the status page's chart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Minute {
+    /// Start of the minute, UTC ms.
+    pub start_ms: i64,
+    /// Rows delivered by the worker in it.
+    pub delivered: i64,
+    /// Rows that became `failed` in it.
+    pub failed: i64,
 }
 
 impl Stats {
@@ -322,6 +354,24 @@ pub trait Store: Send + Sync + 'static {
     /// Counts per status, the oldest waiting row and the most frequent errors.
     async fn stats(&self) -> Result<Stats, StoreError>;
 
+    /// Delivered and failed counts per minute since `since_ms`, oldest first (minutes with
+    /// neither are left out).
+    async fn history(&self, since_ms: i64) -> Result<Vec<Minute>, StoreError>;
+
+    /// The most recently updated `failed` and `retryable` rows, newest first.
+    async fn recent_failures(&self, limit: u32) -> Result<Vec<Row>, StoreError>;
+
+    /// How many `failed` rows `filter` selects.
+    async fn count_failed(&self, filter: &RetryFilter) -> Result<i64, StoreError>;
+
+    /// Moves the `failed` rows `filter` selects back to `pending` (retry count reset, last
+    /// error kept for context). Returns how many.
+    async fn retry_failed(&self, filter: &RetryFilter, now_ms: i64) -> Result<u64, StoreError>;
+
+    /// Deletes up to `limit` `delivered` rows last updated before `before_ms`; callers
+    /// repeat until it returns less than `limit`, so no statement holds locks for long.
+    async fn purge_delivered(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError>;
+
     /// A cheap round trip, for readiness.
     async fn ping(&self) -> Result<(), StoreError>;
 
@@ -394,12 +444,25 @@ pub fn short_error(message: &str) -> String {
 }
 
 /// Assembles [`Stats`] from the rows every backend's queries return.
-fn stats_from(counts: Vec<(String, i64)>, oldest: Option<i64>, top_errors: Vec<(String, i64)>) -> Stats {
+fn stats_from(
+    counts: Vec<(String, i64)>,
+    oldest: Option<i64>,
+    top_errors: Vec<(String, i64)>,
+    last_minute: i64,
+) -> Stats {
     let counts = Status::ALL
         .into_iter()
         .map(|s| (s, counts.iter().find(|(name, _)| name == s.as_str()).map_or(0, |(_, n)| *n)))
         .collect();
-    Stats { counts, oldest_waiting_created_at_ms: oldest, top_errors }
+    Stats { counts, oldest_waiting_created_at_ms: oldest, top_errors, delivered_last_minute: last_minute }
+}
+
+/// `LIKE` pattern matching `text` anywhere, with `!` escaping the wildcards (`ESCAPE '!'`
+/// reads the same in every dialect).
+fn contains_pattern(text: &str) -> String {
+    let escaped: String =
+        text.chars().flat_map(|c| if matches!(c, '%' | '_' | '!') { vec!['!', c] } else { vec![c] }).collect();
+    format!("%{escaped}%")
 }
 
 /// The three statements behind [`Store::stats`]; they need no parameters and read the same
@@ -459,5 +522,23 @@ impl<'a> From<&'a [Mark]> for FailedMarks<'a> {
             out.next_retry_ats.push(next);
         }
         out
+    }
+}
+
+/// Reads a `SUM(...)` column as `i64`: PostgreSQL and MySQL widen integer sums to
+/// NUMERIC/DECIMAL, SQLite keeps INTEGER.
+fn decode_sum<R: sqlx::Row>(row: &R, index: usize) -> Result<i64, sqlx::Error>
+where
+    usize: sqlx::ColumnIndex<R>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    match row.try_get::<i64, _>(index) {
+        Ok(n) => Ok(n),
+        Err(_) => row
+            .try_get::<String, _>(index)
+            .ok()
+            .and_then(|s| s.split('.').next().and_then(|n| n.parse().ok()))
+            .ok_or_else(|| sqlx::Error::Decode("a SUM that is not a whole number".into())),
     }
 }

@@ -2,11 +2,10 @@
 //! transaction: `SELECT … FOR UPDATE SKIP LOCKED`, then `UPDATE` of the picked ids. The
 //! outcomes of a batch are written with one statement per kind (`CASE` over the ids).
 
-use async_trait::async_trait;
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{MySql, MySqlPool, QueryBuilder};
 
-use super::{CLAIM_COLUMNS, Claimed, Lease, Mark, NewEvent, Outcome, Row, Stats, Store, StoreError, decode_claimed};
+use super::{CLAIM_COLUMNS, Claimed, Lease, Mark, Outcome, StoreError, decode_claimed};
 
 /// The MySQL / MariaDB backend.
 pub struct MysqlStore {
@@ -56,15 +55,10 @@ impl MysqlStore {
     }
 }
 
-super::common::common_queries!(MysqlStore, sqlx::MySql, super::migrate::MYSQL);
+super::common::common_store!(MysqlStore, sqlx::MySql, super::migrate::MYSQL);
 
-#[async_trait]
-impl Store for MysqlStore {
-    async fn migrate(&self) -> Result<(), StoreError> {
-        // Up to date: no DDL, so a host whose user may only read and write rows can start.
-        if self.applied_all().await {
-            return Ok(());
-        }
+impl MysqlStore {
+    async fn migrate_schema(&self) -> Result<(), StoreError> {
         // DDL commits implicitly in MySQL, so a named lock (not a transaction) keeps two
         // starting hosts from migrating at once.
         let mut conn = self.pool.acquire().await?;
@@ -78,7 +72,7 @@ impl Store for MysqlStore {
         result
     }
 
-    async fn claim(
+    async fn claim_rows(
         &self,
         worker_id: &str,
         now_ms: i64,
@@ -88,7 +82,7 @@ impl Store for MysqlStore {
         let t = &self.table;
         let mut tx = self.pool.begin().await?;
         let rows = sqlx::query(&format!(
-            "SELECT {CLAIM_COLUMNS} FROM {t} \
+            "SELECT {CLAIM_COLUMNS}, status FROM {t} \
              WHERE status = 'pending' \
                 OR (status = 'retryable' AND next_retry_at_ms <= ?) \
                 OR (status = 'delivering' AND lock_until_ms < ?) \
@@ -101,7 +95,14 @@ impl Store for MysqlStore {
         .fetch_all(&mut *tx)
         .await?;
         let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms };
-        let claimed = rows.iter().map(|r| decode_claimed!(r, lease.clone())).collect::<Result<Vec<_>, _>>()?;
+        let claimed = rows
+            .iter()
+            .map(|r| {
+                use sqlx::Row as _;
+                let was: String = r.try_get("status")?;
+                Ok::<_, sqlx::Error>(Claimed { rescued: was == "delivering", ..decode_claimed!(r, lease.clone())? })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         if !claimed.is_empty() {
             let mut q: QueryBuilder<MySql> =
                 QueryBuilder::new(format!("UPDATE {t} SET status = 'delivering', worker_id = "));
@@ -118,7 +119,7 @@ impl Store for MysqlStore {
         Ok(claimed)
     }
 
-    async fn mark(&self, marks: &[Mark], now_ms: i64) -> Result<u64, StoreError> {
+    async fn mark_rows(&self, marks: &[Mark], now_ms: i64) -> Result<u64, StoreError> {
         let t = &self.table;
         let mut changed = 0;
         let delivered: Vec<i64> =
@@ -161,7 +162,7 @@ impl Store for MysqlStore {
         Ok(changed)
     }
 
-    async fn release(&self, rows: &[(i64, Lease)], now_ms: i64) -> Result<u64, StoreError> {
+    async fn release_rows(&self, rows: &[(i64, Lease)], now_ms: i64) -> Result<u64, StoreError> {
         let mut q: QueryBuilder<MySql> = QueryBuilder::new(format!(
             "UPDATE {} SET status = 'pending', worker_id = NULL, lock_until_ms = 0, updated_at_ms = ",
             self.table
@@ -169,26 +170,5 @@ impl Store for MysqlStore {
         q.push_bind(now_ms).push(" WHERE 1 = 1");
         Self::push_lease_filter(&mut q, rows.iter().map(|(id, lease)| (*id, lease)));
         Ok(q.build().execute(&self.pool).await?.rows_affected())
-    }
-
-    async fn insert(&self, events: &[NewEvent]) -> Result<(), StoreError> {
-        self.insert_rows(events).await
-    }
-
-    async fn get(&self, event_id: &str) -> Result<Option<Row>, StoreError> {
-        self.get_row(event_id).await
-    }
-
-    async fn stats(&self) -> Result<Stats, StoreError> {
-        self.read_stats().await
-    }
-
-    async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
-    }
-
-    async fn close(&self) {
-        self.pool.close().await;
     }
 }

@@ -3,11 +3,10 @@
 //! lease was renewed in between is re-checked, not taken. Outcomes of a whole batch are
 //! written with one statement per kind, passing arrays.
 
-use async_trait::async_trait;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
-use super::{CLAIM_COLUMNS, Claimed, Lease, Mark, NewEvent, Outcome, Row, Stats, Store, StoreError, decode_claimed};
+use super::{CLAIM_COLUMNS, Claimed, Lease, Mark, Outcome, StoreError, decode_claimed};
 
 /// The PostgreSQL backend.
 pub struct PostgresStore {
@@ -28,15 +27,10 @@ impl PostgresStore {
     }
 }
 
-super::common::common_queries!(PostgresStore, sqlx::Postgres, super::migrate::POSTGRES);
+super::common::common_store!(PostgresStore, sqlx::Postgres, super::migrate::POSTGRES);
 
-#[async_trait]
-impl Store for PostgresStore {
-    async fn migrate(&self) -> Result<(), StoreError> {
-        // Up to date: no DDL, so a host whose user may only read and write rows can start.
-        if self.applied_all().await {
-            return Ok(());
-        }
+impl PostgresStore {
+    async fn migrate_schema(&self) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         // Serialise concurrent starters on this table's migrations.
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
@@ -48,7 +42,7 @@ impl Store for PostgresStore {
         Ok(())
     }
 
-    async fn claim(
+    async fn claim_rows(
         &self,
         worker_id: &str,
         now_ms: i64,
@@ -58,7 +52,7 @@ impl Store for PostgresStore {
         let t = &self.table;
         let sql = format!(
             "WITH picked AS (\
-                 SELECT id FROM {t} \
+                 SELECT id, status AS was FROM {t} \
                  WHERE status IN ('pending', 'retryable', 'delivering') \
                    AND (status = 'pending' \
                         OR (status = 'retryable' AND next_retry_at_ms <= $3) \
@@ -68,7 +62,7 @@ impl Store for PostgresStore {
                  FOR UPDATE SKIP LOCKED) \
              UPDATE {t} AS o SET status = 'delivering', worker_id = $1, lock_until_ms = $2, updated_at_ms = $3 \
              FROM picked WHERE o.id = picked.id \
-             RETURNING {}",
+             RETURNING {}, picked.was",
             CLAIM_COLUMNS.split(", ").map(|c| format!("o.{c}")).collect::<Vec<_>>().join(", ")
         );
         let rows = sqlx::query(&sql)
@@ -79,12 +73,19 @@ impl Store for PostgresStore {
             .fetch_all(&self.pool)
             .await?;
         let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms };
-        let mut claimed = rows.iter().map(|r| decode_claimed!(r, lease.clone())).collect::<Result<Vec<_>, _>>()?;
+        let mut claimed = rows
+            .iter()
+            .map(|r| {
+                use sqlx::Row as _;
+                let was: String = r.try_get("was")?;
+                Ok::<_, sqlx::Error>(Claimed { rescued: was == "delivering", ..decode_claimed!(r, lease.clone())? })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         claimed.sort_by_key(|c| (c.created_at_ms, c.id));
         Ok(claimed)
     }
 
-    async fn mark(&self, marks: &[Mark], now_ms: i64) -> Result<u64, StoreError> {
+    async fn mark_rows(&self, marks: &[Mark], now_ms: i64) -> Result<u64, StoreError> {
         let t = &self.table;
         let mut changed = 0;
         let delivered: Vec<i64> =
@@ -124,7 +125,7 @@ impl Store for PostgresStore {
         Ok(changed)
     }
 
-    async fn release(&self, rows: &[(i64, Lease)], now_ms: i64) -> Result<u64, StoreError> {
+    async fn release_rows(&self, rows: &[(i64, Lease)], now_ms: i64) -> Result<u64, StoreError> {
         let ids: Vec<i64> = rows.iter().map(|(id, _)| *id).collect();
         let workers: Vec<&str> = rows.iter().map(|(_, l)| l.worker_id.as_str()).collect();
         let locks: Vec<i64> = rows.iter().map(|(_, l)| l.lock_until_ms).collect();
@@ -141,26 +142,5 @@ impl Store for PostgresStore {
         .execute(&self.pool)
         .await?;
         Ok(result.rows_affected())
-    }
-
-    async fn insert(&self, events: &[NewEvent]) -> Result<(), StoreError> {
-        self.insert_rows(events).await
-    }
-
-    async fn get(&self, event_id: &str) -> Result<Option<Row>, StoreError> {
-        self.get_row(event_id).await
-    }
-
-    async fn stats(&self) -> Result<Stats, StoreError> {
-        self.read_stats().await
-    }
-
-    async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
-    }
-
-    async fn close(&self) {
-        self.pool.close().await;
     }
 }

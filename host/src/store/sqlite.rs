@@ -1,15 +1,14 @@
-//! The embedded default: SQLite in WAL mode. A claim is one `UPDATE … RETURNING`
-//! statement, which takes SQLite's write lock before it reads, so two claimers (threads or
-//! processes) are serialised and never return the same row.
+//! The embedded default: SQLite in WAL mode. A claim is one short `BEGIN IMMEDIATE`
+//! transaction (pick, then `UPDATE … RETURNING`), which takes SQLite's write lock before it
+//! reads, so two claimers (threads or processes) are serialised and never share a row.
 
 use std::str::FromStr;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{QueryBuilder, Sqlite, SqlitePool};
 
-use super::{CLAIM_COLUMNS, Claimed, Lease, Mark, NewEvent, Outcome, Row, Stats, Store, StoreError, decode_claimed};
+use super::{CLAIM_COLUMNS, Claimed, Lease, Mark, Outcome, StoreError, decode_claimed};
 
 /// The SQLite backend.
 pub struct SqliteStore {
@@ -41,22 +40,17 @@ impl SqliteStore {
     }
 }
 
-super::common::common_queries!(SqliteStore, sqlx::Sqlite, super::migrate::SQLITE);
+super::common::common_store!(SqliteStore, sqlx::Sqlite, super::migrate::SQLITE);
 
-#[async_trait]
-impl Store for SqliteStore {
-    async fn migrate(&self) -> Result<(), StoreError> {
-        // Up to date: no DDL, so a host whose user may only read and write rows can start.
-        if self.applied_all().await {
-            return Ok(());
-        }
+impl SqliteStore {
+    async fn migrate_schema(&self) -> Result<(), StoreError> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         self.apply_missing(&mut tx).await?;
         tx.commit().await?;
         Ok(())
     }
 
-    async fn claim(
+    async fn claim_rows(
         &self,
         worker_id: &str,
         now_ms: i64,
@@ -64,31 +58,45 @@ impl Store for SqliteStore {
         limit: u32,
     ) -> Result<Vec<Claimed>, StoreError> {
         let t = &self.table;
-        let sql = format!(
-            "UPDATE {t} SET status = 'delivering', worker_id = ?1, lock_until_ms = ?2, updated_at_ms = ?3 \
-             WHERE id IN (SELECT id FROM {t} \
-                 WHERE status = 'pending' \
-                    OR (status = 'retryable' AND next_retry_at_ms <= ?3) \
-                    OR (status = 'delivering' AND lock_until_ms < ?3) \
-                 ORDER BY created_at_ms, id LIMIT ?4) \
-             RETURNING {CLAIM_COLUMNS}"
-        );
-        let rows = sqlx::query(&sql)
-            .bind(worker_id)
-            .bind(lock_until_ms)
-            .bind(now_ms)
-            .bind(i64::from(limit))
-            .fetch_all(&self.pool)
-            .await?;
+        // BEGIN IMMEDIATE takes SQLite's write lock before reading, so two claimers
+        // (threads or processes) are serialised and never pick the same row.
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let picked: Vec<(i64, String)> = sqlx::query_as(&format!(
+            "SELECT id, status FROM {t} \
+             WHERE status = 'pending' \
+                OR (status = 'retryable' AND next_retry_at_ms <= ?1) \
+                OR (status = 'delivering' AND lock_until_ms < ?1) \
+             ORDER BY created_at_ms, id LIMIT ?2"
+        ))
+        .bind(now_ms)
+        .bind(i64::from(limit))
+        .fetch_all(&mut *tx)
+        .await?;
+        if picked.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut q: QueryBuilder<Sqlite> =
+            QueryBuilder::new(format!("UPDATE {t} SET status = 'delivering', worker_id = "));
+        q.push_bind(worker_id).push(", lock_until_ms = ").push_bind(lock_until_ms);
+        q.push(", updated_at_ms = ").push_bind(now_ms).push(" WHERE id IN (");
+        let mut ids = q.separated(", ");
+        for (id, _) in &picked {
+            ids.push_bind(*id);
+        }
+        q.push(format!(") RETURNING {CLAIM_COLUMNS}"));
+        let rows = q.build().fetch_all(&mut *tx).await?;
+        tx.commit().await?;
         let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms };
-        let mut claimed =
-            rows.iter().map(|r| decode_claimed!(r, lease.clone())).collect::<Result<Vec<_>, sqlx::Error>>()?;
+        let mut claimed = rows.iter().map(|r| decode_claimed!(r, lease.clone())).collect::<Result<Vec<_>, _>>()?;
+        for c in &mut claimed {
+            c.rescued = picked.iter().any(|(id, was)| *id == c.id && was == "delivering");
+        }
         // RETURNING does not promise an order.
         claimed.sort_by_key(|c| (c.created_at_ms, c.id));
         Ok(claimed)
     }
 
-    async fn mark(&self, marks: &[Mark], now_ms: i64) -> Result<u64, StoreError> {
+    async fn mark_rows(&self, marks: &[Mark], now_ms: i64) -> Result<u64, StoreError> {
         let t = &self.table;
         let mut changed = 0;
         let mut tx = self.pool.begin().await?;
@@ -136,7 +144,7 @@ impl Store for SqliteStore {
         Ok(changed)
     }
 
-    async fn release(&self, rows: &[(i64, Lease)], now_ms: i64) -> Result<u64, StoreError> {
+    async fn release_rows(&self, rows: &[(i64, Lease)], now_ms: i64) -> Result<u64, StoreError> {
         let t = &self.table;
         let mut tx = self.pool.begin().await?;
         let mut changed = 0;
@@ -155,26 +163,5 @@ impl Store for SqliteStore {
         }
         tx.commit().await?;
         Ok(changed)
-    }
-
-    async fn insert(&self, events: &[NewEvent]) -> Result<(), StoreError> {
-        self.insert_rows(events).await
-    }
-
-    async fn get(&self, event_id: &str) -> Result<Option<Row>, StoreError> {
-        self.get_row(event_id).await
-    }
-
-    async fn stats(&self) -> Result<Stats, StoreError> {
-        self.read_stats().await
-    }
-
-    async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
-    }
-
-    async fn close(&self) {
-        self.pool.close().await;
     }
 }
