@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use outbox_host::store::{Lease, Mark, Outcome, Status, Store, StoreError, now_ms};
+use outbox_host::store::{Lease, Mark, Outcome, RetryFilter, Status, Store, StoreError, now_ms};
 
 use crate::support::{World, per_backend};
 
@@ -24,6 +24,10 @@ per_backend!(
     stats_count_statuses_age_and_errors,
     duplicate_event_ids_are_refused_by_name,
     migrations_are_idempotent_and_follow_the_table_name,
+    an_expired_lease_claimed_again_is_flagged_as_a_rescue,
+    operator_retry_moves_failed_rows_back_by_each_filter,
+    purge_deletes_old_delivered_rows_in_bounded_batches,
+    history_and_recent_failures_describe_the_last_hour,
 );
 
 async fn claims_follow_creation_order_and_batch_size(world: World) {
@@ -278,4 +282,110 @@ async fn migrations_are_idempotent_and_follow_the_table_name(world: World) {
     other.insert(&[world.event("RoomGiftSent", "room-1", Status::Pending)]).await.unwrap();
     assert_eq!(other.stats().await.unwrap().count(Status::Pending), 1);
     assert_eq!(world.producer.stats().await.unwrap().count(Status::Pending), 0, "the tables are separate");
+}
+
+async fn an_expired_lease_claimed_again_is_flagged_as_a_rescue(world: World) {
+    world.produce("RoomGiftSent", "room-1", Status::Pending).await;
+    let now = now_ms();
+    let first = world.producer.claim("a", now, now + 1_000, 10).await.unwrap();
+    assert!(!first[0].rescued, "a pending row is no rescue");
+    let again = world.producer.claim("b", now + 2_000, now + 60_000, 10).await.unwrap();
+    assert!(again[0].rescued, "an expired lease claimed again is a rescue");
+}
+
+async fn operator_retry_moves_failed_rows_back_by_each_filter(world: World) {
+    let mut ids = Vec::new();
+    for (room, event_type) in [
+        ("a", "RoomGiftSent"),
+        ("b", "RoomGiftSent"),
+        ("c", "RoomUserJoined"),
+        ("d", "RoomGiftSent"),
+        ("e", "RoomGiftSent"),
+    ] {
+        ids.push(world.produce(event_type, room, Status::Pending).await);
+    }
+    settle(&world, |room| match room {
+        "a" => Outcome::Fail { error: "Tencent IM error 10010: group 50% gone".into() },
+        "b" | "c" => Outcome::Fail { error: "bad group".into() },
+        "d" => Outcome::Retry { error: "bad group".into(), next_retry_at_ms: 0 },
+        _ => Outcome::Delivered,
+    })
+    .await;
+    let store = &world.producer;
+    assert_eq!(store.count_failed(&RetryFilter::All).await.unwrap(), 3);
+    assert_eq!(store.count_failed(&RetryFilter::ErrorContains("50% gone".into())).await.unwrap(), 1);
+    assert_eq!(store.count_failed(&RetryFilter::ErrorContains("_".into())).await.unwrap(), 0, "_ is no wildcard");
+    assert_eq!(store.count_failed(&RetryFilter::ErrorIs("bad group".into())).await.unwrap(), 2);
+
+    let now = now_ms();
+    assert_eq!(store.retry_failed(&RetryFilter::EventType("RoomUserJoined".into()), now).await.unwrap(), 1);
+    assert_eq!(store.retry_failed(&RetryFilter::EventId(ids[0].clone()), now).await.unwrap(), 1);
+    assert_eq!(
+        store.retry_failed(&RetryFilter::EventId(ids[4].clone()), now).await.unwrap(),
+        0,
+        "a delivered row moved"
+    );
+    let row = world.row(&ids[0]).await;
+    assert_eq!((row.status, row.retry_count, row.worker_id), (Status::Pending, 0, None));
+    assert_eq!(
+        row.last_error.as_deref(),
+        Some("Tencent IM error 10010: group 50% gone"),
+        "the reason is kept for context"
+    );
+    assert_eq!(store.retry_failed(&RetryFilter::All, now).await.unwrap(), 1);
+    assert_eq!(world.row(&ids[3]).await.status, Status::Retryable, "only failed rows move");
+    assert_eq!(store.count_failed(&RetryFilter::All).await.unwrap(), 0);
+    assert_eq!(store.claim("w", now, now + 60_000, 10).await.unwrap().len(), 4, "retried rows are claimable at once");
+}
+
+async fn purge_deletes_old_delivered_rows_in_bounded_batches(world: World) {
+    let mut events: Vec<_> =
+        (0..25).map(|i| world.event("RoomGiftSent", &format!("r{i}"), Status::Delivered)).collect();
+    events.push(world.event("RoomGiftSent", "waiting", Status::Pending));
+    world.producer.insert(&events).await.unwrap();
+    let store = &world.producer;
+    assert_eq!(
+        store.purge_delivered(now_ms() - 3_600_000, 10).await.unwrap(),
+        0,
+        "rows younger than the cut were purged"
+    );
+    let cut = now_ms() + 1_000;
+    assert_eq!(store.purge_delivered(cut, 10).await.unwrap(), 10);
+    assert_eq!(store.purge_delivered(cut, 10).await.unwrap(), 10);
+    assert_eq!(store.purge_delivered(cut, 10).await.unwrap(), 5);
+    assert_eq!(store.purge_delivered(cut, 10).await.unwrap(), 0);
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.count(Status::Delivered), stats.count(Status::Pending)), (0, 1), "only delivered rows go");
+}
+
+async fn history_and_recent_failures_describe_the_last_hour(world: World) {
+    for room in ["ok-1", "ok-2", "ok-3", "bad-1", "flaky-1"] {
+        world.produce("RoomGiftSent", room, Status::Pending).await;
+    }
+    settle(&world, |room| match room {
+        r if r.starts_with("ok") => Outcome::Delivered,
+        r if r.starts_with("bad") => Outcome::Fail { error: "bad".into() },
+        _ => Outcome::Retry { error: "flaky".into(), next_retry_at_ms: 0 },
+    })
+    .await;
+    let history = world.producer.history(now_ms() - 3_600_000).await.unwrap();
+    let delivered: i64 = history.iter().map(|m| m.delivered).sum();
+    let failed: i64 = history.iter().map(|m| m.failed).sum();
+    assert_eq!((delivered, failed), (3, 1), "{history:?}");
+    assert!(history.iter().all(|m| m.start_ms % 60_000 == 0), "{history:?}");
+    assert_eq!(world.producer.stats().await.unwrap().delivered_last_minute, 3);
+
+    let recent = world.producer.recent_failures(10).await.unwrap();
+    let mut rooms: Vec<&str> = recent.iter().map(|r| r.room_id.as_str()).collect();
+    rooms.sort();
+    assert_eq!(rooms, ["bad-1", "flaky-1"]);
+}
+
+/// Marks every claimed row with the outcome `outcome_of` picks by room.
+async fn settle(world: &World, outcome_of: impl Fn(&str) -> Outcome) {
+    let now = now_ms();
+    let claimed = world.producer.claim("w", now, now + 60_000, 100).await.unwrap();
+    let marks: Vec<Mark> =
+        claimed.iter().map(|c| Mark { id: c.id, lease: c.lease.clone(), outcome: outcome_of(&c.room_id) }).collect();
+    world.producer.mark(&marks, now).await.unwrap();
 }

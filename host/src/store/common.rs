@@ -162,33 +162,20 @@ macro_rules! common_store {
 
             async fn history(&self, since_ms: i64) -> Result<Vec<$crate::store::Minute>, $crate::store::StoreError> {
                 let t = &self.table;
-                // `x - x % 60000` floors to the minute in every dialect.
+                // `x - x % 60000` floors to the minute, and COUNT is a BIGINT, in every dialect.
                 let mut q = sqlx::QueryBuilder::<$db>::new(format!(
-                    "SELECT m, SUM(d), SUM(f) FROM (\
-                       SELECT delivered_at_ms - delivered_at_ms % 60000 AS m, 1 AS d, 0 AS f FROM {t} \
+                    "SELECT m, COUNT(CASE WHEN k = 1 THEN 1 END), COUNT(CASE WHEN k = 2 THEN 1 END) FROM (\
+                       SELECT delivered_at_ms - delivered_at_ms % 60000 AS m, 1 AS k FROM {t} \
                        WHERE status = 'delivered' AND delivered_at_ms >= "
                 ));
                 q.push_bind(since_ms);
                 q.push(format!(
-                    " UNION ALL SELECT updated_at_ms - updated_at_ms % 60000 AS m, 0 AS d, 1 AS f FROM {t} \
+                    " UNION ALL SELECT updated_at_ms - updated_at_ms % 60000 AS m, 2 AS k FROM {t} \
                        WHERE status = 'failed' AND updated_at_ms >= "
                 ));
                 q.push_bind(since_ms);
                 q.push(") per_row GROUP BY m ORDER BY m");
-                let rows: Vec<(i64, i64, i64)> = q
-                    .build()
-                    .fetch_all(&self.pool)
-                    .await?
-                    .iter()
-                    .map(|r| {
-                        use sqlx::Row as _;
-                        Ok::<_, sqlx::Error>((
-                            r.try_get::<i64, _>(0)?,
-                            $crate::store::decode_sum(r, 1)?,
-                            $crate::store::decode_sum(r, 2)?,
-                        ))
-                    })
-                    .collect::<Result<_, _>>()?;
+                let rows: Vec<(i64, i64, i64)> = q.build_query_as().fetch_all(&self.pool).await?;
                 Ok(rows
                     .into_iter()
                     .map(|(start_ms, delivered, failed)| $crate::store::Minute { start_ms, delivered, failed })

@@ -524,21 +524,3 @@ impl<'a> From<&'a [Mark]> for FailedMarks<'a> {
         out
     }
 }
-
-/// Reads a `SUM(...)` column as `i64`: PostgreSQL and MySQL widen integer sums to
-/// NUMERIC/DECIMAL, SQLite keeps INTEGER.
-fn decode_sum<R: sqlx::Row>(row: &R, index: usize) -> Result<i64, sqlx::Error>
-where
-    usize: sqlx::ColumnIndex<R>,
-    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    match row.try_get::<i64, _>(index) {
-        Ok(n) => Ok(n),
-        Err(_) => row
-            .try_get::<String, _>(index)
-            .ok()
-            .and_then(|s| s.split('.').next().and_then(|n| n.parse().ok()))
-            .ok_or_else(|| sqlx::Error::Decode("a SUM that is not a whole number".into())),
-    }
-}
