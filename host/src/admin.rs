@@ -1,27 +1,42 @@
-//! The admin listener: `/healthz` (the process is alive) and `/readyz` (the database
-//! answers and the worker runs; 503 while draining). A failing sink never makes the host
-//! unready: IM trouble must not take the producer's service down with it.
+//! The admin listener (loopback by default): `/healthz`, `/readyz`, `/metrics`, the status
+//! page at `/`, and the operator API under `/api`. Readiness means the database answers and
+//! the worker runs (503 while draining); a failing sink never makes the host unready, as IM
+//! trouble must not take the producer's service down with it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::get;
+use axum::extract::{Form, Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::Store;
+use crate::metrics::Metrics;
+use crate::ops;
+use crate::page::{self, PageData};
+use crate::store::{Status, Store, now_ms};
 
-/// What the readiness check looks at.
-pub struct Readiness {
+/// What the admin endpoints read and act on.
+pub struct AdminState {
     /// The outbox store.
     pub store: Arc<dyn Store>,
+    /// The host's metrics.
+    pub metrics: Arc<Metrics>,
     /// Set while the worker loop runs (or when the worker is disabled by config).
     pub worker_running: AtomicBool,
     /// Set once shutdown has begun.
     pub draining: AtomicBool,
+    /// Outbox table name, for the page.
+    pub table: String,
+    /// This host, for the page.
+    pub node_id: String,
+    /// The sink's name, for the page.
+    pub sink: String,
 }
 
 /// Binds the admin address, so that a port already taken fails start-up.
@@ -29,14 +44,23 @@ pub async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("admin.listen: cannot listen on {addr}: {e}"))
 }
 
-/// Serves `/healthz` and `/readyz` on `listener` until `stop`.
+/// Serves the admin endpoints on `listener` until `stop`.
 pub fn serve(
     listener: tokio::net::TcpListener,
-    readiness: Arc<Readiness>,
+    state: Arc<AdminState>,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
-    let app =
-        Router::new().route("/healthz", get(|| async { "ok\n" })).route("/readyz", get(ready)).with_state(readiness);
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .route("/metrics", get(metrics))
+        .route("/", get(status_page))
+        .route("/retry", post(retry_form))
+        .route("/api/status", get(status_json))
+        .route("/api/events/{event_id}", get(show_event))
+        .route("/api/retry", post(retry_api))
+        .route("/api/purge", post(purge_api))
+        .with_state(state);
     tokio::spawn(async move {
         let served = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await;
         if let Err(e) = served {
@@ -45,15 +69,135 @@ pub fn serve(
     })
 }
 
-async fn ready(State(r): State<Arc<Readiness>>) -> (StatusCode, String) {
-    if r.draining.load(Ordering::Relaxed) {
+/// A database failure as a 503 with its (SQL-free, password-free) message.
+fn unavailable(e: impl std::fmt::Display) -> Response {
+    (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "error": e.to_string() }))).into_response()
+}
+
+async fn ready(State(s): State<Arc<AdminState>>) -> (StatusCode, String) {
+    if s.draining.load(Ordering::Relaxed) {
         return (StatusCode::SERVICE_UNAVAILABLE, "draining\n".into());
     }
-    if !r.worker_running.load(Ordering::Relaxed) {
+    if !s.worker_running.load(Ordering::Relaxed) {
         return (StatusCode::SERVICE_UNAVAILABLE, "worker not running\n".into());
     }
-    match r.store.ping().await {
+    match s.store.ping().await {
         Ok(()) => (StatusCode::OK, "ready\n".into()),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
+    }
+}
+
+async fn metrics(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], s.metrics.render())
+}
+
+#[derive(Deserialize)]
+struct Flash {
+    moved: Option<u64>,
+}
+
+async fn status_page(State(s): State<Arc<AdminState>>, Query(flash): Query<Flash>) -> Response {
+    let now = now_ms();
+    let stats = match s.store.stats().await {
+        Ok(stats) => stats,
+        Err(e) => return unavailable(e),
+    };
+    let (history, failures) = match tokio::try_join!(s.store.history(now - 3_600_000), s.store.recent_failures(20)) {
+        Ok(found) => found,
+        Err(e) => return unavailable(e),
+    };
+    let flash = flash.moved.map(|n| format!("Moved {n} failed event(s) back to pending."));
+    Html(page::render(&PageData {
+        table: &s.table,
+        node_id: &s.node_id,
+        sink: &s.sink,
+        stats: &stats,
+        history: &history,
+        failures: &failures,
+        now_ms: now,
+        flash: flash.as_deref(),
+    }))
+    .into_response()
+}
+
+async fn status_json(State(s): State<Arc<AdminState>>) -> Response {
+    let stats = match s.store.stats().await {
+        Ok(stats) => stats,
+        Err(e) => return unavailable(e),
+    };
+    let counts: serde_json::Map<String, serde_json::Value> =
+        Status::ALL.iter().map(|st| (st.as_str().to_string(), json!(stats.count(*st)))).collect();
+    Json(json!({
+        "table": s.table,
+        "counts": counts,
+        "oldest_waiting_age_ms": stats.oldest_waiting_created_at_ms.map(|c| (now_ms() - c).max(0)),
+        "delivered_last_minute": stats.delivered_last_minute,
+        "top_errors": stats.top_errors.iter().map(|(e, n)| json!({ "error": e, "count": n })).collect::<Vec<_>>(),
+    }))
+    .into_response()
+}
+
+async fn show_event(State(s): State<Arc<AdminState>>, Path(event_id): Path<String>) -> Response {
+    match s.store.get(&event_id).await {
+        Ok(Some(row)) => Json(ops::describe(&row)).into_response(),
+        Ok(None) => (StatusCode::NOT_FOUND, Json(json!({ "error": format!("no event {event_id}") }))).into_response(),
+        Err(e) => unavailable(e),
+    }
+}
+
+/// Which failed rows to retry: exactly one of these.
+#[derive(Deserialize)]
+struct RetryParams {
+    event_id: Option<String>,
+    event_type: Option<String>,
+    error: Option<String>,
+    error_is: Option<String>,
+    #[serde(default)]
+    all: bool,
+}
+
+async fn retry_rows(s: &AdminState, p: RetryParams) -> Result<u64, Response> {
+    let filter = ops::retry_filter(p.event_id, p.event_type, p.error, p.error_is, p.all)
+        .map_err(|why| (StatusCode::BAD_REQUEST, Json(json!({ "error": why }))).into_response())?;
+    let moved = ops::retry(s.store.as_ref(), &filter).await.map_err(unavailable)?;
+    tracing::info!(moved, ?filter, "operator retry over HTTP");
+    Ok(moved)
+}
+
+async fn retry_api(State(s): State<Arc<AdminState>>, Query(p): Query<RetryParams>) -> Response {
+    match retry_rows(&s, p).await {
+        Ok(moved) => Json(json!({ "moved": moved })).into_response(),
+        Err(response) => response,
+    }
+}
+
+/// The status page's buttons: act, then show the page again (post/redirect/get).
+async fn retry_form(State(s): State<Arc<AdminState>>, Form(p): Form<RetryParams>) -> Response {
+    match retry_rows(&s, p).await {
+        Ok(moved) => Redirect::to(&format!("/?moved={moved}")).into_response(),
+        Err(response) => response,
+    }
+}
+
+#[derive(Deserialize)]
+struct PurgeParams {
+    delivered_before: String,
+}
+
+async fn purge_api(State(s): State<Arc<AdminState>>, Query(p): Query<PurgeParams>) -> Response {
+    let age = match crate::config::units::parse_duration_ms(&p.delivered_before) {
+        Ok(ms) if ms > 0 => ms,
+        Ok(_) => {
+            return (StatusCode::BAD_REQUEST, Json(json!({ "error": "delivered_before must be positive" })))
+                .into_response();
+        }
+        Err(why) => return (StatusCode::BAD_REQUEST, Json(json!({ "error": why }))).into_response(),
+    };
+    match ops::purge(s.store.as_ref(), now_ms() - age, ops::PURGE_BATCH).await {
+        Ok(deleted) => {
+            tracing::info!(deleted, delivered_before = %p.delivered_before, "operator purge over HTTP");
+            Json(json!({ "deleted": deleted })).into_response()
+        }
+        Err(e) => unavailable(e),
     }
 }

@@ -9,8 +9,9 @@ use std::sync::atomic::Ordering;
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::{self, Readiness};
+use crate::admin::{self, AdminState};
 use crate::config::{Config, redact_url};
+use crate::metrics::Metrics;
 use crate::sink::SinkRuntime;
 use crate::store::{self, Store};
 use crate::worker::Worker;
@@ -20,6 +21,7 @@ pub struct Host {
     config: Config,
     store: Arc<dyn Store>,
     worker: Option<Arc<Worker>>,
+    metrics: Arc<Metrics>,
     admin: Option<tokio::net::TcpListener>,
 }
 
@@ -39,11 +41,12 @@ impl Host {
         let sink_config = config.require_sink("run")?.clone();
         let store = open_store(&config).await?;
         store.migrate().await.context("applying migrations")?;
+        let metrics = Arc::new(Metrics::new(&sink_config.name));
         let worker = if config.worker.enabled {
             let sink =
                 SinkRuntime::load_checked(&sink_config, config.worker.concurrency, config.worker.publish_timeout)
                     .await?;
-            Some(Worker::new(store.clone(), Arc::new(sink), config.worker.clone(), &config.node_id))
+            Some(Worker::new(store.clone(), Arc::new(sink), config.worker.clone(), &config.node_id, metrics.clone()))
         } else {
             None
         };
@@ -51,7 +54,7 @@ impl Host {
             Some(addr) => Some(admin::bind(addr).await?),
             None => None,
         };
-        Ok(Host { config, store, worker, admin })
+        Ok(Host { config, store, worker, metrics, admin })
     }
 
     /// The outbox store (tests inspect the table through it).
@@ -71,10 +74,14 @@ impl Host {
 
     /// Serves until `shutdown` is cancelled, then drains and closes everything.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let readiness = Arc::new(Readiness {
+        let readiness = Arc::new(AdminState {
             store: self.store.clone(),
+            metrics: self.metrics.clone(),
             worker_running: Default::default(),
             draining: Default::default(),
+            table: self.config.table.clone(),
+            node_id: self.config.node_id.clone(),
+            sink: self.config.sink.as_ref().map(|s| s.name.clone()).unwrap_or_default(),
         });
         let admin_stop = CancellationToken::new();
         let admin = self.admin.map(|listener| {
@@ -83,6 +90,12 @@ impl Host {
             }
             admin::serve(listener, readiness.clone(), admin_stop.clone())
         });
+        let refresher = tokio::spawn(refresh_stats(
+            self.store.clone(),
+            self.metrics.clone(),
+            self.config.stats_interval,
+            admin_stop.clone(),
+        ));
         readiness.worker_running.store(true, Ordering::Relaxed);
         let mark_draining = async {
             shutdown.cancelled().await;
@@ -103,9 +116,32 @@ impl Host {
         if let Some(task) = admin {
             let _ = task.await;
         }
+        let _ = refresher.await;
         self.store.close().await;
         tracing::info!(node_id = %self.config.node_id, "stopped");
         Ok(())
+    }
+}
+
+/// Refreshes the metrics' table counts every `interval` until `stop`.
+async fn refresh_stats(
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    interval: std::time::Duration,
+    stop: CancellationToken,
+) {
+    loop {
+        match store.stats().await {
+            Ok(stats) => metrics.set_stats(&stats, crate::store::now_ms()),
+            Err(e) => {
+                metrics.db_error("stats");
+                tracing::warn!(error = %e, "could not read the table counts for the metrics");
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = stop.cancelled() => return,
+        }
     }
 }
 

@@ -55,7 +55,42 @@ enum Command {
     },
     /// Validate the config and load the sink plugin, saying exactly what is wrong.
     CheckConfig,
+    /// One event: its row, its envelope and its decoded body, as JSON.
+    Show {
+        /// The event's id.
+        event_id: String,
+    },
+    /// Move failed events back to pending, by id, type, error text, or all.
+    Retry {
+        /// One event.
+        #[arg(long)]
+        event_id: Option<String>,
+        /// Every failed event of this type.
+        #[arg(long = "event-type")]
+        event_type: Option<String>,
+        /// Every failed event whose error contains this text.
+        #[arg(long)]
+        error: Option<String>,
+        /// Every failed event.
+        #[arg(long)]
+        all: bool,
+        /// Do not ask before moving more than a handful.
+        #[arg(long, short)]
+        yes: bool,
+    },
+    /// Delete delivered rows older than DURATION (e.g. 7d), in bounded batches.
+    Purge {
+        /// Age of the delivered rows to delete, e.g. 7d or 72h.
+        #[arg(long)]
+        delivered_before: String,
+        /// Rows per delete statement.
+        #[arg(long, default_value_t = outbox_host::ops::PURGE_BATCH)]
+        batch: u32,
+    },
 }
+
+/// `retry` asks before moving more rows than this, unless `--yes`.
+const RETRY_WITHOUT_ASKING: i64 = 10;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -155,6 +190,43 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Show { event_id } => {
+            let store = app::open_store(&config).await?;
+            let row = store.get(&event_id).await?;
+            store.close().await;
+            let row = row.with_context(|| format!("no event {event_id} in {}", config.table))?;
+            println!("{}", serde_json::to_string_pretty(&outbox_host::ops::describe(&row))?);
+            Ok(())
+        }
+        Command::Retry { event_id, event_type, error, all, yes } => {
+            let filter =
+                outbox_host::ops::retry_filter(event_id, event_type, error, None, all).map_err(anyhow::Error::msg)?;
+            let store = app::open_store(&config).await?;
+            let matching = store.count_failed(&filter).await?;
+            if matching > RETRY_WITHOUT_ASKING
+                && !yes
+                && !confirm(&format!("Move {matching} failed events back to pending?"))?
+            {
+                store.close().await;
+                anyhow::bail!("nothing moved ({matching} failed events match; pass --yes to move them without asking)");
+            }
+            let moved = outbox_host::ops::retry(store.as_ref(), &filter).await?;
+            store.close().await;
+            println!("moved {moved} failed event(s) back to pending");
+            Ok(())
+        }
+        Command::Purge { delivered_before, batch } => {
+            let age = match outbox_host::config::units::parse_duration_ms(&delivered_before) {
+                Ok(ms) if ms > 0 => ms,
+                Ok(_) => anyhow::bail!("--delivered-before must be positive"),
+                Err(why) => anyhow::bail!("--delivered-before: {why}"),
+            };
+            let store = app::open_store(&config).await?;
+            let deleted = outbox_host::ops::purge(store.as_ref(), now_ms() - age, batch.max(1)).await?;
+            store.close().await;
+            println!("deleted {deleted} delivered row(s) older than {delivered_before}");
+            Ok(())
+        }
         Command::CheckConfig => {
             let sink = config.require_sink("deliver")?;
             outbox_host::sink::SinkRuntime::load_checked(
@@ -179,4 +251,17 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Asks on the terminal; refuses when there is no terminal to ask on.
+fn confirm(question: &str) -> anyhow::Result<bool> {
+    use std::io::{BufRead as _, IsTerminal as _, Write as _};
+    if !std::io::stdin().is_terminal() {
+        return Ok(false);
+    }
+    print!("{question} [y/N] ");
+    std::io::stdout().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
 }

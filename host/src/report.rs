@@ -20,6 +20,7 @@ pub fn status(table: &str, stats: &Stats, now_ms: i64) -> String {
         }
         None => out.push_str("oldest waiting (pending or retryable): none\n"),
     }
+    let _ = writeln!(out, "delivered in the last minute: {}", stats.delivered_last_minute);
     if stats.top_errors.is_empty() {
         out.push_str("errors: none\n");
     } else {

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::config::WorkerConfig;
+use crate::metrics::Metrics;
 use crate::sink::{Delivered, FailureClass, SinkRuntime};
 use crate::store::{Claimed, Lease, Mark, Outcome, Store, now_ms, short_error};
 
@@ -46,16 +47,23 @@ pub struct Worker {
     node_id: String,
     worker_id: String,
     signals: broadcast::Sender<Signal>,
+    metrics: Arc<Metrics>,
 }
 
 impl Worker {
     /// A worker named after `node_id` plus a per-process suffix, so that two processes on
     /// one node never share leases.
-    pub fn new(store: Arc<dyn Store>, sink: Arc<SinkRuntime>, config: WorkerConfig, node_id: &str) -> Arc<Worker> {
+    pub fn new(
+        store: Arc<dyn Store>,
+        sink: Arc<SinkRuntime>,
+        config: WorkerConfig,
+        node_id: &str,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Worker> {
         let random = crate::random_u64();
         let worker_id = format!("{node_id}-{}-{:08x}", std::process::id(), random as u32);
         let (signals, _) = broadcast::channel(1024);
-        Arc::new(Worker { store, sink, config, node_id: node_id.to_string(), worker_id, signals })
+        Arc::new(Worker { store, sink, config, node_id: node_id.to_string(), worker_id, signals, metrics })
     }
 
     /// The id written into `worker_id` of the rows this worker holds.
@@ -92,6 +100,7 @@ impl Worker {
             let claimed = match self.store.claim(&self.worker_id, now, now + lease_ms, self.config.batch_size).await {
                 Ok(rows) => rows,
                 Err(e) => {
+                    self.metrics.db_error("claim");
                     tracing::warn!(worker = "room_outbox", node_id = %self.node_id, error = %e, retry_in_ms = backoff.as_millis() as u64, "claim failed; will retry");
                     sleep_or_cancel(backoff, &shutdown).await;
                     backoff = (backoff * 2).min(MAX_DB_BACKOFF);
@@ -105,6 +114,20 @@ impl Worker {
                 continue;
             }
             let full = claimed.len() >= self.config.batch_size as usize;
+            let rescued = claimed.iter().filter(|c| c.rescued).count();
+            self.metrics.claimed(claimed.len(), rescued);
+            for row in claimed.iter().filter(|c| c.rescued) {
+                tracing::warn!(
+                    worker = "room_outbox",
+                    node_id = %self.node_id,
+                    event_id = %row.event_id,
+                    event_type = %row.event_type,
+                    room_id = %row.room_id,
+                    retry_count = row.retry_count,
+                    status = "delivering",
+                    "reclaimed after another worker's lease expired"
+                );
+            }
             self.signal(Signal::Claimed(claimed.len()));
             self.deliver_batch(claimed, &marks, &shutdown).await;
             if !full {
@@ -163,11 +186,13 @@ impl Worker {
     async fn release(&self, rows: &[(i64, Lease)]) {
         match self.store.release(rows, now_ms()).await {
             Ok(n) => {
+                self.metrics.handed_back(n);
                 tracing::info!(worker = "room_outbox", node_id = %self.node_id, released = n, "handed back claimed rows that were not started");
                 self.signal(Signal::Released(n as usize));
             }
             // Not fatal: the leases expire and any worker claims the rows again.
             Err(e) => {
+                self.metrics.db_error("release");
                 tracing::warn!(worker = "room_outbox", node_id = %self.node_id, error = %e, rows = rows.len(), "could not hand back rows; they become claimable when their lease expires")
             }
         }
@@ -178,13 +203,13 @@ impl Worker {
         let span = tracing::info_span!("deliver", event_id = %row.event_id, event_type = %row.event_type, room_id = %row.room_id);
         async {
             let attempt = row.retry_count + 1;
-            let result = match crate::envelope::to_event(&row) {
-                Err(reason) => Err((FailureClass::Permanent, reason, None)),
-                Ok(event) => self
-                    .sink
-                    .deliver(&event, self.config.publish_timeout)
-                    .await
-                    .map_err(|f| (f.class, f.message, f.retry_after)),
+            let started = tokio::time::Instant::now();
+            let (result, took) = match crate::envelope::to_event(&row) {
+                Err(reason) => (Err((FailureClass::Permanent, reason, None)), None),
+                Ok(event) => {
+                    let result = self.sink.deliver(&event, self.config.publish_timeout).await;
+                    (result.map_err(|f| (f.class, f.message, f.retry_after)), Some(started.elapsed()))
+                }
             };
             let outcome = match result {
                 Ok(delivered) => {
@@ -192,6 +217,7 @@ impl Worker {
                         Delivered::Skipped(reason) => Some(reason.as_str()),
                         Delivered::Delivered => None,
                     };
+                    self.metrics.delivered(&row.event_type, skipped.is_some(), took.unwrap_or_default());
                     tracing::info!(
                         worker = "room_outbox",
                         node_id = %self.node_id,
@@ -206,6 +232,7 @@ impl Worker {
                     Outcome::Delivered
                 }
                 Err((class, message, retry_after)) => {
+                    self.metrics.failed(&row.event_type, class, took);
                     let error = short_error(&message);
                     let exhausted = self.config.max_attempts > 0 && attempt >= self.config.max_attempts as i32;
                     let outcome = if class == FailureClass::Permanent {
@@ -258,6 +285,7 @@ impl Worker {
                 match self.store.mark(&batch, now_ms()).await {
                     Ok(_) => break,
                     Err(e) => {
+                        self.metrics.db_error("mark");
                         tracing::warn!(worker = "room_outbox", node_id = %self.node_id, error = %e, outcomes = batch.len(), "could not record outcomes; will retry");
                         tokio::time::sleep(backoff).await;
                         backoff = (backoff * 2).min(MAX_DB_BACKOFF);

@@ -5,6 +5,7 @@ mod acceptance;
 mod admin;
 mod conformance;
 mod leases;
+mod operations;
 mod permissions;
 mod process;
 mod sandbox;

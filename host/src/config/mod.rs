@@ -48,6 +48,8 @@ pub const LEASE_MARGIN: Duration = Duration::from_secs(5);
 pub const DEFAULT_MEMORY_LIMIT: u64 = 64 << 20;
 /// Default `sink.max_response_bytes`: the largest HTTP response body handed to a sink.
 pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 1 << 20;
+/// Default `admin.stats_interval`.
+pub const DEFAULT_STATS_INTERVAL: Duration = Duration::from_secs(5);
 /// Default `admin.listen`: loopback only.
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9464";
 
@@ -66,6 +68,8 @@ pub struct Config {
     pub sink: Option<SinkConfig>,
     /// The admin HTTP listener (`None` when `admin.listen` is empty).
     pub admin_listen: Option<SocketAddr>,
+    /// How often the table counts behind the metrics' gauges are read.
+    pub stats_interval: Duration,
     /// Log output.
     pub log: LogConfig,
     /// Things worth telling the operator that are not errors (a value fell back to its default).
@@ -277,7 +281,9 @@ fn read_config(f: &mut Fields<'_>, notes: &mut Vec<String>) -> Config {
     });
     let worker = f.section("outbox_worker", |f| read_worker(f, notes));
     let sink = f.has("sink").then(|| f.section("sink", read_sink));
+    let mut stats_interval = DEFAULT_STATS_INTERVAL;
     let admin_listen = f.section("admin", |f| {
+        stats_interval = positive_duration(f, "stats_interval", DEFAULT_STATS_INTERVAL, notes);
         let listen = f.take::<String>("listen").unwrap_or_else(|| DEFAULT_ADMIN_LISTEN.into());
         if listen.is_empty() {
             return None;
@@ -308,7 +314,7 @@ fn read_config(f: &mut Fields<'_>, notes: &mut Vec<String>) -> Config {
         }
         LogConfig { format, level }
     });
-    Config { node_id, database, table, worker, sink, admin_listen, log, notes: Vec::new() }
+    Config { node_id, database, table, worker, sink, admin_listen, stats_interval, log, notes: Vec::new() }
 }
 
 /// Reads a duration key; non-positive values fall back to `default` with a note.

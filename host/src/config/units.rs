@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-/// Parses a duration such as `"500ms"`, `"1s"`, `"1.5s"`, `"2m"` or `"1h"`.
+/// Parses a duration such as `"500ms"`, `"1s"`, `"1.5s"`, `"2m"`, `"1h"` or `"7d"`.
 ///
 /// A leading `-` is accepted so that the caller can apply the seed's rule for
 /// non-positive values (fall back to the default) instead of failing.
@@ -16,7 +16,7 @@ pub fn parse_duration_ms(text: &str) -> Result<i64, String> {
     };
     let split = digits
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("{text:?} needs a unit: ms, s, m or h (e.g. \"1s\")"))?;
+        .ok_or_else(|| format!("{text:?} needs a unit: ms, s, m, h or d (e.g. \"1s\")"))?;
     let (number, unit) = digits.split_at(split);
     let value: f64 = number.parse().map_err(|_| format!("{text:?} is not a duration (e.g. \"500ms\", \"3s\")"))?;
     let factor = match unit {
@@ -24,9 +24,8 @@ pub fn parse_duration_ms(text: &str) -> Result<i64, String> {
         "s" => 1_000.0,
         "m" => 60_000.0,
         "h" => 3_600_000.0,
-        _ => {
-            return Err(format!("{text:?} has unknown unit {unit:?}: use ms, s, m or h"));
-        }
+        "d" => 86_400_000.0,
+        _ => return Err(format!("{text:?} has unknown unit {unit:?}: use ms, s, m, h or d")),
     };
     let ms = (value * factor).round();
     if ms > i64::MAX as f64 / 2.0 {
@@ -78,6 +77,7 @@ mod tests {
         assert_eq!(parse_duration_ms("1.5s"), Ok(1_500));
         assert_eq!(parse_duration_ms("2m"), Ok(120_000));
         assert_eq!(parse_duration_ms("1h"), Ok(3_600_000));
+        assert_eq!(parse_duration_ms("7d"), Ok(604_800_000));
         assert_eq!(parse_duration_ms("-1s"), Ok(-1_000));
         assert_eq!(parse_duration_ms("0s"), Ok(0));
     }
@@ -85,7 +85,7 @@ mod tests {
     #[test]
     fn durations_without_a_known_unit_are_refused() {
         assert!(parse_duration_ms("5").unwrap_err().contains("needs a unit"));
-        assert!(parse_duration_ms("5d").unwrap_err().contains("unknown unit"));
+        assert!(parse_duration_ms("5w").unwrap_err().contains("unknown unit"));
         assert!(parse_duration_ms("fast").is_err());
     }
 

@@ -1,0 +1,212 @@
+//! The status page at `/` of the admin listener: server-rendered HTML with plain forms, so
+//! it works without JavaScript; the chart is an inline SVG drawn on the server.
+
+use std::fmt::Write as _;
+
+use crate::config::format_duration;
+use crate::store::{Minute, Row, Stats, Status};
+
+/// What the page shows.
+pub struct PageData<'a> {
+    /// Outbox table name.
+    pub table: &'a str,
+    /// This host.
+    pub node_id: &'a str,
+    /// The sink's name.
+    pub sink: &'a str,
+    /// Current counts.
+    pub stats: &'a Stats,
+    /// Per-minute deliveries and failures over the last hour.
+    pub history: &'a [Minute],
+    /// Recent failed and retryable rows.
+    pub failures: &'a [Row],
+    /// Now, UTC ms.
+    pub now_ms: i64,
+    /// A message after an action (e.g. "moved 3 failed events back to pending").
+    pub flash: Option<&'a str>,
+}
+
+fn esc(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;").replace('\'', "&#39;")
+}
+
+fn age(ms: i64) -> String {
+    format_duration(std::time::Duration::from_millis(ms.max(0) as u64 / 1000 * 1000))
+}
+
+/// Renders the page.
+pub fn render(d: &PageData<'_>) -> String {
+    let mut h = String::new();
+    let _ = write!(
+        h,
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"30\">\
+         <title>outbox-host · {table}</title><style>{CSS}</style></head><body>\
+         <header><h1>outbox-host</h1><p>table <b>{table}</b> · node <b>{node}</b> · sink <b>{sink}</b></p></header>",
+        table = esc(d.table),
+        node = esc(d.node_id),
+        sink = esc(d.sink),
+    );
+    if let Some(flash) = d.flash {
+        let _ = write!(h, "<p class=\"flash\" id=\"flash\">{}</p>", esc(flash));
+    }
+
+    h.push_str("<section><h2>Rows</h2><table id=\"counts\"><tr>");
+    for status in Status::ALL {
+        let _ = write!(h, "<th>{status}</th>");
+    }
+    h.push_str("</tr><tr>");
+    for status in Status::ALL {
+        let _ = write!(h, "<td class=\"{status}\" data-status=\"{status}\">{}</td>", d.stats.count(status));
+    }
+    h.push_str("</tr></table>");
+    let oldest = match d.stats.oldest_waiting_created_at_ms {
+        Some(created) => format!("{} old", age(d.now_ms - created)),
+        None => "none".into(),
+    };
+    let _ = write!(
+        h,
+        "<p>Oldest waiting event: <b id=\"oldest\">{oldest}</b> · delivered in the last minute: <b id=\"rate\">{}</b></p></section>",
+        d.stats.delivered_last_minute
+    );
+
+    h.push_str("<section><h2>Last hour</h2>");
+    h.push_str(&chart(d.history, d.now_ms));
+    h.push_str("</section>");
+
+    h.push_str("<section><h2>Errors</h2>");
+    if d.stats.top_errors.is_empty() {
+        h.push_str("<p>No retryable or failed rows.</p>");
+    } else {
+        h.push_str("<table id=\"errors\"><tr><th>rows</th><th>error</th><th></th></tr>");
+        for (error, n) in &d.stats.top_errors {
+            let _ = write!(
+                h,
+                "<tr><td>{n}</td><td><code>{e}</code></td><td><form method=\"post\" action=\"/retry\">\
+                 <input type=\"hidden\" name=\"error_is\" value=\"{e}\"><button>retry failed</button></form></td></tr>",
+                e = esc(error)
+            );
+        }
+        h.push_str("</table>");
+    }
+    let failed = d.stats.count(Status::Failed);
+    if failed > 0 {
+        let _ = write!(
+            h,
+            "<form method=\"post\" action=\"/retry\"><input type=\"hidden\" name=\"all\" value=\"true\">\
+             <button id=\"retry-all\">retry all {failed} failed</button></form>"
+        );
+    }
+    h.push_str("</section>");
+
+    h.push_str("<section><h2>Recent failures</h2>");
+    if d.failures.is_empty() {
+        h.push_str("<p>None.</p>");
+    } else {
+        h.push_str(
+            "<table id=\"failures\"><tr><th>event</th><th>type</th><th>room</th><th>status</th><th>attempts</th>\
+             <th>error</th><th>updated</th><th></th></tr>",
+        );
+        for row in d.failures {
+            let id = esc(&row.event_id);
+            let button = if row.status == Status::Failed {
+                format!(
+                    "<form method=\"post\" action=\"/retry\"><input type=\"hidden\" name=\"event_id\" value=\"{id}\">\
+                     <button class=\"retry-event\">retry</button></form>"
+                )
+            } else {
+                String::new()
+            };
+            let _ = write!(
+                h,
+                "<tr data-event-id=\"{id}\"><td><a href=\"/api/events/{id}\">{id}</a></td><td>{}</td><td>{}</td>\
+                 <td class=\"{}\">{}</td><td>{}</td><td><code>{}</code></td><td>{} ago</td><td>{button}</td></tr>",
+                esc(&row.event_type),
+                esc(&row.room_id),
+                row.status,
+                row.status,
+                row.retry_count,
+                esc(row.last_error.as_deref().unwrap_or("")),
+                age(d.now_ms - row.updated_at_ms),
+            );
+        }
+        h.push_str("</table>");
+    }
+    h.push_str("</section><footer><a href=\"/metrics\">/metrics</a> · <a href=\"/api/status\">/api/status</a> · <a href=\"/readyz\">/readyz</a></footer></body></html>");
+    h
+}
+
+/// Delivered (up) and failed (down) per minute over the hour before `now_ms`, as SVG.
+fn chart(history: &[Minute], now_ms: i64) -> String {
+    const W: i64 = 600;
+    const H: i64 = 120;
+    let first = now_ms - now_ms % 60_000 - 59 * 60_000;
+    let peak = history.iter().map(|m| m.delivered.max(m.failed)).max().unwrap_or(0).max(1);
+    let mut svg = format!(
+        "<svg id=\"chart\" viewBox=\"0 0 {W} {H}\" width=\"{W}\" height=\"{H}\" role=\"img\" \
+         aria-label=\"delivered and failed per minute, last hour\"><line x1=\"0\" y1=\"{mid}\" x2=\"{W}\" y2=\"{mid}\" class=\"axis\"/>",
+        mid = H / 2
+    );
+    for m in history.iter().filter(|m| m.start_ms >= first) {
+        let x = (m.start_ms - first) / 60_000 * (W / 60);
+        let up = m.delivered * (H / 2 - 4) / peak;
+        let down = m.failed * (H / 2 - 4) / peak;
+        let minute = (m.start_ms - first) / 60_000;
+        let _ = write!(
+            svg,
+            "<rect class=\"delivered\" x=\"{x}\" y=\"{}\" width=\"8\" height=\"{up}\"><title>minute {minute}: {} delivered</title></rect>\
+             <rect class=\"failed\" x=\"{x}\" y=\"{}\" width=\"8\" height=\"{down}\"><title>minute {minute}: {} failed</title></rect>",
+            H / 2 - up,
+            m.delivered,
+            H / 2,
+            m.failed,
+        );
+    }
+    svg.push_str("</svg><p class=\"legend\"><span class=\"delivered\">■</span> delivered <span class=\"failed\">■</span> failed, per minute</p>");
+    svg
+}
+
+const CSS: &str = "body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}h1{margin:0}header p{margin:.2em 0 1em;color:#555}\
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:.3em .6em;text-align:left}\
+td.failed{color:#b00}td.retryable{color:#a60}td.delivered{color:#070}code{font-size:12px}\
+.flash{background:#eef6ee;border:1px solid #9c9;padding:.5em}svg .delivered,.legend .delivered{fill:#2a2;color:#2a2}\
+svg .failed,.legend .failed{fill:#c22;color:#c22}svg .axis{stroke:#999}form{margin:0}button{cursor:pointer}";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_from_the_table_is_escaped() {
+        let row = Row {
+            id: 1,
+            app_code: String::new(),
+            event_id: "<script>alert(1)</script>".into(),
+            event_type: "T".into(),
+            room_id: "r".into(),
+            status: Status::Failed,
+            envelope: vec![],
+            created_at_ms: 0,
+            retry_count: 1,
+            last_error: Some("a \"quoted\" <b>".into()),
+            worker_id: None,
+            lock_until_ms: 0,
+            next_retry_at_ms: 0,
+            updated_at_ms: 0,
+            delivered_at_ms: None,
+        };
+        let stats = Stats { top_errors: vec![("<i>".into(), 1)], ..Stats::default() };
+        let html = render(&PageData {
+            table: "room_outbox",
+            node_id: "n",
+            sink: "s",
+            stats: &stats,
+            history: &[],
+            failures: &[row],
+            now_ms: 0,
+            flash: None,
+        });
+        assert!(!html.contains("<script>alert"), "unescaped event id");
+        assert!(html.contains("&lt;script&gt;"));
+        assert!(!html.contains("<i>"), "unescaped error group");
+    }
+}
