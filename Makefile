@@ -32,7 +32,8 @@ run: plugins build ## Start the host on SQLite with the fake sink, after enqueue
 	@echo "--- delivering; Ctrl-C drains and stops (run 'make run' again or '$(BIN) $(DEMO) enqueue ...' for more)"
 	$(BIN) $(DEMO) run
 
-test: toolchain ## Run the whole test suite (starts PostgreSQL and MariaDB when they are stopped)
+test: toolchain ## Run the whole test suite (starts PostgreSQL and MariaDB, installs Chromium, when needed)
+	scripts/ensure-chromium.sh
 	CARGO_TARGET_DIR=$(WASM_TARGET_DIR) cargo test --manifest-path plugins/Cargo.toml
 	source scripts/test-databases.sh && cargo test --workspace
 

@@ -3,6 +3,7 @@
 
 mod acceptance;
 mod admin;
+mod browser;
 mod conformance;
 mod leases;
 mod operations;

@@ -190,3 +190,39 @@ async fn admin_commands_show_retry_and_purge() {
     let status = String::from_utf8_lossy(&out.stdout);
     assert!(status.contains("delivered in the last minute: 0"), "{status}");
 }
+
+/// The Grafana dashboard and the alert rules only use metrics the host really exports.
+#[tokio::test]
+async fn the_dashboard_and_alerts_use_only_exported_metrics() {
+    let world = World::new().await;
+    let mut host = Running::start(with_admin(world.yaml("", ""))).await;
+    host.wait_signal("an idle claim", |s| *s == outbox_host::worker::Signal::Idle).await;
+    let base = format!("http://{}", host.admin.unwrap());
+    let exported = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
+    host.stop().await;
+    let families: Vec<&str> =
+        exported.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split(' ').next()).collect();
+
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dashboard = std::fs::read_to_string(root.join("deploy/grafana/outbox-host.json")).unwrap();
+    let alerts = std::fs::read_to_string(root.join("deploy/prometheus/alerts.yml")).unwrap();
+    let dashboard_json: serde_json::Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
+    assert!(dashboard_json["panels"].as_array().is_some_and(|p| p.len() >= 8));
+    let rules: serde_yaml::Value = serde_yaml::from_str(&alerts).expect("the alert rules are YAML");
+    assert!(rules["groups"][0]["rules"].as_sequence().is_some_and(|r| r.len() >= 3));
+
+    let mut used = std::collections::BTreeSet::new();
+    for text in [&dashboard, &alerts] {
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("room_outbox_") {
+            let name: String = rest[at..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            rest = &rest[at + name.len()..];
+            used.insert(name);
+        }
+    }
+    assert!(used.len() >= 8, "{used:?}");
+    for name in &used {
+        let family = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s)).unwrap_or(name);
+        assert!(families.contains(&family), "{name} is used but {family} is not exported; exported: {families:?}");
+    }
+}

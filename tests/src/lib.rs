@@ -9,6 +9,7 @@ use axum::extract::State;
 use axum::routing::{get, post};
 
 pub mod tencent;
+pub mod webdriver;
 
 include!(concat!(env!("OUT_DIR"), "/plugins.rs"));
 

@@ -1,0 +1,68 @@
+//! The status page in a real headless Chromium (Debian's), with JavaScript turned off: it
+//! shows the counts and the chart, and its retry buttons work.
+
+use outbox_host::store::Status;
+use outbox_test_support::webdriver::{Browser, CHROMEDRIVER};
+
+use crate::support::{Running, World};
+
+/// Chromium is installed by `.ci/run`; elsewhere the test says it is skipped, unless
+/// `OUTBOX_REQUIRE_BROWSER_TESTS=1` makes that a failure.
+fn browser_available() -> bool {
+    if std::path::Path::new(CHROMEDRIVER).exists() {
+        return true;
+    }
+    assert!(
+        std::env::var("OUTBOX_REQUIRE_BROWSER_TESTS").is_err(),
+        "{CHROMEDRIVER} is missing but OUTBOX_REQUIRE_BROWSER_TESTS is set"
+    );
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "note: {CHROMEDRIVER} is not installed: the browser test is skipped");
+    false
+}
+
+#[tokio::test]
+async fn the_status_page_shows_counts_and_its_retry_buttons_work() {
+    if !browser_available() {
+        return;
+    }
+    let world = World::new().await;
+    let first = world.produce("RoomGiftSent", "room-bad-1", Status::Pending).await;
+    let second = world.produce("RoomGiftSent", "room-bad-2", Status::Pending).await;
+    let fine = world.produce("RoomGiftSent", "room-ok", Status::Pending).await;
+    let yaml = world
+        .yaml("retry_interval: 1h", "room.room-bad-1: permanent\nroom.room-bad-2: permanent")
+        .replace("listen: \"\"", "listen: \"127.0.0.1:0\"");
+    let config = outbox_host::config::Config::from_yaml(&yaml, std::iter::empty(), &|_| None).unwrap();
+    let mut host = Running::start(config).await;
+    host.wait_status(&world, &[&first, &second], Status::Failed).await;
+    host.wait_status(&world, &[&fine], Status::Delivered).await;
+    let base = format!("http://{}", host.admin.unwrap());
+
+    let browser = Browser::start_without_javascript().await.expect("headless chromium starts");
+    browser.open(&format!("{base}/")).await.unwrap();
+    assert_eq!(browser.text("td[data-status=failed]").await.unwrap(), "2");
+    assert_eq!(browser.text("td[data-status=delivered]").await.unwrap(), "1");
+    assert_eq!(browser.text("td[data-status=pending]").await.unwrap(), "0");
+    assert_eq!(browser.find_all("#chart rect.delivered").await.unwrap().len(), 1, "one minute with deliveries");
+    assert!(browser.text("#errors").await.unwrap().contains("fake: scripted permanent failure"));
+
+    // The per-event button: that event goes back to pending and is attempted again.
+    browser.click(&format!("tr[data-event-id='{first}'] button.retry-event")).await.unwrap();
+    assert_eq!(browser.wait_text("#flash").await.unwrap(), "Moved 1 failed event(s) back to pending.");
+    assert!(browser.url().await.unwrap().ends_with("/?moved=1"));
+    host.wait_for("the first event's second attempt", || async { world.collector.attempts_of(&first).len() == 2 })
+        .await;
+    host.wait_status(&world, &[&first], Status::Failed).await;
+
+    // The error group's button moves every failed event with that error.
+    browser.open(&format!("{base}/")).await.unwrap();
+    browser.click("#errors button").await.unwrap();
+    assert_eq!(browser.wait_text("#flash").await.unwrap(), "Moved 2 failed event(s) back to pending.");
+    host.wait_for("second attempts after the group retry", || async {
+        world.collector.attempts_of(&second).len() == 2 && world.collector.attempts_of(&first).len() == 3
+    })
+    .await;
+    drop(browser);
+    host.stop().await;
+}
