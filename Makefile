@@ -7,7 +7,7 @@ BIN := $(TARGET_DIR)/debug/outbox-host
 WASM_TARGET_DIR := $(TARGET_DIR)/wasm-plugins
 DEMO := -c examples/outbox.yaml
 
-.PHONY: help run test plugins build lint fmt verify-migrations toolchain
+.PHONY: help run test plugins build lint fmt verify-migrations toolchain bench
 
 help: ## List the tasks
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -36,6 +36,10 @@ test: toolchain ## Run the whole test suite (starts PostgreSQL and MariaDB, inst
 	scripts/ensure-chromium.sh
 	CARGO_TARGET_DIR=$(WASM_TARGET_DIR) cargo test --manifest-path plugins/Cargo.toml
 	source scripts/test-databases.sh && cargo test --workspace
+
+bench: plugins ## Benchmark on release builds: SQLite, plus PostgreSQL and MariaDB when reachable (BENCH_ARGS=--help)
+	cargo build --release -p outbox-host -p outbox-bench
+	source scripts/test-databases.sh && $(TARGET_DIR)/release/outbox-bench --json target/bench/latest.json $(BENCH_ARGS)
 
 lint: toolchain ## cargo fmt --check and clippy with warnings as errors (host and plugins)
 	cargo fmt --all -- --check

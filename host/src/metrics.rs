@@ -101,6 +101,11 @@ impl Metrics {
         });
     }
 
+    /// Deliveries counted so far (all event types), for the benchmark's exactly-once check.
+    pub fn delivered_total(&self) -> u64 {
+        self.with(|v| v.success.values().sum())
+    }
+
     /// A failed attempt of this kind.
     pub fn failed(&self, event_type: &str, class: FailureClass, took: Option<Duration>) {
         self.with(|v| {

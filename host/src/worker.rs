@@ -13,7 +13,7 @@ use tracing::Instrument as _;
 
 use crate::config::WorkerConfig;
 use crate::metrics::Metrics;
-use crate::sink::{Delivered, FailureClass, SinkRuntime};
+use crate::sink::{Deliver, Delivered, FailureClass};
 use crate::store::{Claimed, Lease, Mark, Outcome, Store, now_ms, short_error};
 
 /// A delivery starts only if this much lease is left after its `publish_timeout`;
@@ -42,7 +42,7 @@ pub enum Signal {
 /// The seed's `room_outbox` worker, for one sink.
 pub struct Worker {
     store: Arc<dyn Store>,
-    sink: Arc<SinkRuntime>,
+    sink: Arc<dyn Deliver>,
     config: WorkerConfig,
     node_id: String,
     worker_id: String,
@@ -55,7 +55,7 @@ impl Worker {
     /// one node never share leases.
     pub fn new(
         store: Arc<dyn Store>,
-        sink: Arc<SinkRuntime>,
+        sink: Arc<dyn Deliver>,
         config: WorkerConfig,
         node_id: &str,
         metrics: Arc<Metrics>,
@@ -130,7 +130,7 @@ impl Worker {
             }
             self.signal(Signal::Claimed(claimed.len()));
             self.deliver_batch(claimed, &marks, &shutdown).await;
-            if !full {
+            if !full || self.config.seed_loop {
                 sleep_or_cancel(self.config.poll_interval, &shutdown).await;
             }
         }

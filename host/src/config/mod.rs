@@ -113,6 +113,9 @@ pub struct WorkerConfig {
     pub lease: Duration,
     /// After this many failed attempts a row becomes `failed`; 0 retries forever (the seed).
     pub max_attempts: u32,
+    /// The seed's loop, for the benchmark's baseline only (not a config key): wait
+    /// `poll_interval` after every batch, full or not.
+    pub seed_loop: bool,
 }
 
 impl WorkerConfig {
@@ -135,6 +138,7 @@ impl Default for WorkerConfig {
             concurrency: DEFAULT_CONCURRENCY,
             lease: Self::min_lease(DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_PUBLISH_TIMEOUT),
             max_attempts: 0,
+            seed_loop: false,
         }
     }
 }
@@ -403,6 +407,7 @@ fn read_worker(f: &mut Fields<'_>, notes: &mut Vec<String>) -> WorkerConfig {
         concurrency,
         lease,
         max_attempts,
+        seed_loop: false,
     }
 }
 

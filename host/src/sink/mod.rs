@@ -33,6 +33,27 @@ const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// Captured stdout/stderr kept per delivery.
 const STDIO_CAPTURE: usize = 16 * 1024;
 
+/// Anything the worker can hand events to: the WebAssembly runtime, or a native stand-in
+/// (the benchmark's floor).
+#[async_trait::async_trait]
+pub trait Deliver: Send + Sync + 'static {
+    /// The sink's name, for logs and metrics.
+    fn name(&self) -> &str;
+    /// One attempt, bounded by `timeout`.
+    async fn deliver(&self, event: &Event, timeout: Duration) -> Result<Delivered, AttemptFailure>;
+}
+
+#[async_trait::async_trait]
+impl Deliver for SinkRuntime {
+    fn name(&self) -> &str {
+        SinkRuntime::name(self)
+    }
+
+    async fn deliver(&self, event: &Event, timeout: Duration) -> Result<Delivered, AttemptFailure> {
+        SinkRuntime::deliver(self, event, timeout).await
+    }
+}
+
 /// What a sink did with an event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Delivered {
@@ -79,7 +100,8 @@ pub struct AttemptFailure {
 }
 
 impl AttemptFailure {
-    fn new(class: FailureClass, message: impl Into<String>) -> Self {
+    /// A failure without a retry hint.
+    pub fn new(class: FailureClass, message: impl Into<String>) -> Self {
         AttemptFailure { class, message: message.into(), retry_after: None }
     }
 }

@@ -115,12 +115,13 @@ macro_rules! common_store {
 
             async fn insert(&self, events: &[$crate::store::NewEvent]) -> Result<(), $crate::store::StoreError> {
                 let mut tx = self.pool.begin().await?;
-                for e in events {
+                // Several rows per statement; a clash names the event when it can.
+                for chunk in events.chunks($crate::store::INSERT_CHUNK) {
                     let mut q = sqlx::QueryBuilder::<$db>::new(format!(
                         "INSERT INTO {} (app_code, event_id, event_type, room_id, status, envelope, created_at_ms) ",
                         self.table
                     ));
-                    q.push_values([e], |mut row, e| {
+                    q.push_values(chunk, |mut row, e| {
                         row.push_bind(&e.app_code)
                             .push_bind(&e.event_id)
                             .push_bind(&e.event_type)
@@ -129,7 +130,12 @@ macro_rules! common_store {
                             .push_bind(&e.envelope)
                             .push_bind(e.created_at_ms);
                     });
-                    q.build().execute(&mut *tx).await.map_err(|err| $crate::store::name_duplicate(err, &e.event_id))?;
+                    let named = match chunk {
+                        [one] => one.event_id.clone(),
+                        [first, .., last] => format!("(one of {} … {})", first.event_id, last.event_id),
+                        [] => String::new(),
+                    };
+                    q.build().execute(&mut *tx).await.map_err(|err| $crate::store::name_duplicate(err, &named))?;
                 }
                 tx.commit().await?;
                 Ok(())

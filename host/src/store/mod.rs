@@ -416,6 +416,10 @@ pub async fn open(url: &str, max_connections: u32, table: &str) -> Result<Arc<dy
     })
 }
 
+/// Rows per `INSERT` statement in [`Store::insert`] (7 parameters each stay under every
+/// dialect's limit on bound parameters).
+const INSERT_CHUNK: usize = 500;
+
 /// How long to wait for a connection before an operation fails (and the worker backs off).
 const ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 

@@ -1,0 +1,445 @@
+//! `outbox-bench`: how fast delivery is and where the time goes, measured side by side in
+//! one run. Every drain is checked before its speed is reported: all rows `delivered`, and
+//! the sink called exactly once per event.
+
+mod db;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use clap::Parser;
+use outbox_host::config::{SinkConfig, SinkSettings, WorkerConfig};
+use outbox_host::metrics::Metrics;
+use outbox_host::sink::{AttemptFailure, Deliver, Delivered, Event, SinkRuntime};
+use outbox_host::store::{NewEvent, Status, Store, now_ms};
+use outbox_host::worker::Worker;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use db::{Backend, Db};
+
+/// Benchmark options; the defaults are the ones the README's table uses.
+#[derive(Parser, Clone)]
+#[command(name = "outbox-bench")]
+struct Args {
+    /// Events per drain.
+    #[arg(long, default_value_t = 100_000)]
+    events: usize,
+    /// Events for the seed's loop (it delivers at most batch_size per poll_interval).
+    #[arg(long, default_value_t = 3_000)]
+    seed_events: usize,
+    /// Events per worker count in the scale-out drains (server databases only).
+    #[arg(long, default_value_t = 50_000)]
+    scale_events: usize,
+    /// Producer rate for the latency run, events per second.
+    #[arg(long, default_value_t = 500)]
+    rate: u32,
+    /// Length of the latency run, seconds.
+    #[arg(long, default_value_t = 30)]
+    seconds: u64,
+    /// Sink calls for the per-call cost.
+    #[arg(long, default_value_t = 10_000)]
+    calls: usize,
+    /// Only these backends (sqlite, postgres, mysql); default: SQLite plus every server whose
+    /// TEST_POSTGRES_URL / TEST_MYSQL_URL is set.
+    #[arg(long, value_delimiter = ',')]
+    backends: Vec<String>,
+    /// Where to write the JSON results.
+    #[arg(long, default_value = "target/bench/latest.json")]
+    json: std::path::PathBuf,
+}
+
+/// The sink the benchmark's floor uses: no WebAssembly at all, just a count.
+#[derive(Default)]
+struct NativeNoop {
+    calls: AtomicU64,
+}
+
+#[async_trait::async_trait]
+impl Deliver for NativeNoop {
+    fn name(&self) -> &str {
+        "native-noop"
+    }
+
+    async fn deliver(&self, _event: &Event, _timeout: Duration) -> Result<Delivered, AttemptFailure> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        Ok(Delivered::Delivered)
+    }
+}
+
+/// The fake sink answering `ok` to everything: the WebAssembly path with a no-op body.
+fn wasm_noop(concurrency: u32, cache: &std::path::Path) -> anyhow::Result<SinkRuntime> {
+    let config = SinkConfig {
+        name: "fake".into(),
+        plugin: outbox_test_support::FAKE_SINK.into(),
+        allowed_hosts: vec![],
+        memory_limit: outbox_host::config::DEFAULT_MEMORY_LIMIT,
+        max_response_bytes: outbox_host::config::DEFAULT_MAX_RESPONSE_BYTES,
+        cache_dir: Some(cache.to_owned()),
+        config: SinkSettings([("default".to_string(), "ok".to_string())].into()),
+    };
+    SinkRuntime::load(&config, concurrency)
+}
+
+/// `n` events spread over `rooms` rooms, ids `<prefix>-<i>`, created now.
+fn events(prefix: &str, n: usize, rooms: usize) -> Vec<NewEvent> {
+    let base = now_ms();
+    (0..n)
+        .map(|i| {
+            let event_id = format!("{prefix}-{i}");
+            let room = format!("room-{}", i % rooms);
+            let body = outbox_proto::body_from_json(
+                "RoomGiftSent",
+                &json!({ "room_id": room, "gift_id": "rose", "gift_count": 1 }),
+            )
+            .expect("known type")
+            .expect("valid body");
+            let envelope =
+                outbox_host::envelope::encode("bench", &event_id, "RoomGiftSent", &room, i as i64, base, body);
+            NewEvent {
+                app_code: "bench".into(),
+                event_id,
+                event_type: "RoomGiftSent".into(),
+                room_id: room,
+                status: Status::Pending,
+                envelope,
+                created_at_ms: base,
+            }
+        })
+        .collect()
+}
+
+async fn fill(store: &dyn Store, n: usize) -> anyhow::Result<()> {
+    for chunk in events("bench", n, 1_000).chunks(5_000) {
+        store.insert(chunk).await?;
+    }
+    Ok(())
+}
+
+/// One measured drain.
+struct Drain {
+    events: usize,
+    seconds: f64,
+}
+
+impl Drain {
+    fn per_second(&self) -> f64 {
+        self.events as f64 / self.seconds
+    }
+}
+
+/// Fills a fresh table with `n` events and drains it with `workers` workers (each its own
+/// pool), checking that every row ends `delivered` and that the sinks saw each event once.
+async fn drain(
+    db: &Db,
+    n: usize,
+    workers: usize,
+    config: &WorkerConfig,
+    sink: Arc<dyn Deliver>,
+) -> anyhow::Result<Drain> {
+    let producer = db.open().await?;
+    fill(producer.as_ref(), n).await?;
+    let shutdown = CancellationToken::new();
+    let mut tasks = Vec::new();
+    let mut all_metrics = Vec::new();
+    let started = Instant::now();
+    for _ in 0..workers {
+        let metrics = Arc::new(Metrics::new(sink.name()));
+        let store = db.open().await?;
+        let worker = Worker::new(store, sink.clone(), config.clone(), "bench", metrics.clone());
+        tasks.push(tokio::spawn(worker.run(shutdown.clone())));
+        all_metrics.push(metrics);
+    }
+    let deadline = Instant::now() + Duration::from_secs(3_600);
+    let seconds = loop {
+        let stats = producer.stats().await?;
+        if stats.count(Status::Delivered) == n as i64 {
+            break started.elapsed().as_secs_f64();
+        }
+        ensure!(Instant::now() < deadline, "drain did not finish within an hour: {stats:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    shutdown.cancel();
+    for task in tasks {
+        task.await?;
+    }
+    let stats = producer.stats().await?;
+    ensure!(
+        stats.count(Status::Delivered) == n as i64 && stats.counts.iter().map(|(_, c)| c).sum::<i64>() == n as i64,
+        "rows not all delivered: {stats:?}"
+    );
+    let delivered: u64 = all_metrics.iter().map(|m| m.delivered_total()).sum();
+    ensure!(delivered == n as u64, "the sink was called {delivered} times for {n} events");
+    producer.close().await;
+    Ok(Drain { events: n, seconds })
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+/// A steady producer while one host runs with the default config: insert-to-delivered
+/// latency.
+async fn latency(db: &Db, args: &Args, sink: Arc<dyn Deliver>) -> anyhow::Result<Value> {
+    let producer = db.open().await?;
+    let shutdown = CancellationToken::new();
+    let metrics = Arc::new(Metrics::new(sink.name()));
+    let worker = Worker::new(db.open().await?, sink, WorkerConfig::default(), "bench", metrics);
+    let task = tokio::spawn(worker.run(shutdown.clone()));
+    let per_tick = (args.rate / 100).max(1) as usize;
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    let mut produced = 0;
+    let end = Instant::now() + Duration::from_secs(args.seconds);
+    while Instant::now() < end {
+        tick.tick().await;
+        producer.insert(&events(&format!("lat-{produced}"), per_tick, 50)).await?;
+        produced += per_tick;
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while producer.stats().await?.count(Status::Delivered) < produced as i64 {
+        ensure!(Instant::now() < deadline, "latency run: not everything was delivered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shutdown.cancel();
+    task.await?;
+    let mut ms: Vec<f64> = db.latencies_ms().await?.into_iter().map(|l| l as f64).collect();
+    ensure!(ms.len() == produced, "{} latencies for {produced} events", ms.len());
+    ms.sort_by(f64::total_cmp);
+    producer.close().await;
+    Ok(json!({
+        "events": produced,
+        "rate_per_s": args.rate,
+        "seconds": args.seconds,
+        "p50_ms": percentile(&ms, 50.0),
+        "p95_ms": percentile(&ms, 95.0),
+        "p99_ms": percentile(&ms, 99.0),
+        "max_ms": ms.last().copied().unwrap_or(0.0),
+    }))
+}
+
+/// Fresh-store instantiate + `deliver` of the fake sink, in process.
+async fn per_call(runtime: &SinkRuntime, calls: usize) -> anyhow::Result<Value> {
+    let event = Event {
+        app_code: "bench".into(),
+        event_id: "evt".into(),
+        event_type: "RoomGiftSent".into(),
+        room_id: "room".into(),
+        room_version: 1,
+        occurred_at_ms: 0,
+        body: vec![],
+        attempt: 1,
+    };
+    for _ in 0..200 {
+        runtime.deliver(&event, Duration::from_secs(3)).await.map_err(|f| anyhow::anyhow!(f.message))?;
+    }
+    let mut us = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        let start = Instant::now();
+        runtime.deliver(&event, Duration::from_secs(3)).await.map_err(|f| anyhow::anyhow!(f.message))?;
+        us.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    us.sort_by(f64::total_cmp);
+    Ok(json!({ "calls": calls, "median_us": percentile(&us, 50.0), "p99_us": percentile(&us, 99.0) }))
+}
+
+/// The real release binary drains `n` events from SQLite; its peak resident memory.
+async fn memory(n: usize) -> anyhow::Result<Value> {
+    let binary = std::env::current_exe()?.with_file_name("outbox-host");
+    ensure!(binary.exists(), "{} is missing: build it with `cargo build --release -p outbox-host`", binary.display());
+    let db = Db::fresh(Backend::Sqlite).await?;
+    let producer = db.open().await?;
+    fill(producer.as_ref(), n).await?;
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("outbox.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "database:\n  url: \"{}\"\nsink:\n  name: fake\n  plugin: \"{}\"\n  config:\n    default: ok\nadmin:\n  listen: \"\"\nlog:\n  level: warn\n",
+            db.url,
+            outbox_test_support::FAKE_SINK
+        ),
+    )?;
+    let started = Instant::now();
+    let mut child = std::process::Command::new(&binary)
+        .args(["--config", config.to_str().unwrap(), "run"])
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(3_600);
+    let mut peak_kib = 0;
+    while producer.stats().await?.count(Status::Delivered) < n as i64 {
+        if let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", child.id())) {
+            peak_kib = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                .unwrap_or(peak_kib);
+        }
+        if Instant::now() > deadline || child.try_wait()?.is_some() {
+            bail!("the host exited or stalled before delivering {n} events");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status()?;
+    let status = child.wait()?;
+    ensure!(status.success(), "the host exited with {status}");
+    Ok(
+        json!({ "events": n, "seconds": seconds, "peak_rss_mib": peak_kib as f64 / 1024.0, "process_start_included": true }),
+    )
+}
+
+fn row(table: &mut Vec<[String; 5]>, backend: &str, scenario: &str, events: usize, seconds: f64, note: String) {
+    let rate = if seconds > 0.0 { format!("{:.0}", events as f64 / seconds) } else { "-".into() };
+    table.push([
+        backend.into(),
+        scenario.into(),
+        format!("{events}"),
+        format!("{seconds:.2}"),
+        format!("{rate}  {note}"),
+    ]);
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let mut backends = vec![Backend::Sqlite];
+    for (backend, var) in [(Backend::Postgres, "TEST_POSTGRES_URL"), (Backend::Mysql, "TEST_MYSQL_URL")] {
+        if std::env::var(var).is_ok_and(|v| !v.is_empty()) {
+            backends.push(backend);
+        } else {
+            eprintln!("note: {var} is not set: no {} figures", backend.name());
+        }
+    }
+    if !args.backends.is_empty() {
+        backends.retain(|b| args.backends.iter().any(|n| n == b.name()));
+    }
+    let cache = tempfile::tempdir()?;
+    let config = WorkerConfig::default();
+    let wasm: Arc<dyn Deliver> = Arc::new(wasm_noop(config.concurrency, cache.path())?);
+    let mut table: Vec<[String; 5]> = Vec::new();
+    let mut results = Vec::new();
+    let mut versions = serde_json::Map::new();
+
+    for backend in &backends {
+        let name = backend.name();
+        eprintln!("{name}: drains of {} events …", args.events);
+        let version = Db::fresh(*backend).await?.version().await?;
+        versions.insert(name.into(), json!(version));
+
+        let with_wasm = drain(&Db::fresh(*backend).await?, args.events, 1, &config, wasm.clone()).await?;
+        let native: Arc<dyn Deliver> = Arc::new(NativeNoop::default());
+        let floor = drain(&Db::fresh(*backend).await?, args.events, 1, &config, native).await?;
+        let seed_config = WorkerConfig { concurrency: 1, seed_loop: true, ..config.clone() };
+        eprintln!("{name}: the seed's loop, {} events …", args.seed_events);
+        let seed = drain(&Db::fresh(*backend).await?, args.seed_events, 1, &seed_config, wasm.clone()).await?;
+        let wasm_vs_native = with_wasm.per_second() / floor.per_second();
+        let vs_seed = with_wasm.per_second() / seed.per_second();
+        row(
+            &mut table,
+            name,
+            "drain, WASM no-op sink",
+            with_wasm.events,
+            with_wasm.seconds,
+            format!("{wasm_vs_native:.2}× native"),
+        );
+        row(&mut table, name, "drain, native no-op (floor)", floor.events, floor.seconds, String::new());
+        row(
+            &mut table,
+            name,
+            "the seed's loop (1 batch/tick, 1 by 1)",
+            seed.events,
+            seed.seconds,
+            format!("ours {vs_seed:.1}× faster"),
+        );
+        results.push(json!({
+            "backend": name,
+            "drain_wasm": { "events": with_wasm.events, "seconds": with_wasm.seconds, "per_s": with_wasm.per_second() },
+            "drain_native": { "events": floor.events, "seconds": floor.seconds, "per_s": floor.per_second() },
+            "seed_loop": { "events": seed.events, "seconds": seed.seconds, "per_s": seed.per_second() },
+            "ratio_wasm_over_native": wasm_vs_native,
+            "ratio_ours_over_seed": vs_seed,
+        }));
+
+        eprintln!("{name}: latency at {}/s for {}s …", args.rate, args.seconds);
+        let lat = latency(&Db::fresh(*backend).await?, &args, wasm.clone()).await?;
+        table.push([
+            name.into(),
+            format!("latency @{}/s for {}s", args.rate, args.seconds),
+            format!("{}", lat["events"]),
+            "-".into(),
+            format!(
+                "p50 {} ms, p95 {} ms, p99 {} ms, max {} ms",
+                lat["p50_ms"], lat["p95_ms"], lat["p99_ms"], lat["max_ms"]
+            ),
+        ]);
+        results.push(json!({ "backend": name, "latency": lat }));
+
+        if *backend != Backend::Sqlite {
+            let mut scale = Vec::new();
+            for workers in [1usize, 2, 4] {
+                eprintln!("{name}: {workers} worker(s), {} events …", args.scale_events);
+                let d = drain(&Db::fresh(*backend).await?, args.scale_events, workers, &config, wasm.clone()).await?;
+                row(&mut table, name, &format!("scale-out, {workers} worker(s)"), d.events, d.seconds, String::new());
+                scale.push(
+                    json!({ "workers": workers, "events": d.events, "seconds": d.seconds, "per_s": d.per_second() }),
+                );
+            }
+            results.push(json!({ "backend": name, "scale_out": scale }));
+        }
+    }
+
+    eprintln!("per-call cost, {} calls …", args.calls);
+    let runtime = wasm_noop(1, cache.path())?;
+    let call = per_call(&runtime, args.calls).await?;
+    eprintln!("memory: the release binary draining {} events from SQLite …", args.events);
+    let mem = memory(args.events).await.context("memory run")?;
+
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    println!(
+        "outbox-bench on {cores} cores; batch_size {}, concurrency {}, poll_interval {:?}",
+        config.batch_size, config.concurrency, config.poll_interval
+    );
+    println!("{:<9} {:<40} {:>8} {:>9}  events/s", "backend", "scenario", "events", "seconds");
+    for [backend, scenario, events, seconds, rest] in &table {
+        println!("{backend:<9} {scenario:<40} {events:>8} {seconds:>9}  {rest}");
+    }
+    println!(
+        "per call (fresh store + instantiate + deliver, fake sink): median {:.1} µs, p99 {:.1} µs",
+        call["median_us"].as_f64().unwrap_or(0.0),
+        call["p99_us"].as_f64().unwrap_or(0.0)
+    );
+    println!(
+        "memory (release binary, SQLite drain of {} events in {:.1} s): peak RSS {:.1} MiB",
+        mem["events"],
+        mem["seconds"].as_f64().unwrap_or(0.0),
+        mem["peak_rss_mib"].as_f64().unwrap_or(0.0)
+    );
+
+    let report = json!({
+        "date_ms": now_ms(),
+        "machine": { "cores": cores, "os": std::env::consts::OS, "arch": std::env::consts::ARCH },
+        "databases": versions,
+        "config": {
+            "events": args.events, "seed_events": args.seed_events, "scale_events": args.scale_events,
+            "rate": args.rate, "seconds": args.seconds, "calls": args.calls,
+            "batch_size": config.batch_size, "concurrency": config.concurrency,
+            "poll_interval_ms": config.poll_interval.as_millis() as u64,
+            "publish_timeout_ms": config.publish_timeout.as_millis() as u64,
+        },
+        "results": results,
+        "per_call": call,
+        "memory": mem,
+    });
+    if let Some(dir) = args.json.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&args.json, serde_json::to_string_pretty(&report)? + "\n")?;
+    eprintln!("wrote {}", args.json.display());
+    Ok(())
+}
