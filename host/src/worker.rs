@@ -16,6 +16,24 @@ use crate::metrics::Metrics;
 use crate::sink::{Deliver, Delivered, FailureClass};
 use crate::store::{Claimed, Lease, Mark, Outcome, Store, now_ms, short_error};
 
+/// One log line about one row, with the seed's fields: `worker`, `node_id`, `event_id`,
+/// `event_type`, `room_id`, `retry_count`, `status`, then whatever else is given.
+macro_rules! row_event {
+    ($level:expr, $node_id:expr, $row:expr, $retry_count:expr, $status:expr, $($rest:tt)+) => {
+        tracing::event!(
+            $level,
+            worker = "room_outbox",
+            node_id = %$node_id,
+            event_id = %$row.event_id,
+            event_type = %$row.event_type,
+            room_id = %$row.room_id,
+            retry_count = $retry_count,
+            status = $status,
+            $($rest)+
+        )
+    };
+}
+
 /// A delivery starts only if this much lease is left after its `publish_timeout`;
 /// otherwise the row is handed back, so a lease never runs out under a healthy delivery.
 const START_MARGIN_MS: i64 = 1_000;
@@ -117,14 +135,12 @@ impl Worker {
             let rescued = claimed.iter().filter(|c| c.rescued).count();
             self.metrics.claimed(claimed.len(), rescued);
             for row in claimed.iter().filter(|c| c.rescued) {
-                tracing::warn!(
-                    worker = "room_outbox",
-                    node_id = %self.node_id,
-                    event_id = %row.event_id,
-                    event_type = %row.event_type,
-                    room_id = %row.room_id,
-                    retry_count = row.retry_count,
-                    status = "delivering",
+                row_event!(
+                    tracing::Level::WARN,
+                    self.node_id,
+                    row,
+                    row.retry_count,
+                    "delivering",
                     "reclaimed after another worker's lease expired"
                 );
             }
@@ -218,14 +234,12 @@ impl Worker {
                         Delivered::Delivered => None,
                     };
                     self.metrics.delivered(&row.event_type, skipped.is_some(), took.unwrap_or_default());
-                    tracing::info!(
-                        worker = "room_outbox",
-                        node_id = %self.node_id,
-                        event_id = %row.event_id,
-                        event_type = %row.event_type,
-                        room_id = %row.room_id,
-                        retry_count = row.retry_count,
-                        status = "delivered",
+                    row_event!(
+                        tracing::Level::INFO,
+                        self.node_id,
+                        row,
+                        row.retry_count,
+                        "delivered",
                         skipped,
                         "event delivered"
                     );
@@ -248,13 +262,11 @@ impl Worker {
                         Outcome::Retry { error, .. } => ("retryable", error.as_str()),
                         Outcome::Delivered => unreachable!("a failure is never delivered"),
                     };
-                    tracing::warn!(
-                        worker = "room_outbox",
-                        node_id = %self.node_id,
-                        event_id = %row.event_id,
-                        event_type = %row.event_type,
-                        room_id = %row.room_id,
-                        retry_count = attempt,
+                    row_event!(
+                        tracing::Level::WARN,
+                        self.node_id,
+                        row,
+                        attempt,
                         status,
                         kind = class.as_str(),
                         error,

@@ -1,6 +1,6 @@
 //! The `Store` impl every backend shares. Statements that read the same in every dialect
 //! are written here once, built with `QueryBuilder` (which writes each database's own
-//! placeholders); the dialect's own methods (`migrate_schema`, `claim_rows`, `mark_rows`,
+//! placeholders); the dialect's own methods (`migrate_schema`, `claim_rows`, `mark_failed`,
 //! `release_rows`) live in the backend module.
 
 /// Implements `Store` for a backend `$store` with fields `pool` and `table`, on database
@@ -99,7 +99,32 @@ macro_rules! common_store {
             }
 
             async fn mark(&self, marks: &[$crate::store::Mark], now_ms: i64) -> Result<u64, $crate::store::StoreError> {
-                self.mark_rows(marks, now_ms).await
+                use $crate::store::Outcome;
+                let mut changed = 0;
+                let delivered: Vec<i64> =
+                    marks.iter().filter(|m| matches!(m.outcome, Outcome::Delivered)).map(|m| m.id).collect();
+                if !delivered.is_empty() {
+                    // Delivered wins: any row not yet delivered, whoever holds it.
+                    let mut q = sqlx::QueryBuilder::<$db>::new(format!(
+                        "UPDATE {} SET status = 'delivered', last_error = NULL, worker_id = NULL, lock_until_ms = 0, \
+                         updated_at_ms = ",
+                        self.table
+                    ));
+                    q.push_bind(now_ms).push(", delivered_at_ms = ").push_bind(now_ms);
+                    q.push(" WHERE status <> 'delivered' AND id IN (");
+                    let mut ids = q.separated(", ");
+                    for id in &delivered {
+                        ids.push_bind(*id);
+                    }
+                    q.push(")");
+                    changed += q.build().execute(&self.pool).await?.rows_affected();
+                }
+                let failed: Vec<&$crate::store::Mark> =
+                    marks.iter().filter(|m| !matches!(m.outcome, Outcome::Delivered)).collect();
+                if !failed.is_empty() {
+                    changed += self.mark_failed(&failed, now_ms).await?;
+                }
+                Ok(changed)
             }
 
             async fn release(

@@ -502,8 +502,8 @@ struct FailedMarks<'a> {
     next_retry_ats: Vec<i64>,
 }
 
-impl<'a> From<&'a [Mark]> for FailedMarks<'a> {
-    fn from(marks: &'a [Mark]) -> Self {
+impl<'a> From<&[&'a Mark]> for FailedMarks<'a> {
+    fn from(marks: &[&'a Mark]) -> Self {
         let mut out = FailedMarks {
             ids: vec![],
             worker_ids: vec![],

@@ -119,47 +119,27 @@ impl MysqlStore {
         Ok(claimed)
     }
 
-    async fn mark_rows(&self, marks: &[Mark], now_ms: i64) -> Result<u64, StoreError> {
-        let t = &self.table;
-        let mut changed = 0;
-        let delivered: Vec<i64> =
-            marks.iter().filter(|m| matches!(m.outcome, Outcome::Delivered)).map(|m| m.id).collect();
-        if !delivered.is_empty() {
-            let mut q: QueryBuilder<MySql> = QueryBuilder::new(format!(
-                "UPDATE {t} SET status = 'delivered', last_error = NULL, worker_id = NULL, lock_until_ms = 0, updated_at_ms = "
-            ));
-            q.push_bind(now_ms).push(", delivered_at_ms = ").push_bind(now_ms);
-            q.push(" WHERE status <> 'delivered' AND id IN (");
-            let mut ids = q.separated(", ");
-            for id in &delivered {
-                ids.push_bind(*id);
+    /// `retryable`/`failed` outcomes, each only under its own lease, in one statement.
+    async fn mark_failed(&self, marks: &[&Mark], now_ms: i64) -> Result<u64, StoreError> {
+        let mut q: QueryBuilder<MySql> = QueryBuilder::new(format!("UPDATE {} SET ", self.table));
+        for (column, i) in [("status", 0), ("last_error", 1), ("next_retry_at_ms", 2)] {
+            q.push(format!("{column} = CASE id"));
+            for m in marks {
+                q.push(" WHEN ").push_bind(m.id).push(" THEN ");
+                match (&m.outcome, i) {
+                    (Outcome::Retry { .. }, 0) => q.push_bind("retryable"),
+                    (Outcome::Fail { .. }, 0) => q.push_bind("failed"),
+                    (Outcome::Retry { error, .. } | Outcome::Fail { error }, 1) => q.push_bind(error.as_str()),
+                    (Outcome::Retry { next_retry_at_ms, .. }, _) => q.push_bind(*next_retry_at_ms),
+                    _ => q.push_bind(0i64),
+                };
             }
-            q.push(")");
-            changed += q.build().execute(&self.pool).await?.rows_affected();
+            q.push(" END, ");
         }
-        let failed: Vec<&Mark> = marks.iter().filter(|m| !matches!(m.outcome, Outcome::Delivered)).collect();
-        if !failed.is_empty() {
-            let mut q: QueryBuilder<MySql> = QueryBuilder::new(format!("UPDATE {t} SET "));
-            for (column, i) in [("status", 0), ("last_error", 1), ("next_retry_at_ms", 2)] {
-                q.push(format!("{column} = CASE id"));
-                for m in &failed {
-                    q.push(" WHEN ").push_bind(m.id).push(" THEN ");
-                    match (&m.outcome, i) {
-                        (Outcome::Retry { .. }, 0) => q.push_bind("retryable"),
-                        (Outcome::Fail { .. }, 0) => q.push_bind("failed"),
-                        (Outcome::Retry { error, .. } | Outcome::Fail { error }, 1) => q.push_bind(error.as_str()),
-                        (Outcome::Retry { next_retry_at_ms, .. }, _) => q.push_bind(*next_retry_at_ms),
-                        _ => q.push_bind(0i64),
-                    };
-                }
-                q.push(" END, ");
-            }
-            q.push("retry_count = retry_count + 1, worker_id = NULL, lock_until_ms = 0, updated_at_ms = ");
-            q.push_bind(now_ms).push(" WHERE 1 = 1");
-            Self::push_lease_filter(&mut q, failed.iter().map(|m| (m.id, &m.lease)));
-            changed += q.build().execute(&self.pool).await?.rows_affected();
-        }
-        Ok(changed)
+        q.push("retry_count = retry_count + 1, worker_id = NULL, lock_until_ms = 0, updated_at_ms = ");
+        q.push_bind(now_ms).push(" WHERE 1 = 1");
+        Self::push_lease_filter(&mut q, marks.iter().map(|m| (m.id, &m.lease)));
+        Ok(q.build().execute(&self.pool).await?.rows_affected())
     }
 
     async fn release_rows(&self, rows: &[(i64, Lease)], now_ms: i64) -> Result<u64, StoreError> {

@@ -6,7 +6,7 @@
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
-use super::{CLAIM_COLUMNS, Claimed, Lease, Mark, Outcome, StoreError, decode_claimed};
+use super::{CLAIM_COLUMNS, Claimed, Lease, Mark, StoreError, decode_claimed};
 
 /// The PostgreSQL backend.
 pub struct PostgresStore {
@@ -85,23 +85,10 @@ impl PostgresStore {
         Ok(claimed)
     }
 
-    async fn mark_rows(&self, marks: &[Mark], now_ms: i64) -> Result<u64, StoreError> {
+    /// `retryable`/`failed` outcomes, each only under its own lease, in one statement.
+    async fn mark_failed(&self, marks: &[&Mark], now_ms: i64) -> Result<u64, StoreError> {
         let t = &self.table;
         let mut changed = 0;
-        let delivered: Vec<i64> =
-            marks.iter().filter(|m| matches!(m.outcome, Outcome::Delivered)).map(|m| m.id).collect();
-        if !delivered.is_empty() {
-            changed += sqlx::query(&format!(
-                "UPDATE {t} SET status = 'delivered', last_error = NULL, worker_id = NULL, lock_until_ms = 0, \
-                 updated_at_ms = $2, delivered_at_ms = $2 \
-                 WHERE id = ANY($1) AND status <> 'delivered'"
-            ))
-            .bind(&delivered)
-            .bind(now_ms)
-            .execute(&self.pool)
-            .await?
-            .rows_affected();
-        }
         let failed = super::FailedMarks::from(marks);
         if !failed.ids.is_empty() {
             changed += sqlx::query(&format!(

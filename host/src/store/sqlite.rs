@@ -96,40 +96,24 @@ impl SqliteStore {
         Ok(claimed)
     }
 
-    async fn mark_rows(&self, marks: &[Mark], now_ms: i64) -> Result<u64, StoreError> {
+    /// `retryable`/`failed` outcomes, each only under its own lease, in one transaction.
+    async fn mark_failed(&self, marks: &[&Mark], now_ms: i64) -> Result<u64, StoreError> {
         let t = &self.table;
         let mut changed = 0;
         let mut tx = self.pool.begin().await?;
-        let delivered: Vec<i64> =
-            marks.iter().filter(|m| matches!(m.outcome, Outcome::Delivered)).map(|m| m.id).collect();
-        if !delivered.is_empty() {
-            let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
-                "UPDATE {t} SET status = 'delivered', last_error = NULL, worker_id = NULL, lock_until_ms = 0, "
-            ));
-            q.push("updated_at_ms = ").push_bind(now_ms);
-            q.push(", delivered_at_ms = ").push_bind(now_ms);
-            q.push(" WHERE status <> 'delivered' AND id IN (");
-            let mut ids = q.separated(", ");
-            for id in &delivered {
-                ids.push_bind(*id);
-            }
-            q.push(")");
-            changed += q.build().execute(&mut *tx).await?.rows_affected();
-        }
         for m in marks {
-            let (status, error, next_retry_at_ms, bump) = match &m.outcome {
+            let (status, error, next_retry_at_ms) = match &m.outcome {
                 Outcome::Delivered => continue,
-                Outcome::Retry { error, next_retry_at_ms } => ("retryable", error, *next_retry_at_ms, 1),
-                Outcome::Fail { error } => ("failed", error, 0, 1),
+                Outcome::Retry { error, next_retry_at_ms } => ("retryable", error, *next_retry_at_ms),
+                Outcome::Fail { error } => ("failed", error, 0),
             };
             let sql = format!(
-                "UPDATE {t} SET status = ?, retry_count = retry_count + ?, last_error = ?, next_retry_at_ms = ?, \
+                "UPDATE {t} SET status = ?, retry_count = retry_count + 1, last_error = ?, next_retry_at_ms = ?, \
                  worker_id = NULL, lock_until_ms = 0, updated_at_ms = ? \
                  WHERE id = ? AND status = 'delivering' AND worker_id = ? AND lock_until_ms = ?"
             );
             changed += sqlx::query(&sql)
                 .bind(status)
-                .bind(bump)
                 .bind(error)
                 .bind(next_retry_at_ms)
                 .bind(now_ms)
