@@ -104,7 +104,8 @@ impl Host {
         };
         match self.worker.clone() {
             Some(worker) => {
-                tokio::join!(worker.run(shutdown.clone()), mark_draining);
+                // Readiness flips (and says so) before the worker winds down.
+                tokio::join!(mark_draining, worker.run(shutdown.clone()));
             }
             None => {
                 tracing::info!("outbox_worker.enabled is false: this host does not deliver");
