@@ -20,7 +20,8 @@ CREATE TABLE IF NOT EXISTS room_outbox (
     delivered_at_ms  BIGINT       NULL,
     PRIMARY KEY (id),
     UNIQUE KEY room_outbox_event_id_uq (event_id),
-    KEY room_outbox_claim_idx (status, next_retry_at_ms, created_at_ms, id),
+    -- The claim walks each claimable status in creation order.
+    KEY room_outbox_claim_idx (status, created_at_ms, id),
     KEY room_outbox_room_idx (room_id, created_at_ms),
     CONSTRAINT room_outbox_status_ck
         CHECK (status IN ('pending', 'delivering', 'delivered', 'retryable', 'failed'))
