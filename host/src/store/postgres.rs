@@ -1,6 +1,7 @@
-//! PostgreSQL. A claim is one statement: a `FOR UPDATE SKIP LOCKED` pick in a CTE and an
-//! `UPDATE … RETURNING`, so concurrent claimers skip each other's rows and a row whose
-//! lease was renewed in between is re-checked, not taken. Outcomes of a whole batch are
+//! PostgreSQL. A claim is one statement (in a transaction that keeps the planner on the
+//! claim index): a `FOR UPDATE SKIP LOCKED` pick in a CTE and an `UPDATE … RETURNING`, so
+//! concurrent claimers skip each other's rows and a row whose lease was renewed in between
+//! is re-checked, not taken. Outcomes of a whole batch are
 //! written with one statement per kind, passing arrays.
 
 use sqlx::PgPool;
@@ -65,13 +66,19 @@ impl PostgresStore {
              RETURNING {}, picked.was",
             CLAIM_COLUMNS.split(", ").map(|c| format!("o.{c}")).collect::<Vec<_>>().join(", ")
         );
+        // After a burst of inserts the table's statistics are stale, and the planner would
+        // rather sort every claimable row than walk the claim index in order and stop at
+        // `limit` (25 ms against 1 ms per claim at 57,000 pending rows, measured). Tell it not to.
+        let mut tx = self.pool.begin().await?;
+        sqlx::Executor::execute(&mut *tx, "SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off").await?;
         let rows = sqlx::query(&sql)
             .bind(worker_id)
             .bind(lock_until_ms)
             .bind(now_ms)
             .bind(i64::from(limit))
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await?;
+        tx.commit().await?;
         let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms };
         let mut claimed = rows
             .iter()
