@@ -90,12 +90,15 @@ impl Host {
             }
             admin::serve(listener, readiness.clone(), admin_stop.clone())
         });
-        let refresher = tokio::spawn(refresh_stats(
-            self.store.clone(),
-            self.metrics.clone(),
-            self.config.stats_interval,
-            admin_stop.clone(),
-        ));
+        // The gauges are only read over the admin listener: without it, no query for them.
+        let refresher = admin.is_some().then(|| {
+            tokio::spawn(refresh_stats(
+                self.store.clone(),
+                self.metrics.clone(),
+                self.config.stats_interval,
+                admin_stop.clone(),
+            ))
+        });
         readiness.worker_running.store(true, Ordering::Relaxed);
         let mark_draining = async {
             shutdown.cancelled().await;
@@ -117,7 +120,9 @@ impl Host {
         if let Some(task) = admin {
             let _ = task.await;
         }
-        let _ = refresher.await;
+        if let Some(task) = refresher {
+            let _ = task.await;
+        }
         self.store.close().await;
         tracing::info!(node_id = %self.config.node_id, "stopped");
         Ok(())

@@ -100,8 +100,7 @@ pub struct AttemptFailure {
 }
 
 impl AttemptFailure {
-    /// A failure without a retry hint.
-    pub fn new(class: FailureClass, message: impl Into<String>) -> Self {
+    fn new(class: FailureClass, message: impl Into<String>) -> Self {
         AttemptFailure { class, message: message.into(), retry_after: None }
     }
 }

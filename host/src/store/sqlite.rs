@@ -33,11 +33,6 @@ impl SqliteStore {
             .map_err(|e| super::unreachable_error(url, e))?;
         Ok(SqliteStore { pool, table: table.to_string() })
     }
-
-    /// The underlying pool, for tests that write rows the way a producer would.
-    pub fn pool(&self) -> &SqlitePool {
-        &self.pool
-    }
 }
 
 super::common::common_store!(SqliteStore, sqlx::Sqlite, super::migrate::SQLITE);
