@@ -78,6 +78,9 @@ fn wasm_noop(concurrency: u32, cache: &std::path::Path) -> anyhow::Result<SinkRu
         memory_limit: outbox_host::config::DEFAULT_MEMORY_LIMIT,
         max_response_bytes: outbox_host::config::DEFAULT_MAX_RESPONSE_BYTES,
         cache_dir: Some(cache.to_owned()),
+        allow_http: false,
+        proxy: None,
+        budgets: Default::default(),
         config: SinkSettings([("default".to_string(), "ok".to_string())].into()),
     };
     SinkRuntime::load(&config, concurrency)
@@ -163,7 +166,7 @@ async fn drain(
     };
     shutdown.cancel();
     for task in tasks {
-        task.await?;
+        task.await??;
     }
     let stats = producer.stats().await?;
     ensure!(
@@ -207,7 +210,7 @@ async fn latency(db: &Db, args: &Args, sink: Arc<dyn Deliver>) -> anyhow::Result
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     shutdown.cancel();
-    task.await?;
+    task.await??;
     let mut ms: Vec<f64> = db.latencies_ms().await?.into_iter().map(|l| l as f64).collect();
     ensure!(ms.len() == produced, "{} latencies for {produced} events", ms.len());
     ms.sort_by(f64::total_cmp);

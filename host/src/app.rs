@@ -43,15 +43,27 @@ impl Host {
         store.migrate().await.context("applying migrations")?;
         let metrics = Arc::new(Metrics::new(&sink_config.name));
         let worker = if config.worker.enabled {
-            let sink =
-                SinkRuntime::load_checked(&sink_config, config.worker.concurrency, config.worker.publish_timeout)
-                    .await?;
+            let sink = SinkRuntime::load_checked(
+                &sink_config,
+                config.worker.concurrency,
+                config.worker.publish_timeout,
+                metrics.clone(),
+            )
+            .await?;
             Some(Worker::new(store.clone(), Arc::new(sink), config.worker.clone(), &config.node_id, metrics.clone()))
         } else {
             None
         };
-        let admin = match config.admin_listen {
-            Some(addr) => Some(admin::bind(addr).await?),
+        let admin = match config.admin.listen {
+            Some(addr) => {
+                if !addr.ip().is_loopback() && config.admin.token.is_none() {
+                    tracing::warn!(
+                        listen = %addr,
+                        "SECURITY: the admin listener is reachable from the network and admin.token is not set: anyone who can reach it reads event bodies on /api/events and the status page (retry and purge stay refused without a token). Set admin.token, or listen on 127.0.0.1."
+                    );
+                }
+                Some(admin::bind(addr).await?)
+            }
             None => None,
         };
         Ok(Host { config, store, worker, metrics, admin })
@@ -82,6 +94,7 @@ impl Host {
             table: self.config.table.clone(),
             node_id: self.config.node_id.clone(),
             sink: self.config.sink.as_ref().map(|s| s.name.clone()).unwrap_or_default(),
+            guard: admin::Guard::new(&self.config.admin),
         });
         let admin_stop = CancellationToken::new();
         let admin = self.admin.map(|listener| {
@@ -95,7 +108,7 @@ impl Host {
             tokio::spawn(refresh_stats(
                 self.store.clone(),
                 self.metrics.clone(),
-                self.config.stats_interval,
+                self.config.admin.stats_interval,
                 admin_stop.clone(),
             ))
         });
@@ -105,27 +118,32 @@ impl Host {
             readiness.draining.store(true, Ordering::Relaxed);
             tracing::info!(worker = "room_outbox", node_id = %self.config.node_id, "shutting down: no new claims; finishing in-flight deliveries");
         };
-        match self.worker.clone() {
+        let worked = match self.worker.clone() {
             Some(worker) => {
                 // Readiness flips (and says so) before the worker winds down.
-                tokio::join!(mark_draining, worker.run(shutdown.clone()));
+                tokio::join!(mark_draining, worker.run(shutdown.clone())).1
             }
             None => {
                 tracing::info!("outbox_worker.enabled is false: this host does not deliver");
                 mark_draining.await;
+                Ok(())
             }
-        }
+        };
         readiness.worker_running.store(false, Ordering::Relaxed);
         admin_stop.cancel();
+        // Each of these may wait on a database that is away: bounded by the grace period.
+        let grace = self.config.worker.shutdown_grace;
         if let Some(task) = admin {
-            let _ = task.await;
+            let _ = tokio::time::timeout(grace, task).await;
         }
         if let Some(task) = refresher {
-            let _ = task.await;
+            let _ = tokio::time::timeout(grace, task).await;
         }
-        self.store.close().await;
+        if tokio::time::timeout(grace, self.store.close()).await.is_err() {
+            tracing::warn!("the database pool did not close within outbox_worker.shutdown_grace");
+        }
         tracing::info!(node_id = %self.config.node_id, "stopped");
-        Ok(())
+        worked
     }
 }
 
@@ -159,8 +177,8 @@ pub fn cancel_on_signals(shutdown: CancellationToken) -> anyhow::Result<()> {
     let mut int = signal(SignalKind::interrupt())?;
     tokio::spawn(async move {
         tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-        tracing::info!("signal received: draining (send another to exit at once)");
         shutdown.cancel();
+        tracing::info!("signal received: draining (send another to exit at once)");
         tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
         tracing::warn!("second signal: exiting now; claimed rows return when their leases expire");
         std::process::exit(130);

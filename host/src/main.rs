@@ -7,6 +7,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use outbox_host::app::{self, Host};
 use outbox_host::config::{Config, ConfigError, LogFormat};
+use outbox_host::logging::{complain, say};
 use outbox_host::store::{NewEvent, Status, now_ms};
 use tokio_util::sync::CancellationToken;
 
@@ -101,19 +102,22 @@ fn main() -> ExitCode {
     let mut config = match Config::load(&path, optional) {
         Ok(config) => config,
         Err(e) => {
-            eprintln!("outbox-host: {e}");
+            complain(&format!("outbox-host: {e}\n"));
             return ExitCode::from(2);
         }
     };
     if cli.json_logs {
         config.log.format = LogFormat::Json;
     }
-    outbox_host::logging::init(&config.log);
+    let _flush_logs_at_exit = outbox_host::logging::init(&config.log);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-    match runtime.block_on(execute(cli.command, config)) {
+    let result = runtime.block_on(execute(cli.command, config));
+    // Tasks still parked on a database that is away must not hold the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(500));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("outbox-host: {e:#}");
+            complain(&format!("outbox-host: {e:#}\n"));
             if e.downcast_ref::<ConfigError>().is_some() { ExitCode::from(2) } else { ExitCode::FAILURE }
         }
     }
@@ -130,14 +134,14 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
         Command::Migrate => {
             let store = app::open_store(&config).await?;
             store.migrate().await?;
-            println!("{} is up to date", config.table);
+            say(&format!("{} is up to date\n", config.table));
             store.close().await;
             Ok(())
         }
         Command::Status => {
             let store = app::open_store(&config).await?;
             let stats = store.stats().await?;
-            print!("{}", outbox_host::report::status(&config.table, &stats, now_ms()));
+            say(&outbox_host::report::status(&config.table, &stats, now_ms()));
             store.close().await;
             Ok(())
         }
@@ -184,9 +188,9 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
             store.migrate().await?;
             store.insert(&events).await?;
             store.close().await;
-            println!("enqueued {count} {event_type} event(s) for room {room} as {status}");
+            say(&format!("enqueued {count} {event_type} event(s) for room {room} as {status}\n"));
             if let (Some(first), Some(last)) = (events.first(), events.last()) {
-                println!("event ids {} .. {}", first.event_id, last.event_id);
+                say(&format!("event ids {} .. {}\n", first.event_id, last.event_id));
             }
             Ok(())
         }
@@ -195,7 +199,8 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
             let row = store.get(&event_id).await?;
             store.close().await;
             let row = row.with_context(|| format!("no event {event_id} in {}", config.table))?;
-            println!("{}", serde_json::to_string_pretty(&outbox_host::ops::describe(&row))?);
+            let json = serde_json::to_string_pretty(&outbox_host::ops::describe(&row))?;
+            say(&format!("{}\n", outbox_host::text::json_for_terminal(&json)));
             Ok(())
         }
         Command::Retry { event_id, event_type, error, all, yes } => {
@@ -212,7 +217,7 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
             }
             let moved = outbox_host::ops::retry(store.as_ref(), &filter).await?;
             store.close().await;
-            println!("moved {moved} failed event(s) back to pending");
+            say(&format!("moved {moved} failed event(s) back to pending\n"));
             Ok(())
         }
         Command::Purge { delivered_before, batch } => {
@@ -224,22 +229,24 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
             let store = app::open_store(&config).await?;
             let deleted = outbox_host::ops::purge(store.as_ref(), now_ms() - age, batch.max(1)).await?;
             store.close().await;
-            println!("deleted {deleted} delivered row(s) older than {delivered_before}");
+            say(&format!("deleted {deleted} delivered row(s) older than {delivered_before}\n"));
             Ok(())
         }
         Command::CheckConfig => {
             let sink = config.require_sink("deliver")?;
+            let metrics = std::sync::Arc::new(outbox_host::metrics::Metrics::new(&sink.name));
             outbox_host::sink::SinkRuntime::load_checked(
                 sink,
                 config.worker.concurrency,
                 config.worker.publish_timeout,
+                metrics,
             )
             .await?;
             for note in &config.notes {
-                println!("note: {note}");
+                say(&format!("note: {note}\n"));
             }
-            println!(
-                "config OK: sink {} loads; database {}; table {}; batch_size {}, publish_timeout {}, concurrency {}, lease {}",
+            say(&format!(
+                "config OK: sink {} loads; database {}; table {}; batch_size {}, publish_timeout {}, concurrency {}, lease {}\n",
                 config.sink.as_ref().map_or("", |s| s.name.as_str()),
                 outbox_host::config::redact_url(&config.database.url),
                 config.table,
@@ -247,7 +254,7 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
                 outbox_host::config::format_duration(config.worker.publish_timeout),
                 config.worker.concurrency,
                 outbox_host::config::format_duration(config.worker.lease),
-            );
+            ));
             Ok(())
         }
     }
@@ -255,12 +262,11 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
 
 /// Asks on the terminal; refuses when there is no terminal to ask on.
 fn confirm(question: &str) -> anyhow::Result<bool> {
-    use std::io::{BufRead as _, IsTerminal as _, Write as _};
+    use std::io::{BufRead as _, IsTerminal as _};
     if !std::io::stdin().is_terminal() {
         return Ok(false);
     }
-    print!("{question} [y/N] ");
-    std::io::stdout().flush()?;
+    say(&format!("{question} [y/N] "));
     let mut answer = String::new();
     std::io::stdin().lock().read_line(&mut answer)?;
     Ok(matches!(answer.trim(), "y" | "Y" | "yes"))

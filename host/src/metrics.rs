@@ -69,10 +69,15 @@ struct Values {
     rescues: u64,
     handed_back: u64,
     db_errors: BTreeMap<&'static str, u64>,
+    sink_limits: BTreeMap<&'static str, u64>,
+    panics: u64,
     rows: Vec<(Status, i64)>,
     oldest_waiting_age_ms: i64,
     stats_refreshed: bool,
 }
+
+/// The budgets of [`Metrics::sink_limit`], all exported from the start.
+const SINK_LIMITS: [&str; 7] = ["log", "message", "skip_reason", "stdio", "requests", "request_bytes", "retry_after"];
 
 /// Everything `/metrics` shows, for one host and its sink.
 pub struct Metrics {
@@ -128,6 +133,17 @@ impl Metrics {
     /// Rows handed back unstarted.
     pub fn handed_back(&self, rows: u64) {
         self.with(|v| v.handed_back += rows);
+    }
+
+    /// A sink went past one of its budgets (`log`, `message`, `skip_reason`, `stdio`,
+    /// `requests`, `request_bytes`, `retry_after`); the excess was dropped or clamped.
+    pub fn sink_limit(&self, limit: &'static str) {
+        self.with(|v| *v.sink_limits.entry(limit).or_default() += 1);
+    }
+
+    /// A delivery task panicked; its row was recorded as retryable.
+    pub fn delivery_panic(&self) {
+        self.with(|v| v.panics += 1);
     }
 
     /// A database operation failed.
@@ -228,6 +244,18 @@ impl Metrics {
                 let n = v.db_errors.get(operation).copied().unwrap_or(0);
                 let _ = writeln!(out, "room_outbox_db_errors_total{{op=\"{operation}\"}} {n}");
             }
+            out.push_str("# HELP room_outbox_sink_limit_hits_total Times a sink went past a budget; the excess was dropped or clamped.\n");
+            out.push_str("# TYPE room_outbox_sink_limit_hits_total counter\n");
+            for limit in SINK_LIMITS {
+                let n = v.sink_limits.get(limit).copied().unwrap_or(0);
+                let _ = writeln!(out, "room_outbox_sink_limit_hits_total{{sink=\"{sink}\",limit=\"{limit}\"}} {n}");
+            }
+            out.push_str("# HELP room_outbox_delivery_panics_total Delivery tasks that panicked; their rows were recorded as retryable.\n");
+            out.push_str("# TYPE room_outbox_delivery_panics_total counter\n");
+            let _ = writeln!(out, "room_outbox_delivery_panics_total{{sink=\"{sink}\"}} {}", v.panics);
+            out.push_str("# HELP room_outbox_log_lines_dropped_total Log lines dropped because the log output was closed, broken or too slow.\n");
+            out.push_str("# TYPE room_outbox_log_lines_dropped_total counter\n");
+            let _ = writeln!(out, "room_outbox_log_lines_dropped_total {}", crate::logging::dropped_lines());
         });
         out
     }

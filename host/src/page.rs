@@ -24,6 +24,14 @@ pub struct PageData<'a> {
     pub now_ms: i64,
     /// A message after an action (e.g. "moved 3 failed events back to pending").
     pub flash: Option<&'a str>,
+    /// The form token when retrying from the page is possible (`admin.token` is set).
+    pub form_token: Option<String>,
+}
+
+/// Text from the table shown on the page: control and reordering characters made visible,
+/// then HTML-escaped.
+fn show(text: &str) -> String {
+    esc(&crate::text::printable(text, 2_000))
 }
 
 fn esc(text: &str) -> String {
@@ -73,28 +81,37 @@ pub fn render(d: &PageData<'_>) -> String {
     h.push_str(&chart(d.history, d.now_ms));
     h.push_str("</section>");
 
+    // One form holds every retry button; the button pressed says what to retry.
+    let can_retry = d.form_token.is_some();
+    match &d.form_token {
+        Some(csrf) => {
+            let _ = write!(
+                h,
+                "<form id=\"actions\" method=\"post\" action=\"/retry\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+                 <p class=\"token\"><label>Admin token (needed to retry) <input type=\"password\" id=\"token\" name=\"token\" autocomplete=\"off\" required></label></p>",
+                esc(csrf)
+            );
+        }
+        None => h.push_str("<p class=\"note\" id=\"retry-off\">Retrying from this page is off: set <code>admin.token</code> in the config.</p>"),
+    }
     h.push_str("<section><h2>Errors</h2>");
     if d.stats.top_errors.is_empty() {
         h.push_str("<p>No retryable or failed rows.</p>");
     } else {
         h.push_str("<table id=\"errors\"><tr><th>rows</th><th>error</th><th></th></tr>");
         for (error, n) in &d.stats.top_errors {
-            let _ = write!(
-                h,
-                "<tr><td>{n}</td><td><code>{e}</code></td><td><form method=\"post\" action=\"/retry\">\
-                 <input type=\"hidden\" name=\"error_is\" value=\"{e}\"><button>retry failed</button></form></td></tr>",
-                e = esc(error)
-            );
+            let button = if can_retry {
+                format!("<button name=\"error_is\" value=\"{}\">retry failed</button>", esc(error))
+            } else {
+                String::new()
+            };
+            let _ = write!(h, "<tr><td>{n}</td><td><code>{}</code></td><td>{button}</td></tr>", show(error));
         }
         h.push_str("</table>");
     }
     let failed = d.stats.count(Status::Failed);
-    if failed > 0 {
-        let _ = write!(
-            h,
-            "<form method=\"post\" action=\"/retry\"><input type=\"hidden\" name=\"all\" value=\"true\">\
-             <button id=\"retry-all\">retry all {failed} failed</button></form>"
-        );
+    if failed > 0 && can_retry {
+        let _ = write!(h, "<button id=\"retry-all\" name=\"all\" value=\"true\">retry all {failed} failed</button>");
     }
     h.push_str("</section>");
 
@@ -108,31 +125,44 @@ pub fn render(d: &PageData<'_>) -> String {
         );
         for row in d.failures {
             let id = esc(&row.event_id);
-            let button = if row.status == Status::Failed {
-                format!(
-                    "<form method=\"post\" action=\"/retry\"><input type=\"hidden\" name=\"event_id\" value=\"{id}\">\
-                     <button class=\"retry-event\">retry</button></form>"
-                )
+            let button = if row.status == Status::Failed && can_retry {
+                format!("<button class=\"retry-event\" name=\"event_id\" value=\"{id}\">retry</button>")
             } else {
                 String::new()
             };
             let _ = write!(
                 h,
-                "<tr data-event-id=\"{id}\"><td><a href=\"/api/events/{id}\">{id}</a></td><td>{}</td><td>{}</td>\
+                "<tr data-event-id=\"{id}\"><td><a href=\"/api/events/{link}\">{shown}</a></td><td>{}</td><td>{}</td>\
                  <td class=\"{}\">{}</td><td>{}</td><td><code>{}</code></td><td>{} ago</td><td>{button}</td></tr>",
-                esc(&row.event_type),
-                esc(&row.room_id),
+                show(&row.event_type),
+                show(&row.room_id),
                 row.status,
                 row.status,
                 row.retry_count,
-                esc(row.last_error.as_deref().unwrap_or("")),
+                show(row.last_error.as_deref().unwrap_or("")),
                 age(d.now_ms - row.updated_at_ms),
+                link = esc(&percent_encode(&row.event_id)),
+                shown = show(&row.event_id),
             );
         }
         h.push_str("</table>");
     }
-    h.push_str("</section><footer><a href=\"/metrics\">/metrics</a> · <a href=\"/api/status\">/api/status</a> · <a href=\"/readyz\">/readyz</a></footer></body></html>");
+    h.push_str("</section>");
+    if can_retry {
+        h.push_str("</form>");
+    }
+    h.push_str("<footer><a href=\"/metrics\">/metrics</a> · <a href=\"/api/status\">/api/status</a> · <a href=\"/readyz\">/readyz</a></footer></body></html>");
     h
+}
+
+/// A path segment with everything but unreserved characters percent-encoded.
+fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// Delivered (up) and failed (down) per minute over the hour before `now_ms`, as SVG.
@@ -169,7 +199,8 @@ const CSS: &str = "body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}h
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:.3em .6em;text-align:left}\
 td.failed{color:#b00}td.retryable{color:#a60}td.delivered{color:#070}code{font-size:12px}\
 .flash{background:#eef6ee;border:1px solid #9c9;padding:.5em}svg .delivered,.legend .delivered{fill:#2a2;color:#2a2}\
-svg .failed,.legend .failed{fill:#c22;color:#c22}svg .axis{stroke:#999}form{margin:0}button{cursor:pointer}";
+svg .failed,.legend .failed{fill:#c22;color:#c22}svg .axis{stroke:#999}form{margin:0}button{cursor:pointer}\
+.note{color:#555}";
 
 #[cfg(test)]
 mod tests {
@@ -204,9 +235,30 @@ mod tests {
             failures: &[row],
             now_ms: 0,
             flash: None,
+            form_token: Some("t".into()),
         });
         assert!(!html.contains("<script>alert"), "unescaped event id");
         assert!(html.contains("&lt;script&gt;"));
         assert!(!html.contains("<i>"), "unescaped error group");
+    }
+
+    #[test]
+    fn control_and_reordering_characters_are_shown_escaped() {
+        let stats = Stats { top_errors: vec![("evil\u{202E}gnp.exe \u{1b}[31m".into(), 1)], ..Stats::default() };
+        let html = render(&PageData {
+            table: "room_outbox",
+            node_id: "n",
+            sink: "s",
+            stats: &stats,
+            history: &[],
+            failures: &[],
+            now_ms: 0,
+            flash: None,
+            form_token: None,
+        });
+        assert!(html.contains("<code>evil\\u{202e}gnp.exe \\u{1b}[31m</code>"), "{html}");
+        assert!(!html.contains('\u{202E}') && !html.contains('\u{1b}'));
+        assert!(html.contains("id=\"retry-off\""), "no token: the page says retrying is off");
+        assert!(!html.contains("<button"), "no token: no buttons");
     }
 }

@@ -26,7 +26,7 @@ pub fn status(table: &str, stats: &Stats, now_ms: i64) -> String {
     } else {
         out.push_str("most frequent errors (retryable and failed rows):\n");
         for (error, n) in &stats.top_errors {
-            let _ = writeln!(out, "  {n:>8}  {error}");
+            let _ = writeln!(out, "  {n:>8}  {}", crate::text::printable(error, 500));
         }
     }
     out

@@ -3,9 +3,11 @@
 //! again at once while batches come back full. `poll_interval` is only the idle wait.
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
 use tokio::sync::{Semaphore, broadcast, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -15,6 +17,7 @@ use crate::config::WorkerConfig;
 use crate::metrics::Metrics;
 use crate::sink::{Deliver, Delivered, FailureClass};
 use crate::store::{Claimed, Lease, Mark, Outcome, Store, now_ms, short_error};
+use crate::text::printable;
 
 /// One log line about one row, with the seed's fields: `worker`, `node_id`, `event_id`,
 /// `event_type`, `room_id`, `retry_count`, `status`, then whatever else is given.
@@ -55,6 +58,13 @@ pub enum Signal {
     Released(usize),
     /// The loop has stopped and every outcome has been written.
     Stopped,
+}
+
+/// An outcome on its way to the writer, with the event id to name it by if it cannot be
+/// written before shutdown gives up.
+struct Pending {
+    mark: Mark,
+    event_id: String,
 }
 
 /// The seed's `room_outbox` worker, for one sink.
@@ -101,9 +111,14 @@ impl Worker {
     /// Delivers until `shutdown` is cancelled, then stops claiming, lets in-flight
     /// deliveries finish (each bounded by `publish_timeout`), hands back rows it claimed
     /// but did not start, and returns once every outcome is written.
-    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+    ///
+    /// While the database is away, writing outcomes is retried for `shutdown_grace` after
+    /// the last delivery has finished; then the outcomes still unwritten are logged by event
+    /// id and left to lease expiry, and this returns an error.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> anyhow::Result<()> {
         let (marks, rx) = mpsc::unbounded_channel();
-        let recorder = tokio::spawn(self.clone().record(rx));
+        let give_up = CancellationToken::new();
+        let recorder = tokio::spawn(self.clone().record(rx, give_up.clone()));
         let lease_ms = self.config.lease.as_millis() as i64;
         let mut backoff = Duration::from_millis(100);
         tracing::info!(
@@ -115,7 +130,17 @@ impl Worker {
         );
         while !shutdown.is_cancelled() {
             let now = now_ms();
-            let claimed = match self.store.claim(&self.worker_id, now, now + lease_ms, self.config.batch_size).await {
+            let claim = self.store.claim(&self.worker_id, now, now + lease_ms, self.config.batch_size);
+            // A claim stuck on a database that is away must not hold shutdown past its grace.
+            let stuck = async {
+                shutdown.cancelled().await;
+                tokio::time::sleep(self.config.shutdown_grace).await;
+            };
+            let claimed = tokio::select! {
+                claimed = claim => claimed,
+                () = stuck => break,
+            };
+            let claimed = match claimed {
                 Ok(rows) => rows,
                 Err(e) => {
                     self.metrics.db_error("claim");
@@ -151,18 +176,48 @@ impl Worker {
             }
         }
         drop(marks);
-        if let Err(e) = recorder.await {
-            tracing::error!(worker = "room_outbox", error = %e, "outcome recorder failed");
+        let grace = self.config.shutdown_grace;
+        let give_up_later = {
+            let give_up = give_up.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                give_up.cancel();
+            })
+        };
+        let unwritten = match recorder.await {
+            Ok(unwritten) => unwritten,
+            Err(e) => {
+                tracing::error!(worker = "room_outbox", error = %e, "outcome recorder failed");
+                Vec::new()
+            }
+        };
+        give_up_later.abort();
+        if !unwritten.is_empty() {
+            let ids: Vec<&str> = unwritten.iter().map(|p| p.event_id.as_str()).collect();
+            tracing::error!(
+                worker = "room_outbox",
+                node_id = %self.node_id,
+                unwritten = ids.len(),
+                event_ids = %ids.join(","),
+                "shutdown grace ran out with outcomes unwritten (database unavailable); these rows stay delivering until their lease expires, then any host delivers them again"
+            );
+            self.signal(Signal::Stopped);
+            anyhow::bail!(
+                "{} outcome(s) could not be written within outbox_worker.shutdown_grace {}; their rows return to the queue when their leases expire",
+                ids.len(),
+                crate::config::format_duration(grace)
+            );
         }
         tracing::info!(worker = "room_outbox", node_id = %self.node_id, "worker stopped");
         self.signal(Signal::Stopped);
+        Ok(())
     }
 
     /// Delivers one claimed batch; returns once every started delivery has finished.
     async fn deliver_batch(
         self: &Arc<Self>,
         claimed: Vec<Claimed>,
-        marks: &mpsc::UnboundedSender<Mark>,
+        marks: &mpsc::UnboundedSender<Pending>,
         shutdown: &CancellationToken,
     ) {
         let slots = Arc::new(Semaphore::new(self.config.concurrency as usize));
@@ -187,8 +242,15 @@ impl Worker {
                         held.extend(chain.map(|r| (r.id, r.lease)));
                         return;
                     }
-                    let mark = this.deliver_one(row).await;
-                    let _ = marks.send(mark);
+                    let (id, lease, event_id) = (row.id, row.lease.clone(), row.event_id.clone());
+                    let (event_type, attempt) = (row.event_type.clone(), row.retry_count.saturating_add(1));
+                    let mark = match AssertUnwindSafe(this.deliver_one(row)).catch_unwind().await {
+                        Ok(mark) => mark,
+                        Err(panic) => {
+                            Mark { id, lease, outcome: this.after_panic(&event_id, &event_type, attempt, panic) }
+                        }
+                    };
+                    let _ = marks.send(Pending { mark, event_id });
                 }
             });
         }
@@ -199,8 +261,33 @@ impl Worker {
         }
     }
 
+    /// A delivery task panicked (a host bug, never the sink's doing: sink faults are caught
+    /// in the sandbox). The row must not stay `delivering`: record a retryable attempt.
+    fn after_panic(
+        &self,
+        event_id: &str,
+        event_type: &str,
+        attempt: i32,
+        panic: Box<dyn std::any::Any + Send>,
+    ) -> Outcome {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        let error = short_error(&format!("host panicked while delivering: {}", printable(&what, 300)));
+        self.metrics.delivery_panic();
+        self.metrics.failed(event_type, FailureClass::Trap, None);
+        tracing::error!(worker = "room_outbox", node_id = %self.node_id, event_id, attempt, error, "delivery task panicked; recorded as retryable");
+        let next_retry_at_ms = now_ms().saturating_add(millis(self.config.retry_interval));
+        Outcome::Retry { error, next_retry_at_ms }
+    }
+
     async fn release(&self, rows: &[(i64, Lease)]) {
-        match self.store.release(rows, now_ms()).await {
+        let released = tokio::time::timeout(self.config.shutdown_grace, self.store.release(rows, now_ms()))
+            .await
+            .unwrap_or_else(|_| Err(crate::store::StoreError::Unavailable("timed out handing back rows".into())));
+        match released {
             Ok(n) => {
                 self.metrics.handed_back(n);
                 tracing::info!(worker = "room_outbox", node_id = %self.node_id, released = n, "handed back claimed rows that were not started");
@@ -218,7 +305,7 @@ impl Worker {
     async fn deliver_one(&self, row: Claimed) -> Mark {
         let span = tracing::info_span!("deliver", event_id = %row.event_id, event_type = %row.event_type, room_id = %row.room_id);
         async {
-            let attempt = row.retry_count + 1;
+            let attempt = row.retry_count.saturating_add(1);
             let started = tokio::time::Instant::now();
             let (result, took) = match crate::envelope::to_event(&row) {
                 Err(reason) => (Err((FailureClass::Permanent, reason, None)), None),
@@ -247,16 +334,7 @@ impl Worker {
                 }
                 Err((class, message, retry_after)) => {
                     self.metrics.failed(&row.event_type, class, took);
-                    let error = short_error(&message);
-                    let exhausted = self.config.max_attempts > 0 && attempt >= self.config.max_attempts as i32;
-                    let outcome = if class == FailureClass::Permanent {
-                        Outcome::Fail { error }
-                    } else if exhausted {
-                        Outcome::Fail { error: short_error(&format!("gave up after {attempt} attempts: {message}")) }
-                    } else {
-                        let wait = retry_after.unwrap_or_default().max(self.config.retry_interval);
-                        Outcome::Retry { error, next_retry_at_ms: now_ms() + wait.as_millis() as i64 }
-                    };
+                    let outcome = after_failure(class, &message, retry_after, attempt, &self.config, now_ms());
                     let (status, error) = match &outcome {
                         Outcome::Fail { error } => ("failed", error.as_str()),
                         Outcome::Retry { error, .. } => ("retryable", error.as_str()),
@@ -283,30 +361,80 @@ impl Worker {
 
     /// Writes outcomes as they arrive, several per write when they queue up, retrying
     /// while the database is unavailable.
-    async fn record(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<Mark>) {
+    ///
+    /// Once `give_up` is cancelled (shutdown's grace has run out) it stops retrying and
+    /// returns the outcomes it could not write.
+    async fn record(
+        self: Arc<Self>,
+        mut rx: mpsc::UnboundedReceiver<Pending>,
+        give_up: CancellationToken,
+    ) -> Vec<Pending> {
         while let Some(first) = rx.recv().await {
             let mut batch = vec![first];
             while batch.len() < MAX_MARKS_PER_WRITE {
                 match rx.try_recv() {
-                    Ok(mark) => batch.push(mark),
+                    Ok(pending) => batch.push(pending),
                     Err(_) => break,
                 }
             }
+            let marks: Vec<Mark> = batch.iter().map(|p| p.mark.clone()).collect();
             let mut backoff = Duration::from_millis(100);
             loop {
-                match self.store.mark(&batch, now_ms()).await {
+                let written = tokio::select! {
+                    written = self.store.mark(&marks, now_ms()) => written,
+                    () = give_up.cancelled() => Err(crate::store::StoreError::Unavailable("shutdown grace ran out".into())),
+                };
+                match written {
                     Ok(_) => break,
+                    Err(_) if give_up.is_cancelled() => {
+                        rx.close();
+                        while let Ok(pending) = rx.try_recv() {
+                            batch.push(pending);
+                        }
+                        return batch;
+                    }
                     Err(e) => {
                         self.metrics.db_error("mark");
                         tracing::warn!(worker = "room_outbox", node_id = %self.node_id, error = %e, outcomes = batch.len(), "could not record outcomes; will retry");
-                        tokio::time::sleep(backoff).await;
+                        tokio::select! {
+                            () = tokio::time::sleep(backoff) => {}
+                            () = give_up.cancelled() => {}
+                        }
                         backoff = (backoff * 2).min(MAX_DB_BACKOFF);
                     }
                 }
             }
             self.signal(Signal::Recorded(batch.len()));
         }
+        Vec::new()
     }
+}
+
+/// What to record after a failed attempt: `failed` for a permanent failure or when
+/// `max_attempts` is used up, else `retryable` after `retry_interval`, or later if the sink
+/// asked (its hint was clamped to `sink.max_retry_after` already; the sum saturates).
+pub fn after_failure(
+    class: FailureClass,
+    message: &str,
+    retry_after: Option<Duration>,
+    attempt: i32,
+    config: &WorkerConfig,
+    now_ms: i64,
+) -> Outcome {
+    let exhausted = config.max_attempts > 0 && i64::from(attempt) >= i64::from(config.max_attempts);
+    if class == FailureClass::Permanent {
+        Outcome::Fail { error: short_error(message) }
+    } else if exhausted {
+        Outcome::Fail { error: short_error(&format!("gave up after {attempt} attempts: {message}")) }
+    } else {
+        let wait = retry_after.unwrap_or_default().max(config.retry_interval);
+        Outcome::Retry { error: short_error(message), next_retry_at_ms: now_ms.saturating_add(millis(wait)) }
+    }
+}
+
+/// A duration in milliseconds, saturating at `i64::MAX`.
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Splits a claimed batch into per-room chains, keeping claim order within each room and
@@ -330,5 +458,49 @@ async fn sleep_or_cancel(duration: Duration, shutdown: &CancellationToken) {
     tokio::select! {
         _ = tokio::time::sleep(duration) => {}
         _ = shutdown.cancelled() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(max_attempts: u32) -> WorkerConfig {
+        WorkerConfig { retry_interval: Duration::from_secs(2), max_attempts, ..WorkerConfig::default() }
+    }
+
+    #[test]
+    fn a_permanent_failure_fails_at_once() {
+        let outcome = after_failure(FailureClass::Permanent, "bad group", None, 1, &config(0), 1_000);
+        assert_eq!(outcome, Outcome::Fail { error: "bad group".into() });
+    }
+
+    #[test]
+    fn retryable_failures_wait_retry_interval_or_the_sinks_longer_hint() {
+        let at =
+            |hint: Option<Duration>| match after_failure(FailureClass::Retryable, "busy", hint, 1, &config(0), 1_000) {
+                Outcome::Retry { next_retry_at_ms, .. } => next_retry_at_ms,
+                other => panic!("{other:?}"),
+            };
+        assert_eq!(at(None), 3_000);
+        assert_eq!(at(Some(Duration::from_millis(500))), 3_000, "a hint never brings the retry closer");
+        assert_eq!(at(Some(Duration::from_secs(60))), 61_000);
+        assert_eq!(at(Some(Duration::MAX)), i64::MAX, "saturates instead of overflowing");
+    }
+
+    #[test]
+    fn timeouts_and_traps_are_retried_like_retryable_failures() {
+        for class in [FailureClass::Timeout, FailureClass::Trap] {
+            let outcome = after_failure(class, "sink trapped", None, 3, &config(0), 0);
+            assert_eq!(outcome, Outcome::Retry { error: "sink trapped".into(), next_retry_at_ms: 2_000 });
+        }
+    }
+
+    #[test]
+    fn the_last_allowed_attempt_fails_the_row() {
+        let retry = after_failure(FailureClass::Retryable, "busy", None, 2, &config(3), 0);
+        assert!(matches!(retry, Outcome::Retry { .. }), "{retry:?}");
+        let last = after_failure(FailureClass::Timeout, "busy", None, 3, &config(3), 0);
+        assert_eq!(last, Outcome::Fail { error: "gave up after 3 attempts: busy".into() });
     }
 }

@@ -59,3 +59,105 @@ async fn a_failing_sink_keeps_the_host_ready() {
     assert_eq!(get(&format!("{base}/readyz")).await, (200, "ready\n".into()));
     host.stop().await;
 }
+
+const TOKEN: &str = "admin-test-token-0123456789";
+
+/// A host with failed and delivered rows, its admin listener on, with `admin.token` if given.
+async fn guarded_host(world: &World, token: Option<&str>) -> (Running, String, String, String) {
+    let failed = world.produce("RoomGiftSent", "room-bad", Status::Pending).await;
+    let delivered = world.produce("RoomGiftSent", "room-ok", Status::Pending).await;
+    let admin = match token {
+        Some(t) => format!("listen: \"127.0.0.1:0\"\n  token: \"{t}\""),
+        None => "listen: \"127.0.0.1:0\"".to_string(),
+    };
+    let yaml = world.yaml("retry_interval: 1h", "room.room-bad: permanent").replace("listen: \"\"", &admin);
+    let config = outbox_host::config::Config::from_yaml(&yaml, std::iter::empty(), &|_| None).unwrap();
+    let mut host = Running::start(config).await;
+    host.wait_status(world, &[&failed], Status::Failed).await;
+    host.wait_status(world, &[&delivered], Status::Delivered).await;
+    let base = format!("http://{}", host.admin.unwrap());
+    (host, base, failed, delivered)
+}
+
+/// What a web page can make a browser send: form posts with a foreign `Origin` or
+/// `Sec-Fetch-Site`, without the form token, without the admin token. None changes a row.
+#[tokio::test]
+async fn cross_site_and_tokenless_requests_change_nothing() {
+    let world = World::new().await;
+    let (host, base, failed, delivered) = guarded_host(&world, Some(TOKEN)).await;
+    let client = reqwest::Client::new();
+    let form = |extra: &[(&str, &str)]| {
+        let mut fields = vec![("all".to_string(), "true".to_string()), ("token".to_string(), TOKEN.to_string())];
+        fields.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        fields
+    };
+    let page = client.get(format!("{base}/")).send().await.unwrap();
+    assert_eq!(page.headers()["x-frame-options"], "DENY");
+    let csp = page.headers()["content-security-policy"].to_str().unwrap().to_string();
+    assert!(csp.contains("frame-ancestors 'none'") && csp.contains("default-src 'none'"), "{csp}");
+    let html = page.text().await.unwrap();
+    let csrf = html.split("name=\"csrf\" value=\"").nth(1).unwrap().split('"').next().unwrap().to_string();
+
+    let cases: Vec<(&str, reqwest::RequestBuilder)> = vec![
+        (
+            "foreign Origin",
+            client
+                .post(format!("{base}/retry"))
+                .header("origin", "http://evil.example")
+                .form(&form(&[("csrf", &csrf)])),
+        ),
+        (
+            "cross-site fetch",
+            client.post(format!("{base}/retry")).header("sec-fetch-site", "cross-site").form(&form(&[("csrf", &csrf)])),
+        ),
+        ("no form token", client.post(format!("{base}/retry")).form(&form(&[]))),
+        ("API without bearer", client.post(format!("{base}/api/retry?all=true"))),
+        ("purge without bearer", client.post(format!("{base}/api/purge?delivered_before=1ms"))),
+        (
+            "purge with a wrong bearer",
+            client.post(format!("{base}/api/purge?delivered_before=1ms")).bearer_auth("wrong-token-wrong-token"),
+        ),
+    ];
+    for (what, request) in cases {
+        let response = request.send().await.unwrap();
+        assert!([401, 403].contains(&response.status().as_u16()), "{what}: {}", response.status());
+    }
+    assert_eq!(world.row(&failed).await.status, Status::Failed, "a refused request moved a row");
+    assert_eq!(world.row(&delivered).await.status, Status::Delivered, "a refused request purged a row");
+
+    // A DNS-rebinding page speaks to this listener under its own name: not answered.
+    let rebound =
+        client.get(format!("{base}/api/events/{failed}")).header("host", "evil.example:80").send().await.unwrap();
+    assert_eq!(rebound.status(), 421);
+    let own = client.get(format!("{base}/api/events/{failed}")).send().await.unwrap();
+    assert_eq!(own.status(), 200);
+
+    // Probes and scrapers keep working without a token.
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(client.get(format!("{base}{path}")).send().await.unwrap().status(), 200, "{path}");
+    }
+
+    // The operator's own requests go through.
+    let moved = client.post(format!("{base}/retry")).form(&form(&[("csrf", &csrf)])).send().await.unwrap();
+    assert!(moved.url().as_str().ends_with("/?moved=1"), "{}", moved.url());
+    let purged = client.post(format!("{base}/api/purge?delivered_before=1ms")).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(purged.status(), 200);
+    assert_eq!(purged.text().await.unwrap(), "{\"deleted\":1}");
+    host.stop().await;
+}
+
+/// Without `admin.token`, nothing changes state over HTTP, and the page says so.
+#[tokio::test]
+async fn without_a_token_the_listener_is_read_only() {
+    let world = World::new().await;
+    let (host, base, failed, _) = guarded_host(&world, None).await;
+    let client = reqwest::Client::new();
+    let response = client.post(format!("{base}/api/retry?all=true")).send().await.unwrap();
+    assert_eq!(response.status(), 403);
+    assert!(response.text().await.unwrap().contains("set admin.token"));
+    let html = client.get(format!("{base}/")).send().await.unwrap().text().await.unwrap();
+    assert!(html.contains("Retrying from this page is off"), "{html}");
+    assert!(!html.contains("<button"), "{html}");
+    assert_eq!(world.row(&failed).await.status, Status::Failed);
+    host.stop().await;
+}

@@ -6,6 +6,22 @@ use outbox_test_support::webdriver::{Browser, CHROMEDRIVER};
 
 use crate::support::{Running, World};
 
+const TOKEN: &str = "browser-test-token-0123456789";
+
+/// Serves, on another origin (`localhost` rather than `127.0.0.1`), a page whose button
+/// posts a retry-everything form, with the right admin token, to `target`.
+async fn evil_site(target: &str) -> String {
+    let page = format!(
+        "<!doctype html><form method=\"post\" action=\"{target}\"><input type=\"hidden\" name=\"all\" value=\"true\">\
+         <input type=\"hidden\" name=\"token\" value=\"{TOKEN}\"><button id=\"go\">win a prize</button></form>"
+    );
+    let app = axum::Router::new().route("/", axum::routing::get(move || async move { axum::response::Html(page) }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://localhost:{port}/")
+}
+
 /// Chromium is installed by `.ci/run`; elsewhere the test says it is skipped, unless
 /// `OUTBOX_REQUIRE_BROWSER_TESTS=1` makes that a failure.
 fn browser_available() -> bool {
@@ -32,7 +48,7 @@ async fn the_status_page_shows_counts_and_its_retry_buttons_work() {
     let fine = world.produce("RoomGiftSent", "room-ok", Status::Pending).await;
     let yaml = world
         .yaml("retry_interval: 1h", "room.room-bad-1: permanent\nroom.room-bad-2: permanent")
-        .replace("listen: \"\"", "listen: \"127.0.0.1:0\"");
+        .replace("listen: \"\"", &format!("listen: \"127.0.0.1:0\"\n  token: \"{TOKEN}\""));
     let config = outbox_host::config::Config::from_yaml(&yaml, std::iter::empty(), &|_| None).unwrap();
     let mut host = Running::start(config).await;
     host.wait_status(&world, &[&first, &second], Status::Failed).await;
@@ -47,7 +63,27 @@ async fn the_status_page_shows_counts_and_its_retry_buttons_work() {
     assert_eq!(browser.find_all("#chart rect.delivered").await.unwrap().len(), 1, "one minute with deliveries");
     assert!(browser.text("#errors").await.unwrap().contains("fake: scripted permanent failure"));
 
+    // A page on another site posting the same form, even with the right admin token,
+    // is refused, and nothing moves.
+    let evil = evil_site(&format!("{base}/retry")).await;
+    browser.open(&evil).await.unwrap();
+    browser.click("#go").await.unwrap();
+    let refused = browser.wait_text("body").await.unwrap();
+    assert!(refused.contains("refused"), "{refused}");
+    assert_eq!(world.row(&first).await.status, Status::Failed);
+    assert_eq!(world.collector.attempts_of(&first).len(), 1);
+
+    // Without the token typed in, the page's own form is refused too.
+    browser.open(&format!("{base}/")).await.unwrap();
+    browser.type_into("#token", "not-the-token-at-all").await.unwrap();
+    browser.click(&format!("tr[data-event-id='{first}'] button.retry-event")).await.unwrap();
+    let wrong = browser.wait_text("body").await.unwrap();
+    assert!(wrong.contains("the admin token is missing or wrong"), "{wrong}");
+    assert_eq!(world.row(&first).await.status, Status::Failed);
+
     // The per-event button: that event goes back to pending and is attempted again.
+    browser.open(&format!("{base}/")).await.unwrap();
+    browser.type_into("#token", TOKEN).await.unwrap();
     browser.click(&format!("tr[data-event-id='{first}'] button.retry-event")).await.unwrap();
     assert_eq!(browser.wait_text("#flash").await.unwrap(), "Moved 1 failed event(s) back to pending.");
     assert!(browser.url().await.unwrap().ends_with("/?moved=1"));
@@ -57,6 +93,7 @@ async fn the_status_page_shows_counts_and_its_retry_buttons_work() {
 
     // The error group's button moves every failed event with that error.
     browser.open(&format!("{base}/")).await.unwrap();
+    browser.type_into("#token", TOKEN).await.unwrap();
     browser.click("#errors button").await.unwrap();
     assert_eq!(browser.wait_text("#flash").await.unwrap(), "Moved 2 failed event(s) back to pending.");
     host.wait_for("second attempts after the group retry", || async {

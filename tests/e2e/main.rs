@@ -3,8 +3,11 @@
 
 mod acceptance;
 mod admin;
+mod binary;
 mod browser;
 mod conformance;
+mod egress;
+mod hostile;
 mod leases;
 mod operations;
 mod permissions;

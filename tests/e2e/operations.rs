@@ -27,8 +27,12 @@ async fn json(response: reqwest::Response) -> serde_json::Value {
     serde_json::from_str(&response.text().await.unwrap()).unwrap()
 }
 
+/// The admin token of these tests' hosts.
+const TOKEN: &str = "operations-test-token-0123";
+
 fn with_admin(yaml: String) -> outbox_host::config::Config {
-    let yaml = yaml.replace("listen: \"\"", "listen: \"127.0.0.1:0\"\n  stats_interval: 50ms");
+    let yaml =
+        yaml.replace("listen: \"\"", &format!("listen: \"127.0.0.1:0\"\n  stats_interval: 50ms\n  token: \"{TOKEN}\""));
     outbox_host::config::Config::from_yaml(&yaml, std::iter::empty(), &|_| None).unwrap()
 }
 
@@ -106,17 +110,22 @@ async fn the_http_api_shows_retries_and_purges() {
     let missing = client.get(format!("{base}/api/events/nope")).send().await.unwrap();
     assert_eq!(missing.status().as_u16(), 404);
 
-    let unclear = client.post(format!("{base}/api/retry")).send().await.unwrap();
+    let unclear = client.post(format!("{base}/api/retry")).bearer_auth(TOKEN).send().await.unwrap();
     assert_eq!(unclear.status().as_u16(), 400, "a retry must say what to move");
-    let moved = json(client.post(format!("{base}/api/retry?event_id={failed}")).send().await.unwrap()).await;
+    let moved =
+        json(client.post(format!("{base}/api/retry?event_id={failed}")).bearer_auth(TOKEN).send().await.unwrap()).await;
     assert_eq!(moved["moved"], 1);
     let attempts = || world.collector.attempts_of(&failed).len();
     host.wait_for("the retried event's second attempt", || async { attempts() == 2 }).await;
 
-    let purged = json(client.post(format!("{base}/api/purge?delivered_before=1h")).send().await.unwrap()).await;
+    let purged =
+        json(client.post(format!("{base}/api/purge?delivered_before=1h")).bearer_auth(TOKEN).send().await.unwrap())
+            .await;
     assert_eq!(purged["deleted"], 0, "the delivered row is younger than an hour");
     tokio::time::sleep(Duration::from_millis(5)).await;
-    let purged = json(client.post(format!("{base}/api/purge?delivered_before=1ms")).send().await.unwrap()).await;
+    let purged =
+        json(client.post(format!("{base}/api/purge?delivered_before=1ms")).bearer_auth(TOKEN).send().await.unwrap())
+            .await;
     assert_eq!(purged["deleted"], 1);
     assert!(world.producer.get(&done).await.unwrap().is_none());
     host.stop().await;

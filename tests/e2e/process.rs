@@ -1,50 +1,12 @@
 //! The real `outbox-host` binary: signals, exit codes and what the operator reads.
 
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use outbox_host::store::Status;
 
-use crate::support::{PATIENCE, World};
-
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-host");
-
-fn spawn_host(world: &World, yaml: &str) -> Child {
-    let config = world.dir.path().join("outbox.yaml");
-    std::fs::write(&config, yaml).unwrap();
-    Command::new(BIN)
-        .args(["--config", config.to_str().unwrap(), "run"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting outbox-host")
-}
-
-fn signal(child: &Child, name: &str) {
-    let status = Command::new("kill").args([&format!("-{name}"), &child.id().to_string()]).status().unwrap();
-    assert!(status.success());
-}
-
-/// Polls the table (another process's progress has no in-process signal) until `check`.
-async fn wait_table(world: &World, what: &str, check: impl Fn(&outbox_host::store::Stats) -> bool) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        if check(&world.producer.stats().await.unwrap()) {
-            return;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-async fn wait_exit(mut child: Child) -> Output {
-    let deadline = std::time::Instant::now() + PATIENCE;
-    while child.try_wait().unwrap().is_none() {
-        assert!(std::time::Instant::now() < deadline, "outbox-host did not exit");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    child.wait_with_output().unwrap()
-}
+use crate::binary::{BIN, signal, spawn_host, wait_exit, wait_table};
+use crate::support::World;
 
 /// SIGTERM: stop claiming, finish and record the in-flight delivery, hand back the rest,
 /// exit 0 with nothing left `delivering`.
@@ -228,4 +190,42 @@ async fn sink_config_problems_refuse_to_start() {
         assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
         assert!(stderr.contains("sink.config.default: unknown behaviour \"bogus\""), "{command}: {stderr}");
     }
+}
+
+/// SIGTERM while the database is unreachable: the in-flight delivery finishes, its outcome
+/// cannot be written, and after `shutdown_grace` the host names the event, leaves the row to
+/// its lease and exits non-zero, instead of waiting for the database forever.
+async fn sigterm_during_a_database_outage_is_bounded(db: crate::support::TestDb) {
+    let url = reqwest::Url::parse(&db.url).unwrap();
+    let server = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap());
+    let proxy = outbox_test_support::proxy::TcpProxy::start(&server).await;
+    let world = World::on(db).await;
+    let id = world.produce("RoomGiftSent", "room-slow", Status::Pending).await;
+    let yaml = world
+        .yaml("publish_timeout: 5s\nshutdown_grace: 1s", "room.room-slow: sleep:1500")
+        .replace(&server, &proxy.addr().to_string());
+    let child = spawn_host(&world, &yaml);
+    wait_table(&world, "the claim", |s| s.count(Status::Delivering) == 1).await;
+    proxy.cut();
+    signal(&child, "TERM");
+    let output = crate::binary::wait_exit_within(child, Duration::from_secs(20)).await;
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "log:\n{log}");
+    assert!(log.contains("shutdown grace ran out with outcomes unwritten"), "log:\n{log}");
+    assert!(log.contains(&id), "the unwritten event is not named:\n{log}");
+    let row = world.row(&id).await;
+    assert_eq!(row.status, Status::Delivering, "left to its lease");
+    assert_eq!(world.collector.attempts_of(&id).len(), 1, "the delivery itself ran");
+}
+
+#[tokio::test]
+async fn sigterm_during_a_postgres_outage_is_bounded() {
+    let Some(db) = crate::support::TestDb::postgres().await else { return };
+    sigterm_during_a_database_outage_is_bounded(db).await;
+}
+
+#[tokio::test]
+async fn sigterm_during_a_mysql_outage_is_bounded() {
+    let Some(db) = crate::support::TestDb::mysql().await else { return };
+    sigterm_during_a_database_outage_is_bounded(db).await;
 }

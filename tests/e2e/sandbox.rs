@@ -140,9 +140,7 @@ async fn the_compiled_sink_is_cached_and_a_corrupt_entry_is_replaced() {
     );
     let config = outbox_host::config::Config::from_yaml(&yaml, std::iter::empty(), &|_| None).unwrap();
     let sink = config.sink.clone().unwrap();
-    let cached = || -> Vec<std::path::PathBuf> {
-        std::fs::read_dir(&cache).map(|d| d.map(|e| e.unwrap().path()).collect()).unwrap_or_default()
-    };
+    let cached = || cwasm_files(&cache);
 
     outbox_host::sink::SinkRuntime::load(&sink, 4).unwrap();
     let files = cached();
@@ -168,4 +166,74 @@ async fn the_compiled_sink_is_cached_and_a_corrupt_entry_is_replaced() {
     };
     let delivered = runtime.deliver(&event, std::time::Duration::from_secs(2)).await;
     assert_eq!(delivered, Ok(outbox_host::sink::Delivered::Delivered));
+}
+
+fn cwasm_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|d| d.map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "cwasm")).collect())
+        .unwrap_or_default()
+}
+
+/// A compiled entry planted in the cache (here: another sink's valid native code, under
+/// this sink's name) is never run: its tag does not verify, so the sink is compiled again,
+/// and what delivers is the configured sink.
+#[tokio::test]
+async fn a_planted_cache_entry_is_not_run() {
+    use outbox_host::config::Config;
+    use outbox_host::sink::{Delivered, SinkRuntime};
+
+    let world = World::new().await;
+    let yaml = |plugin: &str, cache: &std::path::Path| {
+        let default_cache = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sink-cache");
+        world
+            .yaml("", "default: skip")
+            .replace(outbox_test_support::FAKE_SINK, plugin)
+            .replace(&default_cache.display().to_string(), &cache.display().to_string())
+    };
+    let ours = world.dir.path().join("ours");
+    let theirs = world.dir.path().join("theirs");
+    let sink_of = |plugin: &str, cache: &std::path::Path| {
+        Config::from_yaml(&yaml(plugin, cache), std::iter::empty(), &|_| None).unwrap().sink.unwrap()
+    };
+    SinkRuntime::load(&sink_of(outbox_test_support::FAKE_SINK, &ours), 4).unwrap();
+    SinkRuntime::load(&sink_of(outbox_test_support::TENCENT_IM_SINK, &theirs), 4).unwrap();
+    let (entry, planted) = (cwasm_files(&ours).remove(0), cwasm_files(&theirs).remove(0));
+    std::fs::copy(&planted, &entry).unwrap();
+    let planted_bytes = std::fs::read(&entry).unwrap();
+
+    let runtime = SinkRuntime::load(&sink_of(outbox_test_support::FAKE_SINK, &ours), 4).unwrap();
+    assert_ne!(std::fs::read(&entry).unwrap(), planted_bytes, "the planted entry was kept");
+    let event = outbox_host::sink::Event {
+        app_code: "a".into(),
+        event_id: "evt-1".into(),
+        event_type: "RoomGiftSent".into(),
+        room_id: "room-1".into(),
+        room_version: 1,
+        occurred_at_ms: 0,
+        body: vec![],
+        attempt: 1,
+    };
+    let outcome = runtime.deliver(&event, std::time::Duration::from_secs(2)).await;
+    assert_eq!(
+        outcome,
+        Ok(Delivered::Skipped("fake sink does not carry RoomGiftSent".into())),
+        "another sink's code ran"
+    );
+}
+
+/// A cache directory other users can write is refused at start, naming the key.
+#[tokio::test]
+async fn a_cache_directory_others_can_write_is_refused() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let world = World::new().await;
+    let open = world.dir.path().join("open-cache");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let default_cache = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sink-cache");
+    let yaml = world.yaml("", "").replace(&default_cache.display().to_string(), &open.display().to_string());
+    let sink = outbox_host::config::Config::from_yaml(&yaml, std::iter::empty(), &|_| None).unwrap().sink.unwrap();
+    let err =
+        outbox_host::sink::SinkRuntime::load(&sink, 4).err().expect("an open cache directory is refused").to_string();
+    assert!(err.starts_with("sink.cache_dir:") && err.contains("writable by other users"), "{err}");
+    assert!(cwasm_files(&open).is_empty(), "something was written into it");
 }

@@ -156,7 +156,7 @@ impl World {
             "node_id: test-node\n\
              database:\n  url: \"{db}\"\n  max_connections: 4\n\
              outbox_worker:\n{worker}\
-             sink:\n  name: {name}\n  plugin: \"{plugin}\"\n  cache_dir: \"{cache}\"\n  memory_limit: 16MiB\n  allowed_hosts: [{hosts}]\n  config:\n{config}\
+             sink:\n  name: {name}\n  plugin: \"{plugin}\"\n  cache_dir: \"{cache}\"\n  memory_limit: 16MiB\n  allow_http: true\n  allowed_hosts: [{hosts}]\n  config:\n{config}\
              admin:\n  listen: \"\"\n",
             db = self.db_url(),
             worker = indent(&worker_lines.join("\n"), "  "),

@@ -8,6 +8,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::routing::{get, post};
 
+pub mod proxy;
 pub mod tencent;
 pub mod webdriver;
 
@@ -25,29 +26,56 @@ pub struct Report {
 }
 
 /// A local HTTP server the fake sink reports each attempt to (`POST /report`), which also
-/// answers `GET /ok` with 200 for the sink's `http:` behaviour.
+/// answers `GET /ok` and `POST /ok` with 200 for the sink's `http` behaviours, and records
+/// every request's headers and body size there.
 pub struct Collector {
     addr: SocketAddr,
     reports: Arc<Mutex<Vec<Report>>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+/// One request to `/ok` as the server received it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    /// Header names (lower case) and values.
+    pub headers: Vec<(String, String)>,
+    /// Body length.
+    pub body_len: usize,
 }
 
 impl Collector {
     /// Starts the server on a free loopback port.
     pub async fn start() -> Collector {
-        let reports: Arc<Mutex<Vec<Report>>> = Arc::default();
-        let app = Router::new()
-            .route("/report", post(record))
-            .route("/ok", get(|| async { "ok" }))
-            .with_state(reports.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binding the collector");
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await.expect("collector server") });
-        Collector { addr, reports }
+        Collector::start_on("127.0.0.1:0").await
     }
 
-    /// `host:port`, for the sink's `allowed_hosts`.
+    /// Starts the server on `addr` (e.g. `[::1]:0`).
+    pub async fn start_on(addr: &str) -> Collector {
+        let reports: Arc<Mutex<Vec<Report>>> = Arc::default();
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let app = Router::new()
+            .route("/report", post(record))
+            .with_state(reports.clone())
+            .merge(Router::new().route("/ok", get(observe).post(observe)).with_state(seen.clone()));
+        let listener = tokio::net::TcpListener::bind(addr).await.expect("binding the collector");
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.expect("collector server") });
+        Collector { addr, reports, seen }
+    }
+
+    /// The requests `/ok` received so far.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// `host:port` (`[v6]:port` for IPv6), for the sink's `allowed_hosts`.
     pub fn host_port(&self) -> String {
         self.addr.to_string()
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
     }
 
     /// A URL on this server.
@@ -64,6 +92,19 @@ impl Collector {
     pub fn attempts_of(&self, event_id: &str) -> Vec<Report> {
         self.reports().into_iter().filter(|r| r.event_id == event_id).collect()
     }
+}
+
+async fn observe(
+    State(seen): State<Arc<Mutex<Vec<Seen>>>>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> &'static str {
+    let headers = headers
+        .iter()
+        .map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+        .collect();
+    seen.lock().unwrap().push(Seen { headers, body_len: body.len() });
+    "ok"
 }
 
 async fn record(State(reports): State<Arc<Mutex<Vec<Report>>>>, body: String) -> &'static str {

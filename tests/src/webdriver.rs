@@ -146,6 +146,24 @@ impl Browser {
             .map(|_| ())
     }
 
+    /// Types `text` into the input matching `css`.
+    pub async fn type_into(&self, css: &str, text: &str) -> Result<(), String> {
+        let element = self.find(css).await?;
+        self.call("POST", &format!("/session/{}/element/{element}/value", self.session), Some(json!({ "text": text })))
+            .await
+            .map(|_| ())
+    }
+
+    /// The page's source as the browser has it.
+    pub async fn source(&self) -> Result<String, String> {
+        Ok(self
+            .call("GET", &format!("/session/{}/source", self.session), None)
+            .await?
+            .as_str()
+            .unwrap_or_default()
+            .to_string())
+    }
+
     /// The URL the browser shows now.
     pub async fn url(&self) -> Result<String, String> {
         Ok(self

@@ -52,6 +52,30 @@ pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 1 << 20;
 pub const DEFAULT_STATS_INTERVAL: Duration = Duration::from_secs(5);
 /// Default `admin.listen`: loopback only.
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9464";
+/// Default `outbox_worker.shutdown_grace`: how long outcomes may take to be written after
+/// the in-flight deliveries have finished, before the host gives up on a database that is away.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Default `sink.max_retry_after`: a sink's `retry-after-ms` above this is clamped to it.
+pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+/// Default `sink.max_log_lines`: `log.log` calls kept per attempt.
+pub const DEFAULT_MAX_LOG_LINES: u32 = 100;
+/// Default `sink.max_log_bytes`: bytes of `log.log` messages kept per attempt.
+pub const DEFAULT_MAX_LOG_BYTES: u64 = 64 << 10;
+/// Default `sink.max_message_bytes`: the longest single log message or failure message.
+pub const DEFAULT_MAX_MESSAGE_BYTES: u64 = 4 << 10;
+/// Default `sink.max_skip_reason_bytes`: the longest `skipped` reason.
+pub const DEFAULT_MAX_SKIP_REASON_BYTES: u64 = 512;
+/// Default `sink.max_stdio_bytes`: captured stdout (and, apart, stderr) per attempt.
+pub const DEFAULT_MAX_STDIO_BYTES: u64 = 16 << 10;
+/// Default `sink.max_requests`: `http.send` calls per attempt.
+pub const DEFAULT_MAX_REQUESTS: u32 = 16;
+/// Default `sink.max_request_bytes`: the largest request body a sink may send.
+pub const DEFAULT_MAX_REQUEST_BYTES: u64 = 1 << 20;
+/// Identifier length limits: PostgreSQL truncates past 63 bytes, MySQL refuses past 64.
+const POSTGRES_MAX_IDENTIFIER: usize = 63;
+const MYSQL_MAX_IDENTIFIER: usize = 64;
+/// The suffix of the migrations bookkeeping table, `<table>_migrations`.
+pub const MIGRATIONS_SUFFIX: &str = "_migrations";
 
 /// The whole host configuration, validated.
 #[derive(Debug, Clone)]
@@ -66,10 +90,8 @@ pub struct Config {
     pub worker: WorkerConfig,
     /// The WebAssembly sink every event goes to (required by `run` and `check-config`).
     pub sink: Option<SinkConfig>,
-    /// The admin HTTP listener (`None` when `admin.listen` is empty).
-    pub admin_listen: Option<SocketAddr>,
-    /// How often the table counts behind the metrics' gauges are read.
-    pub stats_interval: Duration,
+    /// The admin HTTP listener.
+    pub admin: AdminConfig,
     /// Log output.
     pub log: LogConfig,
     /// Things worth telling the operator that are not errors (a value fell back to its default).
@@ -94,6 +116,30 @@ impl fmt::Debug for DatabaseConfig {
     }
 }
 
+/// `admin:`.
+#[derive(Clone)]
+pub struct AdminConfig {
+    /// Where the listener binds (`None` when `admin.listen` is empty).
+    pub listen: Option<SocketAddr>,
+    /// How often the table counts behind the metrics' gauges are read.
+    pub stats_interval: Duration,
+    /// The bearer token that mutating endpoints require; without one they are refused.
+    pub token: Option<String>,
+    /// `Host` names answered besides IP literals and `localhost` (DNS-rebinding defence).
+    pub allowed_hosts: Vec<String>,
+}
+
+impl fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdminConfig")
+            .field("listen", &self.listen)
+            .field("stats_interval", &self.stats_interval)
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .field("allowed_hosts", &self.allowed_hosts)
+            .finish()
+    }
+}
+
 /// `outbox_worker:`.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -113,6 +159,9 @@ pub struct WorkerConfig {
     pub lease: Duration,
     /// After this many failed attempts a row becomes `failed`; 0 retries forever (the seed).
     pub max_attempts: u32,
+    /// After shutdown begins and in-flight deliveries have finished, how long the host keeps
+    /// trying to write their outcomes and hand back unstarted rows before it gives up.
+    pub shutdown_grace: Duration,
     /// The seed's loop, for the benchmark's baseline only (not a config key): wait
     /// `poll_interval` after every batch, full or not.
     pub seed_loop: bool,
@@ -138,6 +187,7 @@ impl Default for WorkerConfig {
             concurrency: DEFAULT_CONCURRENCY,
             lease: Self::min_lease(DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_PUBLISH_TIMEOUT),
             max_attempts: 0,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             seed_loop: false,
         }
     }
@@ -158,8 +208,51 @@ pub struct SinkConfig {
     pub max_response_bytes: u64,
     /// Where compiled components are cached (`None` disables the cache).
     pub cache_dir: Option<PathBuf>,
+    /// Whether plain `http://` URLs may be used (only `https://` otherwise).
+    pub allow_http: bool,
+    /// A proxy for the sink's requests; the host's `HTTP(S)_PROXY` environment never applies.
+    pub proxy: Option<String>,
+    /// What one attempt may emit and send.
+    pub budgets: SinkBudgets,
     /// The sink's own settings, read by it through `config.get`.
     pub config: SinkSettings,
+}
+
+/// Bounds on what one attempt of a sink may emit or ask for; the excess is clamped or dropped
+/// (and counted), never trusted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SinkBudgets {
+    /// A `retry-after-ms` above this is clamped to it.
+    pub max_retry_after: Duration,
+    /// `log.log` lines kept per attempt.
+    pub max_log_lines: u32,
+    /// Bytes of log messages kept per attempt.
+    pub max_log_bytes: u64,
+    /// The longest single log message or failure message.
+    pub max_message_bytes: u64,
+    /// The longest `skipped` reason.
+    pub max_skip_reason_bytes: u64,
+    /// Captured bytes of stdout, and apart of stderr, per attempt.
+    pub max_stdio_bytes: u64,
+    /// `http.send` calls per attempt.
+    pub max_requests: u32,
+    /// The largest request body.
+    pub max_request_bytes: u64,
+}
+
+impl Default for SinkBudgets {
+    fn default() -> Self {
+        SinkBudgets {
+            max_retry_after: DEFAULT_MAX_RETRY_AFTER,
+            max_log_lines: DEFAULT_MAX_LOG_LINES,
+            max_log_bytes: DEFAULT_MAX_LOG_BYTES,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            max_skip_reason_bytes: DEFAULT_MAX_SKIP_REASON_BYTES,
+            max_stdio_bytes: DEFAULT_MAX_STDIO_BYTES,
+            max_requests: DEFAULT_MAX_REQUESTS,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+        }
+    }
 }
 
 /// The sink's `config:` map. Values may be secrets, so `Debug` shows only the keys.
@@ -265,10 +358,12 @@ fn read_config(f: &mut Fields<'_>, notes: &mut Vec<String>) -> Config {
     if !is_name(&node_id, 64) {
         f.problem("node_id", "must be 1-64 characters of letters, digits, '.', '_' or '-'");
     }
+    let mut backend = None;
     let database = f.section("database", |f| {
         let url = f.take::<String>("url").unwrap_or_else(|| DEFAULT_DATABASE_URL.into());
-        if let Err(why) = crate::store::Backend::from_url(&url) {
-            f.problem("url", why);
+        match crate::store::Backend::from_url(&url) {
+            Ok(b) => backend = Some(b),
+            Err(why) => f.problem("url", why),
         }
         let max_connections = f.take::<u32>("max_connections").unwrap_or(DEFAULT_MAX_CONNECTIONS);
         if max_connections == 0 {
@@ -280,29 +375,23 @@ fn read_config(f: &mut Fields<'_>, notes: &mut Vec<String>) -> Config {
         let table = f.take::<String>("table").unwrap_or_else(|| DEFAULT_TABLE.into());
         if !is_identifier(&table) {
             f.problem("table", format!("{table:?} is not a plain SQL identifier (letters, digits and '_', not starting with a digit, at most 63)"));
+        } else if let Some(limit) = backend.and_then(identifier_limit) {
+            let bookkeeping = format!("{table}{MIGRATIONS_SUFFIX}");
+            if bookkeeping.len() > limit {
+                f.problem(
+                    "table",
+                    format!(
+                        "{table:?} is too long: its migrations table {bookkeeping:?} would exceed this database's {limit}-character identifier limit (use at most {} characters)",
+                        limit - MIGRATIONS_SUFFIX.len()
+                    ),
+                );
+            }
         }
         table
     });
     let worker = f.section("outbox_worker", |f| read_worker(f, notes));
     let sink = f.has("sink").then(|| f.section("sink", read_sink));
-    let mut stats_interval = DEFAULT_STATS_INTERVAL;
-    let admin_listen = f.section("admin", |f| {
-        stats_interval = positive_duration(f, "stats_interval", DEFAULT_STATS_INTERVAL, notes);
-        let listen = f.take::<String>("listen").unwrap_or_else(|| DEFAULT_ADMIN_LISTEN.into());
-        if listen.is_empty() {
-            return None;
-        }
-        match listen.parse::<SocketAddr>() {
-            Ok(addr) => Some(addr),
-            Err(_) => {
-                f.problem(
-                    "listen",
-                    format!("{listen:?} is not an address such as 127.0.0.1:9464 (empty turns the admin listener off)"),
-                );
-                None
-            }
-        }
-    });
+    let admin = f.section("admin", |f| read_admin(f, notes));
     let log = f.section("log", |f| {
         let format = match f.take::<String>("format").as_deref() {
             None | Some("text") => LogFormat::Text,
@@ -318,7 +407,49 @@ fn read_config(f: &mut Fields<'_>, notes: &mut Vec<String>) -> Config {
         }
         LogConfig { format, level }
     });
-    Config { node_id, database, table, worker, sink, admin_listen, stats_interval, log, notes: Vec::new() }
+    Config { node_id, database, table, worker, sink, admin, log, notes: Vec::new() }
+}
+
+/// The identifier length limit of a server database (SQLite has none that matters).
+fn identifier_limit(backend: crate::store::Backend) -> Option<usize> {
+    match backend {
+        crate::store::Backend::Postgres => Some(POSTGRES_MAX_IDENTIFIER),
+        crate::store::Backend::Mysql => Some(MYSQL_MAX_IDENTIFIER),
+        crate::store::Backend::Sqlite => None,
+    }
+}
+
+fn read_admin(f: &mut Fields<'_>, notes: &mut Vec<String>) -> AdminConfig {
+    let stats_interval = positive_duration(f, "stats_interval", DEFAULT_STATS_INTERVAL, notes);
+    let text = f.take::<String>("listen").unwrap_or_else(|| DEFAULT_ADMIN_LISTEN.into());
+    let listen = if text.is_empty() {
+        None
+    } else {
+        match text.parse::<SocketAddr>() {
+            Ok(addr) => Some(addr),
+            Err(_) => {
+                f.problem(
+                    "listen",
+                    format!("{text:?} is not an address such as 127.0.0.1:9464 (empty turns the admin listener off)"),
+                );
+                None
+            }
+        }
+    };
+    let token = f.take::<String>("token").filter(|t| !t.is_empty());
+    if let Some(token) = &token
+        && (token.len() < 16 || token.chars().any(|c| c.is_whitespace() || c.is_control()))
+    {
+        f.problem("token", "must be at least 16 characters without spaces (e.g. `openssl rand -hex 32`)");
+    }
+    let allowed_hosts = f.take::<Vec<String>>("allowed_hosts").unwrap_or_default();
+    for host in &allowed_hosts {
+        if host.is_empty() || !host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-')) {
+            f.problem("allowed_hosts", format!("{host:?} is not a host name (the Host header without its port)"));
+        }
+    }
+    let allowed_hosts = allowed_hosts.into_iter().map(|h| h.to_ascii_lowercase()).collect();
+    AdminConfig { listen, stats_interval, token, allowed_hosts }
 }
 
 /// Reads a duration key; non-positive values fall back to `default` with a note.
@@ -398,6 +529,7 @@ fn read_worker(f: &mut Fields<'_>, notes: &mut Vec<String>) -> WorkerConfig {
         },
     };
     let max_attempts = f.take::<u32>("max_attempts").unwrap_or(0);
+    let shutdown_grace = positive_duration(f, "shutdown_grace", DEFAULT_SHUTDOWN_GRACE, notes);
     WorkerConfig {
         enabled,
         poll_interval,
@@ -407,6 +539,7 @@ fn read_worker(f: &mut Fields<'_>, notes: &mut Vec<String>) -> WorkerConfig {
         concurrency,
         lease,
         max_attempts,
+        shutdown_grace,
         seed_loop: false,
     }
 }
@@ -454,8 +587,59 @@ fn read_sink(f: &mut Fields<'_>) -> SinkConfig {
         Some(dir) => Some(PathBuf::from(dir)),
         None => default_cache_dir(),
     };
+    let allow_http = f.take::<bool>("allow_http").unwrap_or(false);
+    let proxy = f.take::<String>("proxy").filter(|p| !p.is_empty());
+    if let Some(proxy) = &proxy
+        && reqwest::Proxy::all(proxy.as_str()).is_err()
+    {
+        f.problem("proxy", format!("{:?} is not a proxy URL such as http://proxy:3128", redact_url(proxy)));
+    }
+    let defaults = SinkBudgets::default();
+    let count = |f: &mut Fields<'_>, key: &str, default: u32, max: u32| match f.take::<i64>(key) {
+        None => default,
+        Some(n) if (1..=i64::from(max)).contains(&n) => n as u32,
+        Some(n) => {
+            f.problem(key, format!("{n} is outside 1..={max}"));
+            default
+        }
+    };
+    let max_retry_after = match f.take::<String>("max_retry_after") {
+        None => defaults.max_retry_after,
+        Some(text) => match units::parse_duration_ms(&text) {
+            Ok(ms) if ms > 0 => Duration::from_millis(ms as u64),
+            Ok(_) => {
+                f.problem("max_retry_after", "must be positive");
+                defaults.max_retry_after
+            }
+            Err(why) => {
+                f.problem("max_retry_after", why);
+                defaults.max_retry_after
+            }
+        },
+    };
+    let budgets = SinkBudgets {
+        max_retry_after,
+        max_log_lines: count(f, "max_log_lines", defaults.max_log_lines, 100_000),
+        max_log_bytes: size(f, "max_log_bytes", defaults.max_log_bytes, 1024, 64 << 20),
+        max_message_bytes: size(f, "max_message_bytes", defaults.max_message_bytes, 64, 1 << 20),
+        max_skip_reason_bytes: size(f, "max_skip_reason_bytes", defaults.max_skip_reason_bytes, 16, 64 << 10),
+        max_stdio_bytes: size(f, "max_stdio_bytes", defaults.max_stdio_bytes, 0, 64 << 20),
+        max_requests: count(f, "max_requests", defaults.max_requests, 10_000),
+        max_request_bytes: size(f, "max_request_bytes", defaults.max_request_bytes, 0, 256 << 20),
+    };
     let config = SinkSettings(f.string_map("config"));
-    SinkConfig { name, plugin, allowed_hosts, memory_limit, max_response_bytes, cache_dir, config }
+    SinkConfig {
+        name,
+        plugin,
+        allowed_hosts,
+        memory_limit,
+        max_response_bytes,
+        cache_dir,
+        allow_http,
+        proxy,
+        budgets,
+        config,
+    }
 }
 
 fn default_node_id() -> String {

@@ -24,7 +24,7 @@ fn an_empty_file_gets_the_seed_defaults() {
     assert_eq!(w.max_attempts, 0);
     assert_eq!(config.database.url, "sqlite://outbox.db");
     assert_eq!(config.table, "room_outbox");
-    assert_eq!(config.admin_listen, Some("127.0.0.1:9464".parse().unwrap()));
+    assert_eq!(config.admin.listen, Some("127.0.0.1:9464".parse().unwrap()));
     assert!(config.sink.is_none());
     assert!(config.require_sink("run").is_err());
 }
@@ -176,7 +176,7 @@ fn sink_limits_and_hosts_are_checked() {
 
 #[test]
 fn admin_can_be_turned_off() {
-    assert_eq!(parse("admin:\n  listen: \"\"\n").unwrap().admin_listen, None);
+    assert_eq!(parse("admin:\n  listen: \"\"\n").unwrap().admin.listen, None);
 }
 
 #[test]
@@ -184,4 +184,60 @@ fn passwords_are_redacted() {
     assert_eq!(redact_url("postgres://app:hunter2@db:5432/x"), "postgres://app:***@db:5432/x");
     assert_eq!(redact_url("mysql://root@127.0.0.1/test"), "mysql://root@127.0.0.1/test");
     assert_eq!(redact_url("sqlite://outbox.db"), "sqlite://outbox.db");
+}
+
+#[test]
+fn a_table_whose_migrations_table_would_be_too_long_is_refused_per_database() {
+    let table = "t".repeat(53);
+    let on = |url: &str| format!("database:\n  url: \"{url}\"\noutbox:\n  table: {table}\n");
+    let pg = problems(&on("postgres://h/db"));
+    assert_eq!(pg.len(), 1, "{pg:?}");
+    assert!(pg[0].starts_with("outbox.table:") && pg[0].contains("use at most 52 characters"), "{pg:?}");
+    assert!(parse(&on("mysql://h/db")).is_ok(), "MySQL allows 64: 53 + 11 fits");
+    assert!(parse(&on("sqlite://x.db")).is_ok());
+}
+
+#[test]
+fn sink_budgets_and_egress_settings_have_defaults_and_bounds() {
+    let sink = parse(SINK).unwrap().sink.unwrap();
+    assert_eq!(sink.budgets, SinkBudgets::default());
+    assert_eq!(sink.budgets.max_retry_after, Duration::from_secs(3600));
+    assert!(!sink.allow_http, "plain http is opt-in");
+    assert_eq!(sink.proxy, None);
+
+    let custom = parse(&format!(
+        "{SINK}  allow_http: true\n  max_retry_after: 90s\n  max_log_lines: 5\n  max_stdio_bytes: 0\n  proxy: \"http://proxy:3128\"\n"
+    ));
+    {
+        let config = custom.unwrap();
+        let sink = config.sink.as_ref().unwrap();
+        assert_eq!(sink.budgets.max_retry_after, Duration::from_secs(90));
+        assert!(sink.allow_http);
+        assert_eq!(sink.budgets.max_log_lines, 5);
+        assert_eq!(sink.budgets.max_stdio_bytes, 0);
+        assert_eq!(sink.proxy.as_deref(), Some("http://proxy:3128"));
+    }
+    let bad =
+        problems(&format!("{SINK}  max_log_lines: 0\n  max_requests: -1\n  proxy: \"::\"\n  max_retry_after: 0s\n"));
+    for key in ["sink.max_log_lines:", "sink.max_requests:", "sink.proxy:", "sink.max_retry_after:"] {
+        assert!(bad.iter().any(|p| p.starts_with(key)), "{key} missing from {bad:?}");
+    }
+}
+
+#[test]
+fn the_admin_token_must_be_long_and_is_never_printed() {
+    let bad = problems("admin:\n  token: short\n");
+    assert!(bad[0].starts_with("admin.token: must be at least 16 characters"), "{bad:?}");
+    let config = parse("admin:\n  token: \"0123456789abcdef-secret\"\n  allowed_hosts: [outbox.internal]\n").unwrap();
+    assert_eq!(config.admin.token.as_deref(), Some("0123456789abcdef-secret"));
+    assert_eq!(config.admin.allowed_hosts, vec!["outbox.internal".to_string()]);
+    assert!(!format!("{config:?}").contains("secret"), "the token shows in Debug output");
+}
+
+#[test]
+fn shutdown_grace_has_a_default_and_falls_back_when_not_positive() {
+    assert_eq!(parse("").unwrap().worker.shutdown_grace, DEFAULT_SHUTDOWN_GRACE);
+    let config = parse("outbox_worker:\n  shutdown_grace: 0s\n").unwrap();
+    assert_eq!(config.worker.shutdown_grace, DEFAULT_SHUTDOWN_GRACE);
+    assert!(config.notes[0].starts_with("outbox_worker.shutdown_grace:"), "{:?}", config.notes);
 }

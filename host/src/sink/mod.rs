@@ -5,7 +5,10 @@
 
 mod bindings;
 mod cache;
+mod capture;
+mod egress;
 mod http;
+mod state;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,25 +16,29 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio::time::Instant;
-use wasmtime::component::{HasSelf, Linker, ResourceTable};
+use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{
-    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimits, StoreLimitsBuilder, Trap,
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimitsBuilder, Trap,
     UpdateDeadline,
 };
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
-use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi::WasiCtxBuilder;
 
 pub use bindings::{Event, FailureKind};
-use bindings::{HttpError, HttpRequest, HttpResponse, Level, Outcome, SinkPre};
-pub use http::HostPattern;
-use http::HttpPolicy;
+use bindings::{Outcome, SinkPre};
+use capture::Capture;
+pub use egress::HostPattern;
+use http::{HttpPolicy, PolicySettings};
+use state::{DeliveryState, Shared};
 
 use crate::config::SinkConfig;
+use crate::metrics::Metrics;
+use crate::text::{printable, printable_within};
 
 /// How often the epoch advances; the granularity of the CPU deadline.
 const EPOCH_TICK: Duration = Duration::from_millis(10);
-/// Captured stdout/stderr kept per delivery.
-const STDIO_CAPTURE: usize = 16 * 1024;
+/// At most this many config problems a sink reports are shown, each at most this long.
+const MAX_CONFIG_PROBLEMS: usize = 20;
+const MAX_CONFIG_PROBLEM_BYTES: usize = 300;
 
 /// Anything the worker can hand events to: the WebAssembly runtime, or a native stand-in
 /// (the benchmark's floor).
@@ -105,55 +112,6 @@ impl AttemptFailure {
     }
 }
 
-/// What every delivery store of one sink shares.
-struct Shared {
-    name: String,
-    settings: std::collections::BTreeMap<String, String>,
-    http: HttpPolicy,
-}
-
-/// The per-delivery store data: a locked-down WASI context plus the host's imports.
-pub struct DeliveryState {
-    wasi: WasiCtx,
-    table: ResourceTable,
-    limits: StoreLimits,
-    shared: Arc<Shared>,
-    deadline: Instant,
-}
-
-impl WasiView for DeliveryState {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
-    }
-}
-
-impl bindings::outbox::sink::types::Host for DeliveryState {}
-
-impl bindings::outbox::sink::config::Host for DeliveryState {
-    async fn get(&mut self, key: String) -> Option<String> {
-        self.shared.settings.get(&key).cloned()
-    }
-}
-
-impl bindings::outbox::sink::http::Host for DeliveryState {
-    async fn send(&mut self, req: HttpRequest) -> Result<HttpResponse, HttpError> {
-        self.shared.http.send(req, self.deadline).await
-    }
-}
-
-impl bindings::outbox::sink::log::Host for DeliveryState {
-    async fn log(&mut self, level: Level, message: String) {
-        let sink = self.shared.name.as_str();
-        match level {
-            Level::Trace => tracing::trace!(sink, "{message}"),
-            Level::Debug => tracing::debug!(sink, "{message}"),
-            Level::Info => tracing::info!(sink, "{message}"),
-            Level::Warn => tracing::warn!(sink, "{message}"),
-            Level::Error => tracing::error!(sink, "{message}"),
-        }
-    }
-}
-
 /// A loaded sink, ready to deliver events concurrently.
 pub struct SinkRuntime {
     engine: Engine,
@@ -173,11 +131,17 @@ impl SinkRuntime {
     /// Compiles (or loads from cache), links and pre-instantiates the sink's component.
     /// `concurrency` sizes the instance pool. Errors say what is wrong with the plugin.
     pub fn load(config: &SinkConfig, concurrency: u32) -> anyhow::Result<SinkRuntime> {
+        Self::load_with(config, concurrency, Arc::new(Metrics::new(&config.name)))
+    }
+
+    /// [`SinkRuntime::load`], counting what the sink exceeds into `metrics`.
+    pub fn load_with(config: &SinkConfig, concurrency: u32, metrics: Arc<Metrics>) -> anyhow::Result<SinkRuntime> {
         let plugin = &config.plugin;
         let bytes = std::fs::read(plugin).with_context(|| format!("sink.plugin: cannot read {}", plugin.display()))?;
         let memory_limit = usize::try_from(config.memory_limit).unwrap_or(usize::MAX);
         let engine = Engine::new(&engine_config(concurrency, memory_limit))?;
-        let component = cache::load(&engine, &bytes, config.cache_dir.as_deref()).map_err(|e| {
+        let cache = config.cache_dir.as_deref().map(cache::open).transpose()?;
+        let component = cache::load(&engine, &bytes, cache.as_ref()).map_err(|e| {
             let hint = if bytes.starts_with(b"\0asm\x01\0\0\0") {
                 " (this is a core wasm module, not a component: build the sink for wasm32-wasip2)"
             } else {
@@ -205,10 +169,20 @@ impl SinkRuntime {
             .iter()
             .map(|h| HostPattern::parse(h).map_err(anyhow::Error::msg))
             .collect::<Result<_, _>>()?;
+        let http = HttpPolicy::new(PolicySettings {
+            allowed,
+            allow_http: config.allow_http,
+            proxy: config.proxy.as_deref(),
+            max_response_bytes: config.max_response_bytes,
+            max_request_bytes: config.budgets.max_request_bytes,
+        })?;
         let shared = Arc::new(Shared {
             name: config.name.clone(),
             settings: config.config.0.clone(),
-            http: HttpPolicy::new(allowed, config.max_response_bytes)?,
+            http,
+            budgets: config.budgets.clone(),
+            metrics,
+            retry_after_clamp_said: AtomicBool::new(false),
         });
         let ticker_stop = Arc::new(AtomicBool::new(false));
         spawn_epoch_ticker(engine.weak(), ticker_stop.clone());
@@ -217,18 +191,22 @@ impl SinkRuntime {
 
     /// Loads the sink (compiling off the async runtime) and asks it to check its config;
     /// problems it reports refuse start-up like any other config problem.
-    pub async fn load_checked(config: &SinkConfig, concurrency: u32, timeout: Duration) -> anyhow::Result<SinkRuntime> {
+    /// Problems it reports are shown under `sink.config.` (so they cannot pose as the host's
+    /// own keys), escaped, and bounded in number and length.
+    pub async fn load_checked(
+        config: &SinkConfig,
+        concurrency: u32,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<SinkRuntime> {
         let owned = config.clone();
-        let runtime = tokio::task::spawn_blocking(move || SinkRuntime::load(&owned, concurrency)).await??;
+        let runtime =
+            tokio::task::spawn_blocking(move || SinkRuntime::load_with(&owned, concurrency, metrics)).await??;
         let problems = runtime.check_config(timeout).await.map_err(|f| {
             anyhow::anyhow!("sink.plugin: {} failed its config check: {}", config.plugin.display(), f.message)
         })?;
         if !problems.is_empty() {
-            let problems = problems
-                .into_iter()
-                .map(|p| if p.starts_with("sink.") { p } else { format!("sink.config.{p}") })
-                .collect();
-            return Err(crate::config::ConfigError { source_file: None, problems }.into());
+            return Err(crate::config::ConfigError { source_file: None, problems: sink_problems(problems) }.into());
         }
         Ok(runtime)
     }
@@ -239,20 +217,53 @@ impl SinkRuntime {
     }
 
     /// Runs one delivery in a fresh store, bounded by `timeout`.
+    /// What the sink returns is bounded here: reasons and messages are escaped and clipped,
+    /// and a `retry-after-ms` above `sink.max_retry_after` is clamped to it.
     pub async fn deliver(&self, event: &Event, timeout: Duration) -> Result<Delivered, AttemptFailure> {
+        let budgets = &self.shared.budgets;
         match self.call(Call::Deliver(event), timeout).await? {
             Returned::Delivery(Ok(Outcome::Delivered)) => Ok(Delivered::Delivered),
-            Returned::Delivery(Ok(Outcome::Skipped(reason))) => Ok(Delivered::Skipped(reason)),
-            Returned::Delivery(Err(failure)) => Err(AttemptFailure {
-                class: match failure.kind {
-                    FailureKind::Retryable => FailureClass::Retryable,
-                    FailureKind::Permanent => FailureClass::Permanent,
-                },
-                message: failure.message,
-                retry_after: failure.retry_after_ms.map(Duration::from_millis),
-            }),
+            Returned::Delivery(Ok(Outcome::Skipped(reason))) => {
+                let (reason, clipped) = printable_within(&reason, budgets.max_skip_reason_bytes as usize);
+                if clipped {
+                    self.shared.metrics.sink_limit("skip_reason");
+                }
+                Ok(Delivered::Skipped(reason))
+            }
+            Returned::Delivery(Err(failure)) => {
+                let (message, clipped) = printable_within(&failure.message, budgets.max_message_bytes as usize);
+                if clipped {
+                    self.shared.metrics.sink_limit("message");
+                }
+                Err(AttemptFailure {
+                    class: match failure.kind {
+                        FailureKind::Retryable => FailureClass::Retryable,
+                        FailureKind::Permanent => FailureClass::Permanent,
+                    },
+                    message,
+                    retry_after: failure.retry_after_ms.map(|ms| self.clamp_retry_after(ms)),
+                })
+            }
             Returned::Problems(_) => unreachable!("deliver returns a delivery"),
         }
+    }
+
+    fn clamp_retry_after(&self, ms: u64) -> Duration {
+        let max = self.shared.budgets.max_retry_after;
+        let asked = Duration::from_millis(ms);
+        if asked <= max {
+            return asked;
+        }
+        self.shared.metrics.sink_limit("retry_after");
+        if !self.shared.retry_after_clamp_said.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                sink = %self.shared.name,
+                asked_ms = ms,
+                max = %crate::config::format_duration(max),
+                "sink asked to wait longer than sink.max_retry_after; clamped (said once, counted in room_outbox_sink_limit_hits_total)"
+            );
+        }
+        max
     }
 
     /// Asks the sink whether its `config:` map lets it deliver: one line per problem.
@@ -267,8 +278,8 @@ impl SinkRuntime {
     /// outer timeout, capturing the guest's stdout and stderr into the log.
     async fn call(&self, call: Call<'_>, timeout: Duration) -> Result<Returned, AttemptFailure> {
         let deadline = Instant::now() + timeout;
-        let stdout = MemoryOutputPipe::new(STDIO_CAPTURE);
-        let stderr = MemoryOutputPipe::new(STDIO_CAPTURE);
+        let stdio_limit = usize::try_from(self.shared.budgets.max_stdio_bytes).unwrap_or(usize::MAX);
+        let (stdout, stderr) = (Capture::new(stdio_limit), Capture::new(stdio_limit));
         let wasi = WasiCtxBuilder::new()
             .stdout(stdout.clone())
             .stderr(stderr.clone())
@@ -277,8 +288,7 @@ impl SinkRuntime {
             .allow_ip_name_lookup(false)
             .build();
         let limits = StoreLimitsBuilder::new().memory_size(self.memory_limit).trap_on_grow_failure(true).build();
-        let state = DeliveryState { wasi, table: ResourceTable::new(), limits, shared: self.shared.clone(), deadline };
-        let mut store = Store::new(&self.engine, state);
+        let mut store = Store::new(&self.engine, DeliveryState::new(wasi, limits, self.shared.clone(), deadline));
         store.limiter(|s| &mut s.limits);
         // Check the deadline on every tick, yielding in between so that a guest spinning in
         // a loop never holds a runtime thread, and trap once it has passed.
@@ -294,14 +304,32 @@ impl SinkRuntime {
             })
         };
         let result = tokio::time::timeout_at(deadline, run).await;
-        log_stdio(&self.shared.name, "stdout", &stdout);
-        log_stdio(&self.shared.name, "stderr", &stderr);
+        store.data_mut().finish(&stdout, &stderr);
         match result {
             Err(_) => Err(timed_out(timeout)),
             Ok(Err(e)) => Err(classify_error(&e, timeout, self.memory_limit)),
             Ok(Ok(returned)) => Ok(returned),
         }
     }
+}
+
+/// A sink's own config problems as the host shows them: under `sink.config.`, escaped onto
+/// one line, clipped, and at most [`MAX_CONFIG_PROBLEMS`] of them.
+fn sink_problems(problems: Vec<String>) -> Vec<String> {
+    let total = problems.len();
+    let mut shown: Vec<String> = problems
+        .into_iter()
+        .take(MAX_CONFIG_PROBLEMS)
+        .map(|p| {
+            let p = printable(&p, MAX_CONFIG_PROBLEM_BYTES);
+            let p = p.strip_prefix("sink.config.").unwrap_or(&p);
+            format!("sink.config.{p} (reported by the sink)")
+        })
+        .collect();
+    if total > MAX_CONFIG_PROBLEMS {
+        shown.push(format!("sink.config: … and {} more problems reported by the sink", total - MAX_CONFIG_PROBLEMS));
+    }
+    shown
 }
 
 /// Which export to call.
@@ -368,15 +396,5 @@ fn classify_error(e: &wasmtime::Error, timeout: Duration, memory_limit: usize) -
         Some(Trap::Interrupt) => timed_out(timeout),
         Some(trap) => AttemptFailure::new(FailureClass::Trap, format!("sink trapped: {trap}")),
         None => AttemptFailure::new(FailureClass::Trap, crate::store::short_error(&format!("sink failed: {text}"))),
-    }
-}
-
-fn log_stdio(sink: &str, stream: &'static str, pipe: &MemoryOutputPipe) {
-    let bytes = pipe.contents();
-    if bytes.is_empty() {
-        return;
-    }
-    for line in String::from_utf8_lossy(&bytes).lines().filter(|l| !l.trim().is_empty()) {
-        tracing::info!(sink, stream, "{line}");
     }
 }

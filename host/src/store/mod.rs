@@ -175,7 +175,7 @@ pub struct Claimed {
 }
 
 /// What became of one claimed row.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// Sink delivered or skipped it: `delivered`, whoever holds it now (delivered wins).
     Delivered,
@@ -437,14 +437,7 @@ pub fn now_ms() -> i64 {
 pub fn short_error(message: &str) -> String {
     const MAX: usize = 500;
     let one_line: String = message.split_whitespace().collect::<Vec<_>>().join(" ");
-    if one_line.len() <= MAX {
-        return one_line;
-    }
-    let mut end = MAX;
-    while !one_line.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &one_line[..end])
+    crate::text::printable(&one_line, MAX)
 }
 
 /// Assembles [`Stats`] from the rows every backend's queries return.

@@ -4,6 +4,14 @@
 //!   `ok`, `skip`, `retryable`, `permanent`, `fail-then-ok:N` (retryable while the attempt is
 //!   at most N), `retry-after:MS` (retryable with that hint), `trap`, `loop`, `oom`,
 //!   `sleep:MS` (then ok), `http:URL` (GET through the host; ok on 2xx), `log` (log a line, ok).
+//! - Hostile ones, for the host's hardening tests: `log-flood` (log without end),
+//!   `log-flood:N` (N lines, then ok), `log-big:BYTES` (one huge line, ok), `log-forge` (a line
+//!   with a newline, ESC, NUL and U+202E, ok), `print:BYTES` (that much to stdout, ok),
+//!   `skip-big:BYTES` (skipped with a huge reason), `fail-forge` (retryable, with control
+//!   characters in the message), `http-many:N:URL` (N GETs), `http-post:BYTES:URL` (one POST
+//!   of that size), `http-headers:URL` (a GET that tries to set `Host`, `Connection` and
+//!   `Proxy-Authorization`).
+//! - `check.problems`: `|`-separated lines that `check-config` reports verbatim.
 //! - `collector`: a URL; every attempt is reported to it as a line
 //!   `<event_id> <attempt> <behaviour>` before the outcome is returned, so a test can count
 //!   exactly what the sink received.
@@ -35,7 +43,20 @@ const BEHAVIOURS: &[&str] = &[
     "sleep",
     "http",
     "log",
+    "log-flood",
+    "log-big",
+    "log-forge",
+    "print",
+    "skip-big",
+    "fail-forge",
+    "http-many",
+    "http-post",
+    "http-headers",
 ];
+
+/// Text that would forge a log line, drive a terminal and reverse what is shown.
+const FORGERY: &str =
+    "ok\n2026-01-01T00:00:00.000000Z  INFO deliver{event_id=FORGED}: event delivered\u{1b}[2J\0\u{202E}";
 
 impl Guest for FakeSink {
     fn check_config() -> Vec<String> {
@@ -47,6 +68,9 @@ impl Guest for FakeSink {
                     problems.push(format!("sink.config.{key}: unknown behaviour {behaviour:?}"));
                 }
             }
+        }
+        if let Some(scripted) = config::get("check.problems") {
+            problems.extend(scripted.split('|').map(str::to_string));
         }
         problems
     }
@@ -111,6 +135,57 @@ fn run(behaviour: &str, event: &Event) -> Result<Outcome, Failure> {
             log::log(Level::Info, &format!("fake sink got {} for room {}", event.event_type, event.room_id));
             Ok(Outcome::Delivered)
         }
+        "log-flood" => {
+            let lines: u64 = arg.parse().unwrap_or(u64::MAX);
+            for i in 0..lines {
+                log::log(Level::Info, &format!("flood line {i}"));
+            }
+            Ok(Outcome::Delivered)
+        }
+        "log-big" => {
+            log::log(Level::Warn, &"x".repeat(arg.parse().unwrap_or(1 << 20)));
+            Ok(Outcome::Delivered)
+        }
+        "log-forge" => {
+            log::log(Level::Info, FORGERY);
+            Ok(Outcome::Delivered)
+        }
+        "print" => {
+            let line = "p".repeat(99);
+            for _ in 0..arg.parse::<usize>().unwrap_or(100 << 10) / 100 {
+                println!("{line}");
+            }
+            Ok(Outcome::Delivered)
+        }
+        "skip-big" => Ok(Outcome::Skipped("s".repeat(arg.parse().unwrap_or(10 << 20)))),
+        "fail-forge" => Err(retryable(FORGERY.into(), None)),
+        "http-many" => {
+            let (count, url) = arg.split_once(':').unwrap_or(("1", arg));
+            for i in 0..count.parse::<u32>().unwrap_or(1) {
+                get(url, vec![]).map_err(|e| retryable(format!("http-many: request {} failed: {e}", i + 1), None))?;
+            }
+            Ok(Outcome::Delivered)
+        }
+        "http-post" => {
+            let (size, url) = arg.split_once(':').unwrap_or(("0", arg));
+            let body = vec![b'b'; size.parse().unwrap_or(0)];
+            let request = Request { method: "POST".into(), url: url.into(), headers: vec![], body };
+            match http::send(&request) {
+                Ok(resp) if (200..300).contains(&resp.status) => Ok(Outcome::Delivered),
+                Ok(resp) => Err(retryable(format!("http-post: status {}", resp.status), None)),
+                Err(e) => Err(retryable(format!("http-post: {}", describe(&e)), None)),
+            }
+        }
+        "http-headers" => {
+            let headers = vec![
+                ("Host".into(), "evil.example".into()),
+                ("Connection".into(), "upgrade".into()),
+                ("Proxy-Authorization".into(), "Basic c2VjcmV0".into()),
+                ("X-Sink".into(), "fake".into()),
+            ];
+            get(arg, headers).map_err(|e| retryable(format!("http-headers: {e}"), None))?;
+            Ok(Outcome::Delivered)
+        }
         other => Err(Failure {
             kind: FailureKind::Permanent,
             message: format!("fake: unknown behaviour {other:?}"),
@@ -121,6 +196,14 @@ fn run(behaviour: &str, event: &Event) -> Result<Outcome, Failure> {
 
 fn retryable(message: String, retry_after_ms: Option<u64>) -> Failure {
     Failure { kind: FailureKind::Retryable, message, retry_after_ms }
+}
+
+fn get(url: &str, headers: Vec<(String, String)>) -> Result<(), String> {
+    match http::send(&Request { method: "GET".into(), url: url.into(), headers, body: vec![] }) {
+        Ok(resp) if (200..300).contains(&resp.status) => Ok(()),
+        Ok(resp) => Err(format!("status {}", resp.status)),
+        Err(e) => Err(describe(&e)),
+    }
 }
 
 fn post(url: &str, body: Vec<u8>) -> Result<(), String> {

@@ -2,13 +2,17 @@
 //! page at `/`, and the operator API under `/api`. Readiness means the database answers and
 //! the worker runs (503 while draining); a failing sink never makes the host unready, as IM
 //! trouble must not take the producer's service down with it.
+//!
+//! A browser can reach this listener, so nothing a web page does may change state (see
+//! [`guard`]): only allowed `Host` names are answered, every state change needs the admin
+//! token and a same-origin request, and the page cannot be framed.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::extract::{Form, Path, Query, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -16,9 +20,13 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+pub use guard::Guard;
+
 use crate::metrics::Metrics;
 use crate::ops;
 use crate::page::{self, PageData};
+
+mod guard;
 use crate::store::{Status, Store, now_ms};
 
 /// What the admin endpoints read and act on.
@@ -37,6 +45,8 @@ pub struct AdminState {
     pub node_id: String,
     /// The sink's name, for the page.
     pub sink: String,
+    /// Who may do what: allowed hosts, the admin token, the form token.
+    pub guard: Guard,
 }
 
 /// Binds the admin address, so that a port already taken fails start-up.
@@ -60,6 +70,7 @@ pub fn serve(
         .route("/api/events/{event_id}", get(show_event))
         .route("/api/retry", post(retry_api))
         .route("/api/purge", post(purge_api))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), guard::screen))
         .with_state(state);
     tokio::spawn(async move {
         let served = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await;
@@ -107,6 +118,7 @@ async fn status_page(State(s): State<Arc<AdminState>>, Query(flash): Query<Flash
         Err(e) => return unavailable(e),
     };
     let flash = flash.moved.map(|n| format!("Moved {n} failed event(s) back to pending."));
+    let form_token = s.guard.mutations_allowed().then(|| s.guard.form_token());
     Html(page::render(&PageData {
         table: &s.table,
         node_id: &s.node_id,
@@ -116,6 +128,7 @@ async fn status_page(State(s): State<Arc<AdminState>>, Query(flash): Query<Flash
         failures: &failures,
         now_ms: now,
         flash: flash.as_deref(),
+        form_token,
     }))
     .into_response()
 }
@@ -145,9 +158,11 @@ async fn show_event(State(s): State<Arc<AdminState>>, Path(event_id): Path<Strin
     }
 }
 
-/// Which failed rows to retry: exactly one of these.
+/// Which failed rows to retry: exactly one of these (and, from the page's form, its tokens).
 #[derive(Deserialize)]
 struct RetryParams {
+    token: Option<String>,
+    csrf: Option<String>,
     event_id: Option<String>,
     event_type: Option<String>,
     error: Option<String>,
@@ -164,7 +179,10 @@ async fn retry_rows(s: &AdminState, p: RetryParams) -> Result<u64, Response> {
     Ok(moved)
 }
 
-async fn retry_api(State(s): State<Arc<AdminState>>, Query(p): Query<RetryParams>) -> Response {
+async fn retry_api(State(s): State<Arc<AdminState>>, headers: HeaderMap, Query(p): Query<RetryParams>) -> Response {
+    if let Err(refused) = s.guard.check_api(&headers) {
+        return refused.into_response();
+    }
     match retry_rows(&s, p).await {
         Ok(moved) => Json(json!({ "moved": moved })).into_response(),
         Err(response) => response,
@@ -172,7 +190,10 @@ async fn retry_api(State(s): State<Arc<AdminState>>, Query(p): Query<RetryParams
 }
 
 /// The status page's buttons: act, then show the page again (post/redirect/get).
-async fn retry_form(State(s): State<Arc<AdminState>>, Form(p): Form<RetryParams>) -> Response {
+async fn retry_form(State(s): State<Arc<AdminState>>, headers: HeaderMap, Form(p): Form<RetryParams>) -> Response {
+    if let Err(refused) = s.guard.check_form(&headers, p.token.as_deref(), p.csrf.as_deref()) {
+        return refused.into_response();
+    }
     match retry_rows(&s, p).await {
         Ok(moved) => Redirect::to(&format!("/?moved={moved}")).into_response(),
         Err(response) => response,
@@ -184,7 +205,10 @@ struct PurgeParams {
     delivered_before: String,
 }
 
-async fn purge_api(State(s): State<Arc<AdminState>>, Query(p): Query<PurgeParams>) -> Response {
+async fn purge_api(State(s): State<Arc<AdminState>>, headers: HeaderMap, Query(p): Query<PurgeParams>) -> Response {
+    if let Err(refused) = s.guard.check_api(&headers) {
+        return refused.into_response();
+    }
     let age = match crate::config::units::parse_duration_ms(&p.delivered_before) {
         Ok(ms) if ms > 0 => ms,
         Ok(_) => {

@@ -1,0 +1,146 @@
+//! The per-delivery store data and the host's imports (`config`, `http`, `log`), with the
+//! attempt's budgets: what a sink logs and asks for is counted, clipped and dropped here.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use tokio::time::Instant;
+use wasmtime::StoreLimits;
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::bindings::{self, HttpError, HttpRequest, HttpResponse, Level};
+use super::capture::Capture;
+use super::http::HttpPolicy;
+use crate::config::SinkBudgets;
+use crate::metrics::Metrics;
+use crate::text::printable_within;
+
+/// What every delivery of one sink shares.
+pub struct Shared {
+    pub name: String,
+    pub settings: std::collections::BTreeMap<String, String>,
+    pub http: HttpPolicy,
+    pub budgets: SinkBudgets,
+    pub metrics: Arc<Metrics>,
+    /// Set once a clamped `retry-after-ms` has been logged: said once, counted always.
+    pub retry_after_clamp_said: AtomicBool,
+}
+
+/// What one attempt has used of its budgets.
+#[derive(Default)]
+struct Spent {
+    log_lines: u32,
+    log_bytes: u64,
+    dropped_lines: u32,
+    requests: u32,
+}
+
+/// The per-delivery store data: a locked-down WASI context plus the host's imports.
+pub struct DeliveryState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    pub limits: StoreLimits,
+    shared: Arc<Shared>,
+    deadline: Instant,
+    spent: Spent,
+}
+
+impl DeliveryState {
+    pub fn new(wasi: WasiCtx, limits: StoreLimits, shared: Arc<Shared>, deadline: Instant) -> Self {
+        DeliveryState { wasi, table: ResourceTable::new(), limits, shared, deadline, spent: Spent::default() }
+    }
+
+    /// One line into the host's log, within the attempt's line and byte budgets: escaped
+    /// onto one line, clipped to `max_message_bytes`, dropped (and counted) past the budget.
+    fn emit(&mut self, level: tracing::Level, stream: Option<&'static str>, message: &str) {
+        let budgets = &self.shared.budgets;
+        if self.spent.log_lines >= budgets.max_log_lines || self.spent.log_bytes >= budgets.max_log_bytes {
+            self.spent.dropped_lines += 1;
+            return;
+        }
+        let (text, clipped) = printable_within(message, budgets.max_message_bytes as usize);
+        if clipped {
+            self.shared.metrics.sink_limit("message");
+        }
+        self.spent.log_lines += 1;
+        self.spent.log_bytes += text.len() as u64;
+        let sink = self.shared.name.as_str();
+        let stream = stream.unwrap_or("log");
+        match level {
+            tracing::Level::TRACE => tracing::trace!(sink, stream, "{text}"),
+            tracing::Level::DEBUG => tracing::debug!(sink, stream, "{text}"),
+            tracing::Level::INFO => tracing::info!(sink, stream, "{text}"),
+            tracing::Level::WARN => tracing::warn!(sink, stream, "{text}"),
+            tracing::Level::ERROR => tracing::error!(sink, stream, "{text}"),
+        }
+    }
+
+    /// Logs what the guest wrote to stdout and stderr (within the same budgets), then says
+    /// what was dropped. Called once the attempt is over.
+    pub fn finish(&mut self, stdout: &Capture, stderr: &Capture) {
+        for (stream, capture) in [("stdout", stdout), ("stderr", stderr)] {
+            let (kept, dropped) = capture.contents();
+            for line in String::from_utf8_lossy(&kept).lines().filter(|l| !l.trim().is_empty()) {
+                self.emit(tracing::Level::INFO, Some(stream), line);
+            }
+            if dropped > 0 {
+                self.shared.metrics.sink_limit("stdio");
+                tracing::warn!(sink = %self.shared.name, stream, dropped_bytes = dropped, "sink wrote past sink.max_stdio_bytes; the rest was dropped");
+            }
+        }
+        if self.spent.dropped_lines > 0 {
+            self.shared.metrics.sink_limit("log");
+            tracing::warn!(
+                sink = %self.shared.name,
+                dropped_lines = self.spent.dropped_lines,
+                "sink log budget exceeded (sink.max_log_lines / sink.max_log_bytes): further lines of this attempt were dropped"
+            );
+        }
+    }
+}
+
+impl WasiView for DeliveryState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+impl bindings::outbox::sink::types::Host for DeliveryState {}
+
+impl bindings::outbox::sink::config::Host for DeliveryState {
+    async fn get(&mut self, key: String) -> Option<String> {
+        self.shared.settings.get(&key).cloned()
+    }
+}
+
+impl bindings::outbox::sink::http::Host for DeliveryState {
+    async fn send(&mut self, req: HttpRequest) -> Result<HttpResponse, HttpError> {
+        let budgets = &self.shared.budgets;
+        self.spent.requests += 1;
+        if self.spent.requests > budgets.max_requests {
+            self.shared.metrics.sink_limit("requests");
+            return Err(HttpError::Denied(format!(
+                "more than {} requests in one attempt (sink.max_requests)",
+                budgets.max_requests
+            )));
+        }
+        if req.body.len() as u64 > budgets.max_request_bytes {
+            self.shared.metrics.sink_limit("request_bytes");
+        }
+        self.shared.http.send(req, self.deadline).await
+    }
+}
+
+impl bindings::outbox::sink::log::Host for DeliveryState {
+    async fn log(&mut self, level: Level, message: String) {
+        let level = match level {
+            Level::Trace => tracing::Level::TRACE,
+            Level::Debug => tracing::Level::DEBUG,
+            Level::Info => tracing::Level::INFO,
+            Level::Warn => tracing::Level::WARN,
+            Level::Error => tracing::Level::ERROR,
+        };
+        self.emit(level, None, &message);
+    }
+}

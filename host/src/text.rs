@@ -1,0 +1,115 @@
+//! Text that came from outside the host (a sink, a producer's row) made safe to show: one
+//! line, no control characters, bounded in length.
+//!
+//! A sink is untrusted code. Whatever it says reaches log lines, `last_error`, the terminal
+//! of an operator running `outbox-host status`, and the status page; a newline in it could
+//! forge a log line, an ESC could drive the terminal, U+202E could reverse what is shown.
+
+use std::fmt::Write as _;
+
+/// Appended to text cut at its budget.
+pub const CLIPPED: &str = "…[clipped]";
+
+/// Whether `c` must not reach a log line or a terminal as it is: C0 and C1 controls
+/// (newlines and tabs included), DEL, and the Unicode format characters that reorder or
+/// hide text (bidi overrides and isolates, zero-width marks, the BOM).
+pub fn is_unsafe(c: char) -> bool {
+    c.is_control()
+        || matches!(c,
+            '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}')
+}
+
+/// `text` with every unsafe character written as a visible escape (`\n`, `\u{1b}`), on one
+/// line, and at most `max_bytes` long (cut on a character boundary and marked [`CLIPPED`]).
+pub fn printable(text: &str, max_bytes: usize) -> String {
+    printable_within(text, max_bytes).0
+}
+
+/// [`printable`], and whether the text had to be clipped.
+pub fn printable_within(text: &str, max_bytes: usize) -> (String, bool) {
+    let mut out = String::with_capacity(text.len().min(max_bytes) + CLIPPED.len());
+    for c in text.chars() {
+        let before = out.len();
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if is_unsafe(c) => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+        if out.len() > max_bytes {
+            out.truncate(before);
+            out.push_str(CLIPPED);
+            return (out, true);
+        }
+    }
+    (out, false)
+}
+
+/// `text` cut to at most `max_bytes` on a character boundary, marked [`CLIPPED`] when cut.
+/// Characters are kept as they are; use [`printable`] for anything shown to a person.
+pub fn clip(text: &str, max_bytes: usize) -> String {
+    if text.len() <= max_bytes {
+        return text.to_string();
+    }
+    let mut end = max_bytes;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{CLIPPED}", &text[..end])
+}
+
+/// JSON text (as `serde_json` writes it) with the unsafe characters it leaves raw (DEL, C1
+/// controls, bidi and zero-width marks) written as `\uXXXX` escapes: still the same JSON
+/// value, but safe on a terminal.
+pub fn json_for_terminal(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        if is_unsafe(c) && c != '\n' {
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                let _ = write!(out, "\\u{unit:04x}");
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn newlines_and_controls_become_visible_escapes() {
+        let forged = "ok\n2026-01-01T00:00:00Z  INFO deliver{event_id=FORGED}: event delivered";
+        assert_eq!(printable(forged, 1000).lines().count(), 1);
+        assert!(printable(forged, 1000).starts_with("ok\\n2026"));
+        assert_eq!(printable("a\u{1b}[2Jb\0c", 100), "a\\u{1b}[2Jb\\u{0}c");
+        assert_eq!(printable("evil\u{202E}txt.exe", 100), "evil\\u{202e}txt.exe");
+        assert_eq!(printable("tab\there\r", 100), "tab\\there\\r");
+        assert_eq!(printable("plain text, ünïcödé", 100), "plain text, ünïcödé");
+    }
+
+    #[test]
+    fn json_keeps_its_value_but_loses_raw_reordering_characters() {
+        let value = serde_json::json!({ "last_error": "a\u{202E}b\u{1b}c\u{85}" });
+        let text = json_for_terminal(&serde_json::to_string_pretty(&value).unwrap());
+        assert!(!text.chars().any(|c| is_unsafe(c) && c != '\n'), "{text}");
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&text).unwrap(), value);
+    }
+
+    #[test]
+    fn long_text_is_clipped_on_a_character_boundary() {
+        let long = "é".repeat(100);
+        let shown = printable(&long, 11);
+        assert_eq!(shown, format!("{}{CLIPPED}", "é".repeat(5)));
+        assert_eq!(clip(&long, 11), format!("{}{CLIPPED}", "é".repeat(5)));
+        assert_eq!(clip("short", 11), "short");
+        // An escape is never cut in half.
+        assert_eq!(printable("abc\u{1b}", 5), format!("abc{CLIPPED}"));
+    }
+}

@@ -1,0 +1,80 @@
+//! The real `outbox-host` binary: start it on a test's config, signal it, wait for it.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use crate::support::{PATIENCE, World};
+
+/// The binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_outbox-host");
+
+/// Writes `yaml` as the world's config file and returns its path.
+pub fn write_config(world: &World, yaml: &str) -> std::path::PathBuf {
+    let config = world.dir.path().join("outbox.yaml");
+    std::fs::write(&config, yaml).unwrap();
+    config
+}
+
+/// `outbox-host --config <yaml> run`, stdout discarded, stderr piped.
+pub fn spawn_host(world: &World, yaml: &str) -> Child {
+    spawn_with(world, yaml, &[])
+}
+
+/// [`spawn_host`] with extra environment variables.
+pub fn spawn_with(world: &World, yaml: &str, env: &[(&str, &str)]) -> Child {
+    let config = write_config(world, yaml);
+    Command::new(BIN)
+        .args(["--config", config.to_str().unwrap(), "run"])
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting outbox-host")
+}
+
+/// Runs one command of the binary on the world's config file to its end.
+pub fn run_cli(world: &World, args: &[&str]) -> Output {
+    let config = world.dir.path().join("outbox.yaml");
+    Command::new(BIN).arg("--config").arg(&config).args(args).output().expect("running outbox-host")
+}
+
+/// Sends `kill -<name>` to the child.
+pub fn signal(child: &Child, name: &str) {
+    let status = Command::new("kill").args([&format!("-{name}"), &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+}
+
+/// Polls the table (another process's progress has no in-process signal) until `check`.
+pub async fn wait_table(world: &World, what: &str, check: impl Fn(&outbox_host::store::Stats) -> bool) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if check(&world.producer.stats().await.unwrap()) {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits for the child to exit and collects what it wrote.
+pub async fn wait_exit(child: Child) -> Output {
+    wait_exit_within(child, PATIENCE).await
+}
+
+/// [`wait_exit`] with a patience of its own.
+pub async fn wait_exit_within(mut child: Child, patience: Duration) -> Output {
+    let deadline = std::time::Instant::now() + patience;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("outbox-host did not exit within {patience:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// A loopback port that was free a moment ago, for an admin listener of the binary.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
