@@ -31,7 +31,7 @@ pub struct Db {
 }
 
 fn fresh_name() -> String {
-    format!("outbox_t_bench_{:012x}", outbox_host::random_u64() >> 16)
+    format!("outbox_t_bench_{:012x}", outbox_host::clock::random_u64() >> 16)
 }
 
 impl Db {

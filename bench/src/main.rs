@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail, ensure};
 use clap::Parser;
 use outbox_host::config::{SinkConfig, SinkSettings, WorkerConfig};
-use outbox_host::metrics::Metrics;
-use outbox_host::sink::{AttemptFailure, Deliver, Delivered, Event, SinkRuntime};
-use outbox_host::store::{NewEvent, Status, Store, now_ms};
-use outbox_host::worker::Worker;
+use outbox_host::engine::Worker;
+use outbox_host::ops::metrics::Metrics;
+use outbox_host::sandbox::{AttemptFailure, Deliver, Delivered, Event, SinkRuntime};
+use outbox_host::store::{Mark, NewEvent, Outcome, Status, Store, now_ms};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -179,6 +179,33 @@ async fn drain(
     Ok(Drain { events: n, seconds })
 }
 
+/// room-service's own in-process worker (`RunOutboxWorker`, "the seed"), as the baseline:
+/// every `poll_interval`, claim one batch, deliver its events one by one, and record each
+/// outcome on its own.
+async fn seed_drain(db: &Db, n: usize, config: &WorkerConfig, sink: &dyn Deliver) -> anyhow::Result<Drain> {
+    let store = db.open().await?;
+    fill(store.as_ref(), n).await?;
+    let lease_ms = config.lease.as_millis() as i64;
+    let started = Instant::now();
+    let mut delivered = 0;
+    while delivered < n {
+        ensure!(started.elapsed() < Duration::from_secs(3_600), "the seed's loop did not finish within an hour");
+        let now = now_ms();
+        for row in store.claim("seed", now, now + lease_ms, config.batch_size).await? {
+            let event = outbox_host::envelope::to_event(&row).map_err(anyhow::Error::msg)?;
+            sink.deliver(&event, config.publish_timeout).await.map_err(|f| anyhow::anyhow!(f.message))?;
+            store.mark(&[Mark { id: row.id, lease: row.lease, outcome: Outcome::Delivered }], now_ms()).await?;
+            delivered += 1;
+        }
+        tokio::time::sleep(config.poll_interval).await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let stats = store.stats().await?;
+    ensure!(stats.count(Status::Delivered) == n as i64, "rows not all delivered: {stats:?}");
+    store.close().await;
+    Ok(Drain { events: n, seconds })
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -338,9 +365,8 @@ async fn main() -> anyhow::Result<()> {
         let with_wasm = drain(&Db::fresh(*backend).await?, args.events, 1, &config, wasm.clone()).await?;
         let native: Arc<dyn Deliver> = Arc::new(NativeNoop::default());
         let floor = drain(&Db::fresh(*backend).await?, args.events, 1, &config, native).await?;
-        let seed_config = WorkerConfig { concurrency: 1, seed_loop: true, ..config.clone() };
         eprintln!("{name}: the seed's loop, {} events …", args.seed_events);
-        let seed = drain(&Db::fresh(*backend).await?, args.seed_events, 1, &seed_config, wasm.clone()).await?;
+        let seed = seed_drain(&Db::fresh(*backend).await?, args.seed_events, &config, wasm.as_ref()).await?;
         let wasm_vs_native = with_wasm.per_second() / floor.per_second();
         let vs_seed = with_wasm.per_second() / seed.per_second();
         row(

@@ -9,12 +9,13 @@ use std::sync::atomic::Ordering;
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::{self, AdminState};
-use crate::config::{Config, redact_url};
-use crate::metrics::Metrics;
-use crate::sink::SinkRuntime;
+use crate::config::Config;
+use crate::engine::Worker;
+use crate::ops::admin::{self, AdminState};
+use crate::ops::metrics::Metrics;
+use crate::sandbox::SinkRuntime;
 use crate::store::{self, Store};
-use crate::worker::Worker;
+use crate::text::redact_url;
 
 /// A started host: database open and migrated, sink loaded.
 pub struct Host {

@@ -2,7 +2,7 @@
 
 use outbox_proto::{EventEnvelope, Message as _};
 
-use crate::sink::Event;
+use crate::sandbox::Event;
 use crate::store::Claimed;
 
 /// Decodes a claimed row's envelope into the event handed to the sink. A row whose

@@ -13,7 +13,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::EnvFilter;
 
-use crate::config::{LogConfig, LogFormat};
+/// `log:`.
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    /// `text` (human-readable, the default) or `json`.
+    pub format: LogFormat,
+    /// A tracing filter such as `info` or `outbox_host=debug` (`RUST_LOG` wins when set).
+    pub level: String,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
 
 /// Lines queued for the writer thread at most; past this, lines are dropped.
 const QUEUE_LINES: usize = 16_384;

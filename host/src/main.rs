@@ -118,7 +118,9 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             complain(&format!("outbox-host: {e:#}\n"));
-            if e.downcast_ref::<ConfigError>().is_some() { ExitCode::from(2) } else { ExitCode::FAILURE }
+            let refused = e.downcast_ref::<ConfigError>().is_some()
+                || e.downcast_ref::<outbox_host::sandbox::SinkConfigProblems>().is_some();
+            if refused { ExitCode::from(2) } else { ExitCode::FAILURE }
         }
     }
 }
@@ -141,7 +143,7 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
         Command::Status => {
             let store = app::open_store(&config).await?;
             let stats = store.stats().await?;
-            say(&outbox_host::report::status(&config.table, &stats, now_ms()));
+            say(&outbox_host::ops::report::status(&config.table, &stats, now_ms()));
             store.close().await;
             Ok(())
         }
@@ -163,7 +165,7 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
             let base = now_ms();
             let events: Vec<NewEvent> = (0..count)
                 .map(|i| {
-                    let event_id = format!("evt-{base}-{i}-{:08x}", outbox_host::random_u64() as u32);
+                    let event_id = format!("evt-{base}-{i}-{:08x}", outbox_host::clock::random_u64() as u32);
                     let envelope = outbox_host::envelope::encode(
                         &app_code,
                         &event_id,
@@ -221,7 +223,7 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Purge { delivered_before, batch } => {
-            let age = match outbox_host::config::units::parse_duration_ms(&delivered_before) {
+            let age = match outbox_host::units::parse_duration_ms(&delivered_before) {
                 Ok(ms) if ms > 0 => ms,
                 Ok(_) => anyhow::bail!("--delivered-before must be positive"),
                 Err(why) => anyhow::bail!("--delivered-before: {why}"),
@@ -234,8 +236,8 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
         }
         Command::CheckConfig => {
             let sink = config.require_sink("deliver")?;
-            let metrics = std::sync::Arc::new(outbox_host::metrics::Metrics::new(&sink.name));
-            outbox_host::sink::SinkRuntime::load_checked(
+            let metrics = std::sync::Arc::new(outbox_host::ops::metrics::Metrics::new(&sink.name));
+            outbox_host::sandbox::SinkRuntime::load_checked(
                 sink,
                 config.worker.concurrency,
                 config.worker.publish_timeout,
@@ -248,12 +250,12 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
             say(&format!(
                 "config OK: sink {} loads; database {}; table {}; batch_size {}, publish_timeout {}, concurrency {}, lease {}\n",
                 config.sink.as_ref().map_or("", |s| s.name.as_str()),
-                outbox_host::config::redact_url(&config.database.url),
+                outbox_host::text::redact_url(&config.database.url),
                 config.table,
                 config.worker.batch_size,
-                outbox_host::config::format_duration(config.worker.publish_timeout),
+                outbox_host::units::format_duration(config.worker.publish_timeout),
                 config.worker.concurrency,
-                outbox_host::config::format_duration(config.worker.lease),
+                outbox_host::units::format_duration(config.worker.lease),
             ));
             Ok(())
         }

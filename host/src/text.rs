@@ -61,6 +61,32 @@ pub fn clip(text: &str, max_bytes: usize) -> String {
     format!("{}{CLIPPED}", &text[..end])
 }
 
+/// An error message as it is stored in `last_error` (at most 512): one line, whitespace
+/// runs collapsed, unsafe characters escaped, clipped on a character boundary.
+pub fn short_error(message: &str) -> String {
+    const MAX: usize = 500;
+    let one_line: String = message.split_whitespace().collect::<Vec<_>>().join(" ");
+    printable(&one_line, MAX)
+}
+
+/// A database URL with its password replaced by `***`, safe for logs and errors.
+pub fn redact_url(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('@') {
+            Some((user_info, host)) => {
+                let user = user_info.split(':').next().unwrap_or("");
+                if user_info.contains(':') {
+                    format!("{scheme}://{user}:***@{host}")
+                } else {
+                    format!("{scheme}://{user}@{host}")
+                }
+            }
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
+}
+
 /// JSON text (as `serde_json` writes it) with the unsafe characters it leaves raw (DEL, C1
 /// controls, bidi and zero-width marks) written as `\uXXXX` escapes: still the same JSON
 /// value, but safe on a terminal.

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use outbox_host::engine::Signal;
 use outbox_host::store::Status;
-use outbox_host::worker::Signal;
 
 use crate::support::{Running, World, per_backend};
 

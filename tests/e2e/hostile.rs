@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_host::config::Config;
-use outbox_host::metrics::Metrics;
-use outbox_host::sink::{AttemptFailure, Deliver, Delivered, Event};
+use outbox_host::engine::Worker;
+use outbox_host::ops::metrics::Metrics;
+use outbox_host::sandbox::{AttemptFailure, Deliver, Delivered, Event};
 use outbox_host::store::Status;
-use outbox_host::worker::Worker;
 use tokio_util::sync::CancellationToken;
 
 use crate::binary::{free_port, run_cli, signal, spawn_with, wait_exit, wait_table, write_config};

@@ -142,19 +142,19 @@ async fn the_compiled_sink_is_cached_and_a_corrupt_entry_is_replaced() {
     let sink = config.sink.clone().unwrap();
     let cached = || cwasm_files(&cache);
 
-    outbox_host::sink::SinkRuntime::load(&sink, 4).unwrap();
+    outbox_host::sandbox::SinkRuntime::load(&sink, 4).unwrap();
     let files = cached();
     assert_eq!(files.len(), 1, "{files:?}");
     assert_eq!(files[0].extension().unwrap(), "cwasm");
     let written = std::fs::metadata(&files[0]).unwrap().modified().unwrap();
 
-    outbox_host::sink::SinkRuntime::load(&sink, 4).unwrap();
+    outbox_host::sandbox::SinkRuntime::load(&sink, 4).unwrap();
     assert_eq!(std::fs::metadata(&files[0]).unwrap().modified().unwrap(), written, "recompiled despite the cache");
 
     std::fs::write(&files[0], b"not a compiled component").unwrap();
-    let runtime = outbox_host::sink::SinkRuntime::load(&sink, 4).unwrap();
+    let runtime = outbox_host::sandbox::SinkRuntime::load(&sink, 4).unwrap();
     assert!(std::fs::metadata(&files[0]).unwrap().len() > 1_000, "the corrupt entry was not replaced");
-    let event = outbox_host::sink::Event {
+    let event = outbox_host::sandbox::Event {
         app_code: "a".into(),
         event_id: "evt-1".into(),
         event_type: "RoomGiftSent".into(),
@@ -165,7 +165,7 @@ async fn the_compiled_sink_is_cached_and_a_corrupt_entry_is_replaced() {
         attempt: 1,
     };
     let delivered = runtime.deliver(&event, std::time::Duration::from_secs(2)).await;
-    assert_eq!(delivered, Ok(outbox_host::sink::Delivered::Delivered));
+    assert_eq!(delivered, Ok(outbox_host::sandbox::Delivered::Delivered));
 }
 
 fn cwasm_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
@@ -180,7 +180,7 @@ fn cwasm_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 #[tokio::test]
 async fn a_planted_cache_entry_is_not_run() {
     use outbox_host::config::Config;
-    use outbox_host::sink::{Delivered, SinkRuntime};
+    use outbox_host::sandbox::{Delivered, SinkRuntime};
 
     let world = World::new().await;
     let yaml = |plugin: &str, cache: &std::path::Path| {
@@ -203,7 +203,7 @@ async fn a_planted_cache_entry_is_not_run() {
 
     let runtime = SinkRuntime::load(&sink_of(outbox_test_support::FAKE_SINK, &ours), 4).unwrap();
     assert_ne!(std::fs::read(&entry).unwrap(), planted_bytes, "the planted entry was kept");
-    let event = outbox_host::sink::Event {
+    let event = outbox_host::sandbox::Event {
         app_code: "a".into(),
         event_id: "evt-1".into(),
         event_type: "RoomGiftSent".into(),
@@ -232,8 +232,10 @@ async fn a_cache_directory_others_can_write_is_refused() {
     let default_cache = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sink-cache");
     let yaml = world.yaml("", "").replace(&default_cache.display().to_string(), &open.display().to_string());
     let sink = outbox_host::config::Config::from_yaml(&yaml, std::iter::empty(), &|_| None).unwrap().sink.unwrap();
-    let err =
-        outbox_host::sink::SinkRuntime::load(&sink, 4).err().expect("an open cache directory is refused").to_string();
+    let err = outbox_host::sandbox::SinkRuntime::load(&sink, 4)
+        .err()
+        .expect("an open cache directory is refused")
+        .to_string();
     assert!(err.starts_with("sink.cache_dir:") && err.contains("writable by other users"), "{err}");
     assert!(cwasm_files(&open).is_empty(), "something was written into it");
 }

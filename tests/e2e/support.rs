@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use outbox_host::app::Host;
 use outbox_host::config::Config;
+use outbox_host::engine::Signal;
 use outbox_host::store::{Backend, NewEvent, Row, Status, Store, now_ms};
-use outbox_host::worker::Signal;
 use outbox_test_support::{Collector, FAKE_SINK};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
@@ -68,7 +68,7 @@ impl TestDb {
 
 /// Test schemas and databases are named `outbox_t_…`; `.ci/run` drops old ones.
 fn fresh_name() -> String {
-    format!("outbox_t_{:016x}", outbox_host::random_u64())
+    format!("outbox_t_{:016x}", outbox_host::clock::random_u64())
 }
 
 /// The server URL from `var`, or `None` after saying (once, past the test harness's output
@@ -180,7 +180,7 @@ impl World {
 
     /// An event as room-service builds it (envelope and row agree), with a fresh id.
     pub fn event(&self, event_type: &str, room: &str, status: Status) -> NewEvent {
-        let event_id = format!("evt-{:016x}", outbox_host::random_u64());
+        let event_id = format!("evt-{:016x}", outbox_host::clock::random_u64());
         let body = outbox_proto::body_from_json(event_type, &serde_json::json!({ "room_id": room }))
             .expect("known event type")
             .unwrap();

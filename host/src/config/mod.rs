@@ -6,9 +6,7 @@
 //! `concurrency` fall back to their defaults (the seed's rule), with a note in the log.
 
 mod read;
-pub mod units;
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -16,7 +14,14 @@ use std::time::Duration;
 
 use read::Fields;
 use serde_yaml::Value;
-pub use units::format_duration;
+
+pub use crate::engine::settings::*;
+pub use crate::logging::{LogConfig, LogFormat};
+pub use crate::ops::admin::settings::*;
+pub use crate::sandbox::settings::*;
+pub use crate::store::DEFAULT_TABLE;
+use crate::text::redact_url;
+use crate::units::{self, format_duration};
 
 /// Environment variables starting with this override config keys:
 /// `OUTBOX__OUTBOX_WORKER__BATCH_SIZE=50` sets `outbox_worker.batch_size`.
@@ -26,51 +31,6 @@ pub const ENV_PREFIX: &str = "OUTBOX__";
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://outbox.db";
 /// Default `database.max_connections`.
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 8;
-/// Default `outbox.table`, the seed's table.
-pub const DEFAULT_TABLE: &str = "room_outbox";
-/// Default `outbox_worker.poll_interval` (seed): the idle wait between empty claims.
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
-/// Default `outbox_worker.batch_size` (seed): rows claimed at most per claim.
-pub const DEFAULT_BATCH_SIZE: u32 = 100;
-/// Default `outbox_worker.publish_timeout` (seed): the bound on one delivery.
-pub const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(3);
-/// The only `outbox_worker.retry_strategy` (seed): retry after a fixed interval, forever
-/// unless `max_attempts` is set.
-pub const RETRY_FIXED_INTERVAL: &str = "fixed_interval";
-/// Default `outbox_worker.concurrency`: deliveries in flight at once (events of one room
-/// always go one after another).
-pub const DEFAULT_CONCURRENCY: u32 = 16;
-/// `batch_size` above this is refused: a claim that large holds locks for too long.
-pub const MAX_BATCH_SIZE: u32 = 10_000;
-/// Safety margin added to the computed minimum lease.
-pub const LEASE_MARGIN: Duration = Duration::from_secs(5);
-/// Default `sink.memory_limit`: linear memory one delivery may use.
-pub const DEFAULT_MEMORY_LIMIT: u64 = 64 << 20;
-/// Default `sink.max_response_bytes`: the largest HTTP response body handed to a sink.
-pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 1 << 20;
-/// Default `admin.stats_interval`.
-pub const DEFAULT_STATS_INTERVAL: Duration = Duration::from_secs(5);
-/// Default `admin.listen`: loopback only.
-pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9464";
-/// Default `outbox_worker.shutdown_grace`: how long outcomes may take to be written after
-/// the in-flight deliveries have finished, before the host gives up on a database that is away.
-pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-/// Default `sink.max_retry_after`: a sink's `retry-after-ms` above this is clamped to it.
-pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
-/// Default `sink.max_log_lines`: `log.log` calls kept per attempt.
-pub const DEFAULT_MAX_LOG_LINES: u32 = 100;
-/// Default `sink.max_log_bytes`: bytes of `log.log` messages kept per attempt.
-pub const DEFAULT_MAX_LOG_BYTES: u64 = 64 << 10;
-/// Default `sink.max_message_bytes`: the longest single log message or failure message.
-pub const DEFAULT_MAX_MESSAGE_BYTES: u64 = 4 << 10;
-/// Default `sink.max_skip_reason_bytes`: the longest `skipped` reason.
-pub const DEFAULT_MAX_SKIP_REASON_BYTES: u64 = 512;
-/// Default `sink.max_stdio_bytes`: captured stdout (and, apart, stderr) per attempt.
-pub const DEFAULT_MAX_STDIO_BYTES: u64 = 16 << 10;
-/// Default `sink.max_requests`: `http.send` calls per attempt.
-pub const DEFAULT_MAX_REQUESTS: u32 = 16;
-/// Default `sink.max_request_bytes`: the largest request body a sink may send.
-pub const DEFAULT_MAX_REQUEST_BYTES: u64 = 1 << 20;
 /// Identifier length limits: PostgreSQL truncates past 63 bytes, MySQL refuses past 64.
 const POSTGRES_MAX_IDENTIFIER: usize = 63;
 const MYSQL_MAX_IDENTIFIER: usize = 64;
@@ -114,173 +74,6 @@ impl fmt::Debug for DatabaseConfig {
             .field("max_connections", &self.max_connections)
             .finish()
     }
-}
-
-/// `admin:`.
-#[derive(Clone)]
-pub struct AdminConfig {
-    /// Where the listener binds (`None` when `admin.listen` is empty).
-    pub listen: Option<SocketAddr>,
-    /// How often the table counts behind the metrics' gauges are read.
-    pub stats_interval: Duration,
-    /// The bearer token that mutating endpoints require; without one they are refused.
-    pub token: Option<String>,
-    /// `Host` names answered besides IP literals and `localhost` (DNS-rebinding defence).
-    pub allowed_hosts: Vec<String>,
-}
-
-impl fmt::Debug for AdminConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AdminConfig")
-            .field("listen", &self.listen)
-            .field("stats_interval", &self.stats_interval)
-            .field("token", &self.token.as_ref().map(|_| "***"))
-            .field("allowed_hosts", &self.allowed_hosts)
-            .finish()
-    }
-}
-
-/// `outbox_worker:`.
-#[derive(Debug, Clone)]
-pub struct WorkerConfig {
-    /// Whether `run` delivers at all (the seed lets tests turn it off).
-    pub enabled: bool,
-    /// Idle wait after a claim that was not full.
-    pub poll_interval: Duration,
-    /// Rows per claim.
-    pub batch_size: u32,
-    /// Bound on one delivery, sandbox and HTTP included.
-    pub publish_timeout: Duration,
-    /// Wait before a `retryable` row may be claimed again (default: `poll_interval`).
-    pub retry_interval: Duration,
-    /// Deliveries in flight at once.
-    pub concurrency: u32,
-    /// How long a claim holds its rows (`lock_until_ms - now`).
-    pub lease: Duration,
-    /// After this many failed attempts a row becomes `failed`; 0 retries forever (the seed).
-    pub max_attempts: u32,
-    /// After shutdown begins and in-flight deliveries have finished, how long the host keeps
-    /// trying to write their outcomes and hand back unstarted rows before it gives up.
-    pub shutdown_grace: Duration,
-    /// The seed's loop, for the benchmark's baseline only (not a config key): wait
-    /// `poll_interval` after every batch, full or not.
-    pub seed_loop: bool,
-}
-
-impl WorkerConfig {
-    /// The shortest lease that covers a healthy batch: every delivery slot runs its share
-    /// of the batch back to back, each taking up to `publish_timeout`.
-    pub fn min_lease(batch_size: u32, concurrency: u32, publish_timeout: Duration) -> Duration {
-        let rounds = batch_size.div_ceil(concurrency.max(1));
-        publish_timeout * rounds + LEASE_MARGIN
-    }
-}
-
-impl Default for WorkerConfig {
-    fn default() -> Self {
-        WorkerConfig {
-            enabled: true,
-            poll_interval: DEFAULT_POLL_INTERVAL,
-            batch_size: DEFAULT_BATCH_SIZE,
-            publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
-            retry_interval: DEFAULT_POLL_INTERVAL,
-            concurrency: DEFAULT_CONCURRENCY,
-            lease: Self::min_lease(DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_PUBLISH_TIMEOUT),
-            max_attempts: 0,
-            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
-            seed_loop: false,
-        }
-    }
-}
-
-/// `sink:`.
-#[derive(Debug, Clone)]
-pub struct SinkConfig {
-    /// A short name for logs and metrics.
-    pub name: String,
-    /// The `.wasm` component.
-    pub plugin: PathBuf,
-    /// Hosts the sink may reach through `http.send` (`host`, `host:port` or `*.domain`).
-    pub allowed_hosts: Vec<String>,
-    /// Linear memory one delivery may use.
-    pub memory_limit: u64,
-    /// The largest HTTP response body handed to the sink.
-    pub max_response_bytes: u64,
-    /// Where compiled components are cached (`None` disables the cache).
-    pub cache_dir: Option<PathBuf>,
-    /// Whether plain `http://` URLs may be used (only `https://` otherwise).
-    pub allow_http: bool,
-    /// A proxy for the sink's requests; the host's `HTTP(S)_PROXY` environment never applies.
-    pub proxy: Option<String>,
-    /// What one attempt may emit and send.
-    pub budgets: SinkBudgets,
-    /// The sink's own settings, read by it through `config.get`.
-    pub config: SinkSettings,
-}
-
-/// Bounds on what one attempt of a sink may emit or ask for; the excess is clamped or dropped
-/// (and counted), never trusted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SinkBudgets {
-    /// A `retry-after-ms` above this is clamped to it.
-    pub max_retry_after: Duration,
-    /// `log.log` lines kept per attempt.
-    pub max_log_lines: u32,
-    /// Bytes of log messages kept per attempt.
-    pub max_log_bytes: u64,
-    /// The longest single log message or failure message.
-    pub max_message_bytes: u64,
-    /// The longest `skipped` reason.
-    pub max_skip_reason_bytes: u64,
-    /// Captured bytes of stdout, and apart of stderr, per attempt.
-    pub max_stdio_bytes: u64,
-    /// `http.send` calls per attempt.
-    pub max_requests: u32,
-    /// The largest request body.
-    pub max_request_bytes: u64,
-}
-
-impl Default for SinkBudgets {
-    fn default() -> Self {
-        SinkBudgets {
-            max_retry_after: DEFAULT_MAX_RETRY_AFTER,
-            max_log_lines: DEFAULT_MAX_LOG_LINES,
-            max_log_bytes: DEFAULT_MAX_LOG_BYTES,
-            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
-            max_skip_reason_bytes: DEFAULT_MAX_SKIP_REASON_BYTES,
-            max_stdio_bytes: DEFAULT_MAX_STDIO_BYTES,
-            max_requests: DEFAULT_MAX_REQUESTS,
-            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
-        }
-    }
-}
-
-/// The sink's `config:` map. Values may be secrets, so `Debug` shows only the keys.
-#[derive(Clone, Default)]
-pub struct SinkSettings(pub BTreeMap<String, String>);
-
-impl fmt::Debug for SinkSettings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_set().entries(self.0.keys()).finish()
-    }
-}
-
-/// `log:`.
-#[derive(Debug, Clone)]
-pub struct LogConfig {
-    /// `text` (human-readable, the default) or `json`.
-    pub format: LogFormat,
-    /// A tracing filter such as `info` or `outbox_host=debug` (`RUST_LOG` wins when set).
-    pub level: String,
-}
-
-/// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogFormat {
-    /// One human-readable line per event.
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 /// Why a config was refused: every problem, each naming its key.
@@ -508,7 +301,7 @@ fn read_worker(f: &mut Fields<'_>, notes: &mut Vec<String>) -> WorkerConfig {
     }
     let min_lease = WorkerConfig::min_lease(batch_size, concurrency, publish_timeout);
     let lease = match f.take::<String>("lease_duration") {
-        None => min_lease.max(Duration::from_secs(30)),
+        None => WorkerConfig::default_lease(batch_size, concurrency, publish_timeout),
         Some(text) => match units::parse_duration_ms(&text) {
             Ok(ms) if ms >= min_lease.as_millis() as i64 => Duration::from_millis(ms as u64),
             Ok(_) => {
@@ -540,7 +333,6 @@ fn read_worker(f: &mut Fields<'_>, notes: &mut Vec<String>) -> WorkerConfig {
         lease,
         max_attempts,
         shutdown_grace,
-        seed_loop: false,
     }
 }
 
@@ -555,7 +347,7 @@ fn read_sink(f: &mut Fields<'_>) -> SinkConfig {
     }
     let allowed_hosts = f.take::<Vec<String>>("allowed_hosts").unwrap_or_default();
     for host in &allowed_hosts {
-        if let Err(why) = crate::sink::HostPattern::parse(host) {
+        if let Err(why) = crate::sandbox::HostPattern::parse(host) {
             f.problem("allowed_hosts", why);
         }
     }
@@ -669,24 +461,6 @@ pub fn is_identifier(text: &str) -> bool {
     matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
         && text.len() <= 63
-}
-
-/// A database URL with its password replaced by `***`, safe for logs and errors.
-pub fn redact_url(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => match rest.split_once('@') {
-            Some((user_info, host)) => {
-                let user = user_info.split(':').next().unwrap_or("");
-                if user_info.contains(':') {
-                    format!("{scheme}://{user}:***@{host}")
-                } else {
-                    format!("{scheme}://{user}@{host}")
-                }
-            }
-            None => url.to_string(),
-        },
-        None => url.to_string(),
-    }
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ pub fn steps(migrator: &Migrator, table: &str) -> Vec<Step> {
         .map(|m| Step {
             version: m.version,
             description: m.description.to_string(),
-            sql: m.sql.replace(crate::config::DEFAULT_TABLE, table),
+            sql: m.sql.replace(crate::store::DEFAULT_TABLE, table),
         })
         .collect()
 }

@@ -1,10 +1,10 @@
 //! The outbox table: one [`Store`] trait with the claim / mark / stats operations, and one
 //! module per database implementing it. Dialect differences live in the backend modules.
 
-mod common;
 pub mod migrate;
 mod mysql;
 mod postgres;
+mod sql;
 mod sqlite;
 
 use std::sync::Arc;
@@ -12,62 +12,15 @@ use std::sync::Arc;
 use async_trait::async_trait;
 pub use mysql::MysqlStore;
 pub use postgres::PostgresStore;
+pub use sql::{Dialect, SqlStore};
 pub use sqlite::SqliteStore;
 
-/// The columns of a whole [`Row`], in the order [`decode_row!`] reads them.
+/// The columns of a whole [`Row`].
 const ROW_COLUMNS: &str = "id, app_code, event_id, event_type, room_id, status, envelope, created_at_ms, \
      retry_count, last_error, worker_id, lock_until_ms, next_retry_at_ms, updated_at_ms, delivered_at_ms";
 
-/// The columns a claim returns, as [`decode_claimed!`] reads them.
+/// The columns a claim returns.
 const CLAIM_COLUMNS: &str = "id, app_code, event_id, event_type, room_id, envelope, created_at_ms, retry_count";
-
-/// Decodes a [`Row`] from any backend's result row (the column types agree across dialects).
-macro_rules! decode_row {
-    ($r:expr) => {{
-        use sqlx::Row as _;
-        let r = $r;
-        let status: String = r.try_get("status")?;
-        Ok::<_, sqlx::Error>($crate::store::Row {
-            id: r.try_get("id")?,
-            app_code: r.try_get("app_code")?,
-            event_id: r.try_get("event_id")?,
-            event_type: r.try_get("event_type")?,
-            room_id: r.try_get("room_id")?,
-            status: $crate::store::Status::parse(&status)
-                .ok_or_else(|| sqlx::Error::Decode(format!("unknown status {status:?}").into()))?,
-            envelope: r.try_get("envelope")?,
-            created_at_ms: r.try_get("created_at_ms")?,
-            retry_count: r.try_get("retry_count")?,
-            last_error: r.try_get("last_error")?,
-            worker_id: r.try_get("worker_id")?,
-            lock_until_ms: r.try_get("lock_until_ms")?,
-            next_retry_at_ms: r.try_get("next_retry_at_ms")?,
-            updated_at_ms: r.try_get("updated_at_ms")?,
-            delivered_at_ms: r.try_get("delivered_at_ms")?,
-        })
-    }};
-}
-
-/// Decodes a [`Claimed`] row (see [`CLAIM_COLUMNS`]) held under `lease`.
-macro_rules! decode_claimed {
-    ($r:expr, $lease:expr) => {{
-        use sqlx::Row as _;
-        let r = $r;
-        Ok::<_, sqlx::Error>($crate::store::Claimed {
-            id: r.try_get("id")?,
-            app_code: r.try_get("app_code")?,
-            event_id: r.try_get("event_id")?,
-            event_type: r.try_get("event_type")?,
-            room_id: r.try_get("room_id")?,
-            envelope: r.try_get("envelope")?,
-            created_at_ms: r.try_get("created_at_ms")?,
-            retry_count: r.try_get("retry_count")?,
-            lease: $lease,
-            rescued: false,
-        })
-    }};
-}
-pub(crate) use {decode_claimed, decode_row};
 
 /// The delivery state of one outbox row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -191,6 +144,33 @@ pub enum Outcome {
         /// Short, secret-free reason.
         error: String,
     },
+}
+
+impl Outcome {
+    /// The status this outcome leaves its row in.
+    pub fn status(&self) -> Status {
+        match self {
+            Outcome::Delivered => Status::Delivered,
+            Outcome::Retry { .. } => Status::Retryable,
+            Outcome::Fail { .. } => Status::Failed,
+        }
+    }
+
+    /// The reason, for `last_error` (none when delivered).
+    pub fn error(&self) -> Option<&str> {
+        match self {
+            Outcome::Delivered => None,
+            Outcome::Retry { error, .. } | Outcome::Fail { error } => Some(error),
+        }
+    }
+
+    /// When the row may be claimed again: `next_retry_at_ms` of a retry, else 0.
+    pub fn next_retry_at_ms(&self) -> i64 {
+        match self {
+            Outcome::Retry { next_retry_at_ms, .. } => *next_retry_at_ms,
+            _ => 0,
+        }
+    }
 }
 
 /// One claimed row's outcome, to be written.
@@ -400,7 +380,7 @@ impl Backend {
             "mysql" | "mariadb" => Ok(Backend::Mysql),
             _ => Err(format!(
                 "{:?} does not start with sqlite://, postgres:// or mysql://",
-                crate::config::redact_url(url)
+                crate::text::redact_url(url)
             )),
         }
     }
@@ -425,20 +405,13 @@ const ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The error for a database that could not be reached at start-up.
 fn unreachable_error(url: &str, e: sqlx::Error) -> StoreError {
-    StoreError::Unavailable(format!("cannot connect to {}: {e}", crate::config::redact_url(url)))
+    StoreError::Unavailable(format!("cannot connect to {}: {e}", crate::text::redact_url(url)))
 }
 
-/// The current wall-clock time in UTC milliseconds.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
+pub use crate::clock::now_ms;
 
-/// Cuts an error message to what fits `last_error` (512), on a character boundary.
-pub fn short_error(message: &str) -> String {
-    const MAX: usize = 500;
-    let one_line: String = message.split_whitespace().collect::<Vec<_>>().join(" ");
-    crate::text::printable(&one_line, MAX)
-}
+/// Default `outbox.table`, the seed's table.
+pub const DEFAULT_TABLE: &str = "room_outbox";
 
 /// Assembles [`Stats`] from the rows every backend's queries return.
 fn stats_from(
@@ -481,43 +454,5 @@ fn name_duplicate(err: sqlx::Error, event_id: &str) -> StoreError {
     match StoreError::from(err) {
         StoreError::Duplicate(_) => StoreError::Duplicate(event_id.to_string()),
         other => other,
-    }
-}
-
-/// The `Retry` and `Fail` marks of a batch as parallel columns, for statements that write
-/// them all at once.
-struct FailedMarks<'a> {
-    ids: Vec<i64>,
-    worker_ids: Vec<&'a str>,
-    lock_untils: Vec<i64>,
-    statuses: Vec<&'static str>,
-    errors: Vec<&'a str>,
-    next_retry_ats: Vec<i64>,
-}
-
-impl<'a> From<&[&'a Mark]> for FailedMarks<'a> {
-    fn from(marks: &[&'a Mark]) -> Self {
-        let mut out = FailedMarks {
-            ids: vec![],
-            worker_ids: vec![],
-            lock_untils: vec![],
-            statuses: vec![],
-            errors: vec![],
-            next_retry_ats: vec![],
-        };
-        for m in marks {
-            let (status, error, next) = match &m.outcome {
-                Outcome::Delivered => continue,
-                Outcome::Retry { error, next_retry_at_ms } => ("retryable", error, *next_retry_at_ms),
-                Outcome::Fail { error } => ("failed", error, 0),
-            };
-            out.ids.push(m.id);
-            out.worker_ids.push(&m.lease.worker_id);
-            out.lock_untils.push(m.lease.lock_until_ms);
-            out.statuses.push(status);
-            out.errors.push(error);
-            out.next_retry_ats.push(next);
-        }
-        out
     }
 }

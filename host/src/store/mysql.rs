@@ -3,16 +3,19 @@
 //! the picked ids. The outcomes of a batch are written with one statement per kind (`CASE`
 //! over the ids).
 
+use async_trait::async_trait;
+use sqlx::migrate::Migrator;
 use sqlx::mysql::MySqlPoolOptions;
-use sqlx::{MySql, MySqlPool, QueryBuilder};
+use sqlx::{MySql, QueryBuilder};
 
-use super::{CLAIM_COLUMNS, Claimed, Lease, Mark, Outcome, StoreError, decode_claimed};
+use super::sql::{Dialect, MigrationLock, SqlStore, decode_claimed};
+use super::{CLAIM_COLUMNS, Claimed, Lease, Mark, StoreError};
+
+/// MySQL's and MariaDB's [`Dialect`].
+pub struct MysqlDialect;
 
 /// The MySQL / MariaDB backend.
-pub struct MysqlStore {
-    pool: MySqlPool,
-    table: String,
-}
+pub type MysqlStore = SqlStore<MysqlDialect>;
 
 impl MysqlStore {
     /// Connects to a `mysql://` (or `mariadb://`) URL.
@@ -35,53 +38,47 @@ impl MysqlStore {
             .connect(&url)
             .await
             .map_err(|e| super::unreachable_error(&url, e))?;
-        Ok(MysqlStore { pool, table: table.to_string() })
-    }
-
-    /// `AND (id, worker_id, lock_until_ms) IN ((…), …)`: only rows still held under the
-    /// same lease.
-    fn push_lease_filter<'a>(q: &mut QueryBuilder<'a, MySql>, rows: impl Iterator<Item = (i64, &'a Lease)>) {
-        q.push(" AND status = 'delivering' AND (id, worker_id, lock_until_ms) IN (");
-        let mut list = q.separated(", ");
-        for (id, lease) in rows {
-            list.push("(");
-            list.push_bind_unseparated(id);
-            list.push_unseparated(", ");
-            list.push_bind_unseparated(lease.worker_id.as_str());
-            list.push_unseparated(", ");
-            list.push_bind_unseparated(lease.lock_until_ms);
-            list.push_unseparated(")");
-        }
-        q.push(")");
+        Ok(SqlStore::new(pool, table))
     }
 }
 
-super::common::common_store!(MysqlStore, sqlx::MySql, super::migrate::MYSQL);
+#[async_trait]
+impl Dialect for MysqlDialect {
+    type Db = MySql;
 
-impl MysqlStore {
-    async fn migrate_schema(&self) -> Result<(), StoreError> {
+    fn param(n: usize) -> String {
+        let _ = n;
+        "?".to_string()
+    }
+
+    fn rows_affected(result: &sqlx::mysql::MySqlQueryResult) -> u64 {
+        result.rows_affected()
+    }
+
+    fn migrator() -> &'static Migrator {
+        &super::migrate::MYSQL
+    }
+
+    fn migration_lock(table: &str) -> MigrationLock {
         // DDL commits implicitly in MySQL, so a named lock (not a transaction) keeps two
         // starting hosts from migrating at once.
-        let mut conn = self.pool.acquire().await?;
-        let lock = format!("{}_migrations", self.table);
-        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 60)").bind(&lock).fetch_one(&mut *conn).await?;
-        if got != Some(1) {
-            return Err(StoreError::Migration(format!("could not take the lock {lock} within 60s")));
+        MigrationLock {
+            take: format!("SELECT GET_LOCK('{table}_migrations', 60)"),
+            checked: true,
+            keep: format!("SELECT RELEASE_LOCK('{table}_migrations')"),
+            undo: format!("SELECT RELEASE_LOCK('{table}_migrations')"),
         }
-        let result = self.apply_missing(&mut conn).await;
-        sqlx::query("SELECT RELEASE_LOCK(?)").bind(&lock).execute(&mut *conn).await?;
-        result
     }
 
     async fn claim_rows(
-        &self,
+        store: &MysqlStore,
         worker_id: &str,
         now_ms: i64,
         lock_until_ms: i64,
         limit: u32,
     ) -> Result<Vec<Claimed>, StoreError> {
-        let t = &self.table;
-        let mut tx = self.pool.begin().await?;
+        let t = &store.table;
+        let mut tx = store.pool.begin().await?;
         // One index-ordered pick per claimable status (an OR over the three would make InnoDB
         // sort every claimable row on each claim), merged here into claim order. Rows picked
         // but not taken stay locked only until this short transaction commits.
@@ -97,7 +94,7 @@ impl MysqlStore {
             }
             q.push(" ORDER BY created_at_ms, id LIMIT ").push_bind(i64::from(limit)).push(" FOR UPDATE SKIP LOCKED");
             for r in q.build().fetch_all(&mut *tx).await? {
-                claimed.push(Claimed { rescued: status == "delivering", ..decode_claimed!(&r, lease.clone())? });
+                claimed.push(decode_claimed(&r, lease.clone(), status == "delivering")?);
             }
         }
         claimed.sort_by_key(|c| (c.created_at_ms, c.id));
@@ -119,35 +116,50 @@ impl MysqlStore {
     }
 
     /// `retryable`/`failed` outcomes, each only under its own lease, in one statement.
-    async fn mark_failed(&self, marks: &[&Mark], now_ms: i64) -> Result<u64, StoreError> {
-        let mut q: QueryBuilder<MySql> = QueryBuilder::new(format!("UPDATE {} SET ", self.table));
-        for (column, i) in [("status", 0), ("last_error", 1), ("next_retry_at_ms", 2)] {
+    async fn mark_failed(store: &MysqlStore, marks: &[&Mark], now_ms: i64) -> Result<u64, StoreError> {
+        let mut q: QueryBuilder<MySql> = QueryBuilder::new(format!("UPDATE {} SET ", store.table));
+        for column in ["status", "last_error", "next_retry_at_ms"] {
             q.push(format!("{column} = CASE id"));
             for m in marks {
                 q.push(" WHEN ").push_bind(m.id).push(" THEN ");
-                match (&m.outcome, i) {
-                    (Outcome::Retry { .. }, 0) => q.push_bind("retryable"),
-                    (Outcome::Fail { .. }, 0) => q.push_bind("failed"),
-                    (Outcome::Retry { error, .. } | Outcome::Fail { error }, 1) => q.push_bind(error.as_str()),
-                    (Outcome::Retry { next_retry_at_ms, .. }, _) => q.push_bind(*next_retry_at_ms),
-                    _ => q.push_bind(0i64),
+                match column {
+                    "status" => q.push_bind(m.outcome.status().as_str()),
+                    "last_error" => q.push_bind(m.outcome.error()),
+                    _ => q.push_bind(m.outcome.next_retry_at_ms()),
                 };
             }
             q.push(" END, ");
         }
         q.push("retry_count = retry_count + 1, worker_id = NULL, lock_until_ms = 0, updated_at_ms = ");
         q.push_bind(now_ms).push(" WHERE 1 = 1");
-        Self::push_lease_filter(&mut q, marks.iter().map(|m| (m.id, &m.lease)));
-        Ok(q.build().execute(&self.pool).await?.rows_affected())
+        push_lease_filter(&mut q, marks.iter().map(|m| (m.id, &m.lease)));
+        Ok(q.build().execute(&store.pool).await?.rows_affected())
     }
 
-    async fn release_rows(&self, rows: &[(i64, Lease)], now_ms: i64) -> Result<u64, StoreError> {
+    async fn release_rows(store: &MysqlStore, rows: &[(i64, Lease)], now_ms: i64) -> Result<u64, StoreError> {
         let mut q: QueryBuilder<MySql> = QueryBuilder::new(format!(
             "UPDATE {} SET status = 'pending', worker_id = NULL, lock_until_ms = 0, updated_at_ms = ",
-            self.table
+            store.table
         ));
         q.push_bind(now_ms).push(" WHERE 1 = 1");
-        Self::push_lease_filter(&mut q, rows.iter().map(|(id, lease)| (*id, lease)));
-        Ok(q.build().execute(&self.pool).await?.rows_affected())
+        push_lease_filter(&mut q, rows.iter().map(|(id, lease)| (*id, lease)));
+        Ok(q.build().execute(&store.pool).await?.rows_affected())
     }
+}
+
+/// `AND (id, worker_id, lock_until_ms) IN ((…), …)`: only rows still held under the same
+/// lease.
+fn push_lease_filter<'a>(q: &mut QueryBuilder<'a, MySql>, rows: impl Iterator<Item = (i64, &'a Lease)>) {
+    q.push(" AND status = 'delivering' AND (id, worker_id, lock_until_ms) IN (");
+    let mut list = q.separated(", ");
+    for (id, lease) in rows {
+        list.push("(");
+        list.push_bind_unseparated(id);
+        list.push_unseparated(", ");
+        list.push_bind_unseparated(lease.worker_id.as_str());
+        list.push_unseparated(", ");
+        list.push_bind_unseparated(lease.lock_until_ms);
+        list.push_unseparated(")");
+    }
+    q.push(")");
 }

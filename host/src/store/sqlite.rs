@@ -5,16 +5,19 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use async_trait::async_trait;
+use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{QueryBuilder, Sqlite, SqlitePool};
+use sqlx::{QueryBuilder, Sqlite};
 
-use super::{CLAIM_COLUMNS, Claimed, Lease, Mark, Outcome, StoreError, decode_claimed};
+use super::sql::{Dialect, MigrationLock, SqlStore, decode_claimed};
+use super::{CLAIM_COLUMNS, Claimed, Lease, Mark, StoreError};
+
+/// SQLite's [`Dialect`].
+pub struct SqliteDialect;
 
 /// The SQLite backend.
-pub struct SqliteStore {
-    pool: SqlitePool,
-    table: String,
-}
+pub type SqliteStore = SqlStore<SqliteDialect>;
 
 impl SqliteStore {
     /// Opens (creating if missing) the database file a `sqlite://` URL names.
@@ -31,31 +34,42 @@ impl SqliteStore {
             .connect_with(options)
             .await
             .map_err(|e| super::unreachable_error(url, e))?;
-        Ok(SqliteStore { pool, table: table.to_string() })
+        Ok(SqlStore::new(pool, table))
     }
 }
 
-super::common::common_store!(SqliteStore, sqlx::Sqlite, super::migrate::SQLITE);
+#[async_trait]
+impl Dialect for SqliteDialect {
+    type Db = Sqlite;
 
-impl SqliteStore {
-    async fn migrate_schema(&self) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        self.apply_missing(&mut tx).await?;
-        tx.commit().await?;
-        Ok(())
+    fn param(n: usize) -> String {
+        format!("${n}")
+    }
+
+    fn rows_affected(result: &sqlx::sqlite::SqliteQueryResult) -> u64 {
+        result.rows_affected()
+    }
+
+    fn migrator() -> &'static Migrator {
+        &super::migrate::SQLITE
+    }
+
+    fn migration_lock(_table: &str) -> MigrationLock {
+        // Takes SQLite's write lock at once: a second starter waits, then finds the work done.
+        MigrationLock { take: "BEGIN IMMEDIATE".into(), checked: false, keep: "COMMIT".into(), undo: "ROLLBACK".into() }
     }
 
     async fn claim_rows(
-        &self,
+        store: &SqliteStore,
         worker_id: &str,
         now_ms: i64,
         lock_until_ms: i64,
         limit: u32,
     ) -> Result<Vec<Claimed>, StoreError> {
-        let t = &self.table;
+        let t = &store.table;
         // BEGIN IMMEDIATE takes SQLite's write lock before reading, so two claimers
         // (threads or processes) are serialised and never pick the same row.
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = store.pool.begin_with("BEGIN IMMEDIATE").await?;
         let picked: Vec<(i64, String)> = sqlx::query_as(&format!(
             "SELECT id, status FROM {t} \
              WHERE status = 'pending' \
@@ -82,7 +96,8 @@ impl SqliteStore {
         let rows = q.build().fetch_all(&mut *tx).await?;
         tx.commit().await?;
         let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms };
-        let mut claimed = rows.iter().map(|r| decode_claimed!(r, lease.clone())).collect::<Result<Vec<_>, _>>()?;
+        let mut claimed =
+            rows.iter().map(|r| decode_claimed(r, lease.clone(), false)).collect::<Result<Vec<_>, _>>()?;
         for c in &mut claimed {
             c.rescued = picked.iter().any(|(id, was)| *id == c.id && was == "delivering");
         }
@@ -92,25 +107,20 @@ impl SqliteStore {
     }
 
     /// `retryable`/`failed` outcomes, each only under its own lease, in one transaction.
-    async fn mark_failed(&self, marks: &[&Mark], now_ms: i64) -> Result<u64, StoreError> {
-        let t = &self.table;
+    async fn mark_failed(store: &SqliteStore, marks: &[&Mark], now_ms: i64) -> Result<u64, StoreError> {
+        let t = &store.table;
         let mut changed = 0;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = store.pool.begin().await?;
         for m in marks {
-            let (status, error, next_retry_at_ms) = match &m.outcome {
-                Outcome::Delivered => continue,
-                Outcome::Retry { error, next_retry_at_ms } => ("retryable", error, *next_retry_at_ms),
-                Outcome::Fail { error } => ("failed", error, 0),
-            };
             let sql = format!(
                 "UPDATE {t} SET status = ?, retry_count = retry_count + 1, last_error = ?, next_retry_at_ms = ?, \
                  worker_id = NULL, lock_until_ms = 0, updated_at_ms = ? \
                  WHERE id = ? AND status = 'delivering' AND worker_id = ? AND lock_until_ms = ?"
             );
             changed += sqlx::query(&sql)
-                .bind(status)
-                .bind(error)
-                .bind(next_retry_at_ms)
+                .bind(m.outcome.status().as_str())
+                .bind(m.outcome.error())
+                .bind(m.outcome.next_retry_at_ms())
                 .bind(now_ms)
                 .bind(m.id)
                 .bind(&m.lease.worker_id)
@@ -123,9 +133,9 @@ impl SqliteStore {
         Ok(changed)
     }
 
-    async fn release_rows(&self, rows: &[(i64, Lease)], now_ms: i64) -> Result<u64, StoreError> {
-        let t = &self.table;
-        let mut tx = self.pool.begin().await?;
+    async fn release_rows(store: &SqliteStore, rows: &[(i64, Lease)], now_ms: i64) -> Result<u64, StoreError> {
+        let t = &store.table;
+        let mut tx = store.pool.begin().await?;
         let mut changed = 0;
         for (id, lease) in rows {
             changed += sqlx::query(&format!(

@@ -2,8 +2,8 @@
 
 use std::fmt::Write as _;
 
-use crate::config::format_duration;
 use crate::store::{Stats, Status};
+use crate::units::format_duration;
 
 /// Renders counts per status, the oldest waiting age and the top errors.
 pub fn status(table: &str, stats: &Stats, now_ms: i64) -> String {

@@ -7,6 +7,8 @@
 //! [`guard`]): only allowed `Host` names are answered, every state change needs the admin
 //! token and a same-origin request, and the page cannot be framed.
 
+pub mod settings;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,9 +24,9 @@ use tokio_util::sync::CancellationToken;
 
 pub use guard::Guard;
 
-use crate::metrics::Metrics;
 use crate::ops;
-use crate::page::{self, PageData};
+use crate::ops::metrics::Metrics;
+use crate::ops::page::{self, PageData};
 
 mod guard;
 use crate::store::{Status, Store, now_ms};
@@ -99,7 +101,7 @@ async fn ready(State(s): State<Arc<AdminState>>) -> (StatusCode, String) {
 }
 
 async fn metrics(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], s.metrics.render())
+    ([(header::CONTENT_TYPE, crate::ops::metrics::CONTENT_TYPE)], s.metrics.render())
 }
 
 #[derive(Deserialize)]
@@ -209,7 +211,7 @@ async fn purge_api(State(s): State<Arc<AdminState>>, headers: HeaderMap, Query(p
     if let Err(refused) = s.guard.check_api(&headers) {
         return refused.into_response();
     }
-    let age = match crate::config::units::parse_duration_ms(&p.delivered_before) {
+    let age = match crate::units::parse_duration_ms(&p.delivered_before) {
         Ok(ms) if ms > 0 => ms,
         Ok(_) => {
             return (StatusCode::BAD_REQUEST, Json(json!({ "error": "delivered_before must be positive" })))

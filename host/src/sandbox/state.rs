@@ -12,8 +12,8 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use super::bindings::{self, HttpError, HttpRequest, HttpResponse, Level};
 use super::capture::Capture;
 use super::http::HttpPolicy;
-use crate::config::SinkBudgets;
-use crate::metrics::Metrics;
+use super::settings::SinkBudgets;
+use crate::ops::metrics::Metrics;
 use crate::text::printable_within;
 
 /// What every delivery of one sink shares.

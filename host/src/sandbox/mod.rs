@@ -3,6 +3,8 @@
 //! delivery runs in a fresh store with a memory cap, an epoch deadline and an outer
 //! timeout, so a trap, an endless loop, a memory bomb or a hang fails that one attempt.
 
+pub mod settings;
+
 mod bindings;
 mod cache;
 mod capture;
@@ -28,10 +30,10 @@ use bindings::{Outcome, SinkPre};
 use capture::Capture;
 pub use egress::HostPattern;
 use http::{HttpPolicy, PolicySettings};
+use settings::SinkConfig;
 use state::{DeliveryState, Shared};
 
-use crate::config::SinkConfig;
-use crate::metrics::Metrics;
+use crate::ops::metrics::Metrics;
 use crate::text::{printable, printable_within};
 
 /// How often the epoch advances; the granularity of the CPU deadline.
@@ -206,7 +208,7 @@ impl SinkRuntime {
             anyhow::anyhow!("sink.plugin: {} failed its config check: {}", config.plugin.display(), f.message)
         })?;
         if !problems.is_empty() {
-            return Err(crate::config::ConfigError { source_file: None, problems: sink_problems(problems) }.into());
+            return Err(SinkConfigProblems(sink_problems(problems)).into());
         }
         Ok(runtime)
     }
@@ -259,7 +261,7 @@ impl SinkRuntime {
             tracing::warn!(
                 sink = %self.shared.name,
                 asked_ms = ms,
-                max = %crate::config::format_duration(max),
+                max = %crate::units::format_duration(max),
                 "sink asked to wait longer than sink.max_retry_after; clamped (said once, counted in room_outbox_sink_limit_hits_total)"
             );
         }
@@ -312,6 +314,12 @@ impl SinkRuntime {
         }
     }
 }
+
+/// What a sink's `check-config` reported: config problems like any other, which refuse
+/// start-up (exit code 2).
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration:\n  - {}", .0.join("\n  - "))]
+pub struct SinkConfigProblems(pub Vec<String>);
 
 /// A sink's own config problems as the host shows them: under `sink.config.`, escaped onto
 /// one line, clipped, and at most [`MAX_CONFIG_PROBLEMS`] of them.
@@ -380,7 +388,7 @@ fn spawn_epoch_ticker(engine: wasmtime::EngineWeak, stop: Arc<AtomicBool>) {
 fn timed_out(timeout: Duration) -> AttemptFailure {
     AttemptFailure::new(
         FailureClass::Timeout,
-        format!("sink did not finish within publish_timeout {}", crate::config::format_duration(timeout)),
+        format!("sink did not finish within publish_timeout {}", crate::units::format_duration(timeout)),
     )
 }
 
@@ -395,6 +403,6 @@ fn classify_error(e: &wasmtime::Error, timeout: Duration, memory_limit: usize) -
     match e.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => timed_out(timeout),
         Some(trap) => AttemptFailure::new(FailureClass::Trap, format!("sink trapped: {trap}")),
-        None => AttemptFailure::new(FailureClass::Trap, crate::store::short_error(&format!("sink failed: {text}"))),
+        None => AttemptFailure::new(FailureClass::Trap, crate::text::short_error(&format!("sink failed: {text}"))),
     }
 }

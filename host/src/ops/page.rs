@@ -3,8 +3,8 @@
 
 use std::fmt::Write as _;
 
-use crate::config::format_duration;
 use crate::store::{Minute, Row, Stats, Status};
+use crate::units::format_duration;
 
 /// What the page shows.
 pub struct PageData<'a> {

@@ -2,6 +2,8 @@
 //! (events of one room one after another, in claim order), record each outcome, and claim
 //! again at once while batches come back full. `poll_interval` is only the idle wait.
 
+pub mod settings;
+
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
@@ -13,11 +15,12 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::config::WorkerConfig;
-use crate::metrics::Metrics;
-use crate::sink::{Deliver, Delivered, FailureClass};
-use crate::store::{Claimed, Lease, Mark, Outcome, Store, now_ms, short_error};
+use crate::ops::metrics::Metrics;
+use crate::sandbox::{Deliver, Delivered, FailureClass};
+use crate::store::{Claimed, Lease, Mark, Outcome, Store, now_ms};
 use crate::text::printable;
+use crate::text::short_error;
+use settings::WorkerConfig;
 
 /// One log line about one row, with the seed's fields: `worker`, `node_id`, `event_id`,
 /// `event_type`, `room_id`, `retry_count`, `status`, then whatever else is given.
@@ -88,7 +91,7 @@ impl Worker {
         node_id: &str,
         metrics: Arc<Metrics>,
     ) -> Arc<Worker> {
-        let random = crate::random_u64();
+        let random = crate::clock::random_u64();
         let worker_id = format!("{node_id}-{}-{:08x}", std::process::id(), random as u32);
         let (signals, _) = broadcast::channel(1024);
         Arc::new(Worker { store, sink, config, node_id: node_id.to_string(), worker_id, signals, metrics })
@@ -171,7 +174,7 @@ impl Worker {
             }
             self.signal(Signal::Claimed(claimed.len()));
             self.deliver_batch(claimed, &marks, &shutdown).await;
-            if !full || self.config.seed_loop {
+            if !full {
                 sleep_or_cancel(self.config.poll_interval, &shutdown).await;
             }
         }
@@ -205,7 +208,7 @@ impl Worker {
             anyhow::bail!(
                 "{} outcome(s) could not be written within outbox_worker.shutdown_grace {}; their rows return to the queue when their leases expire",
                 ids.len(),
-                crate::config::format_duration(grace)
+                crate::units::format_duration(grace)
             );
         }
         tracing::info!(worker = "room_outbox", node_id = %self.node_id, "worker stopped");
@@ -277,7 +280,7 @@ impl Worker {
             .unwrap_or_else(|| "unknown panic".into());
         let error = short_error(&format!("host panicked while delivering: {}", printable(&what, 300)));
         self.metrics.delivery_panic();
-        self.metrics.failed(event_type, FailureClass::Trap, None);
+        self.metrics.failed(event_type, FailureClass::Trap.as_str(), None);
         tracing::error!(worker = "room_outbox", node_id = %self.node_id, event_id, attempt, error, "delivery task panicked; recorded as retryable");
         let next_retry_at_ms = now_ms().saturating_add(millis(self.config.retry_interval));
         Outcome::Retry { error, next_retry_at_ms }
@@ -333,7 +336,7 @@ impl Worker {
                     Outcome::Delivered
                 }
                 Err((class, message, retry_after)) => {
-                    self.metrics.failed(&row.event_type, class, took);
+                    self.metrics.failed(&row.event_type, class.as_str(), took);
                     let outcome = after_failure(class, &message, retry_after, attempt, &self.config, now_ms());
                     let (status, error) = match &outcome {
                         Outcome::Fail { error } => ("failed", error.as_str()),

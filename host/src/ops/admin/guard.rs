@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 
 use super::AdminState;
-use crate::config::AdminConfig;
+use super::settings::AdminConfig;
 
 /// The page's policy: no scripts, no plugins, styles inline, forms only to itself, never framed.
 const CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
@@ -33,7 +33,7 @@ pub struct Guard {
 impl Guard {
     /// The guard for `admin:`; the form token is new in every process.
     pub fn new(config: &AdminConfig) -> Guard {
-        let form_token = crate::random_bytes(16).iter().map(|b| format!("{b:02x}")).collect();
+        let form_token = crate::clock::random_bytes(16).iter().map(|b| format!("{b:02x}")).collect();
         Guard { token: config.token.clone(), allowed_hosts: config.allowed_hosts.clone(), form_token }
     }
 

@@ -110,7 +110,7 @@ fn private_dir(dir: &Path) -> anyhow::Result<()> {
 /// The cache's HMAC key, made on first use.
 fn cache_key(dir: &Path) -> anyhow::Result<Vec<u8>> {
     let path = dir.join(KEY_FILE);
-    let key = crate::random_bytes(KEY_LEN);
+    let key = crate::clock::random_bytes(KEY_LEN);
     match write_new(&path, &key) {
         Ok(()) => return Ok(key),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -167,7 +167,7 @@ fn store(component: &Component, dir: &Path, name: &str, key: &[u8]) -> anyhow::R
     entry.extend_from_slice(&mac);
     // A fresh file, then rename: a concurrent starter never reads half a file, and nothing
     // planted at the temporary path is followed.
-    let suffix: String = crate::random_bytes(8).iter().map(|b| format!("{b:02x}")).collect();
+    let suffix: String = crate::clock::random_bytes(8).iter().map(|b| format!("{b:02x}")).collect();
     let tmp = dir.join(format!(".{name}.{}.{suffix}.tmp", std::process::id()));
     write_new(&tmp, &entry).with_context(|| format!("writing {}", tmp.display()))?;
     fs::rename(&tmp, dir.join(name)).inspect_err(|_| {

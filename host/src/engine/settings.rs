@@ -1,0 +1,81 @@
+//! `outbox_worker:`: the worker's settings, with the room-service defaults. The config
+//! module reads them from YAML; everything here only describes them.
+
+use std::time::Duration;
+
+/// Default `outbox_worker.poll_interval` (seed): the idle wait between empty claims.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// Default `outbox_worker.batch_size` (seed): rows claimed at most per claim.
+pub const DEFAULT_BATCH_SIZE: u32 = 100;
+/// Default `outbox_worker.publish_timeout` (seed): the bound on one delivery.
+pub const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(3);
+/// The only `outbox_worker.retry_strategy` (seed): retry after a fixed interval, forever
+/// unless `max_attempts` is set.
+pub const RETRY_FIXED_INTERVAL: &str = "fixed_interval";
+/// Default `outbox_worker.concurrency`: deliveries in flight at once (events of one room
+/// always go one after another).
+pub const DEFAULT_CONCURRENCY: u32 = 16;
+/// `batch_size` above this is refused: a claim that large holds locks for too long.
+pub const MAX_BATCH_SIZE: u32 = 10_000;
+/// Safety margin added to the computed minimum lease.
+pub const LEASE_MARGIN: Duration = Duration::from_secs(5);
+/// `lease_duration` is at least this by default, above the computed minimum.
+pub const DEFAULT_LEASE_FLOOR: Duration = Duration::from_secs(30);
+/// Default `outbox_worker.shutdown_grace`: how long outcomes may take to be written after
+/// the in-flight deliveries have finished, before the host gives up on a database that is away.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// `outbox_worker:`.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Whether `run` delivers at all (the seed lets tests turn it off).
+    pub enabled: bool,
+    /// Idle wait after a claim that was not full.
+    pub poll_interval: Duration,
+    /// Rows per claim.
+    pub batch_size: u32,
+    /// Bound on one delivery, sandbox and HTTP included.
+    pub publish_timeout: Duration,
+    /// Wait before a `retryable` row may be claimed again (default: `poll_interval`).
+    pub retry_interval: Duration,
+    /// Deliveries in flight at once.
+    pub concurrency: u32,
+    /// How long a claim holds its rows (`lock_until_ms - now`).
+    pub lease: Duration,
+    /// After this many failed attempts a row becomes `failed`; 0 retries forever (the seed).
+    pub max_attempts: u32,
+    /// After shutdown begins and in-flight deliveries have finished, how long the host keeps
+    /// trying to write their outcomes and hand back unstarted rows before it gives up.
+    pub shutdown_grace: Duration,
+}
+
+impl WorkerConfig {
+    /// The shortest lease that covers a healthy batch: every delivery slot runs its share
+    /// of the batch back to back, each taking up to `publish_timeout`.
+    pub fn min_lease(batch_size: u32, concurrency: u32, publish_timeout: Duration) -> Duration {
+        let rounds = batch_size.div_ceil(concurrency.max(1));
+        publish_timeout * rounds + LEASE_MARGIN
+    }
+
+    /// The lease when `lease_duration` is not set: the minimum, but at least
+    /// [`DEFAULT_LEASE_FLOOR`].
+    pub fn default_lease(batch_size: u32, concurrency: u32, publish_timeout: Duration) -> Duration {
+        Self::min_lease(batch_size, concurrency, publish_timeout).max(DEFAULT_LEASE_FLOOR)
+    }
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            enabled: true,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            batch_size: DEFAULT_BATCH_SIZE,
+            publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
+            retry_interval: DEFAULT_POLL_INTERVAL,
+            concurrency: DEFAULT_CONCURRENCY,
+            lease: Self::default_lease(DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_PUBLISH_TIMEOUT),
+            max_attempts: 0,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+        }
+    }
+}

@@ -1,0 +1,321 @@
+//! Prometheus metrics with room-service's names, through the official client
+//! (`prometheus-client`, OpenMetrics text). Counters and histograms are updated as the host
+//! goes; the gauges that need a database query are refreshed on an interval
+//! (`admin.stats_interval`), never per scrape.
+//!
+//! Counters are registered without their `_total` suffix: the client adds it, so the samples
+//! are `room_outbox_publish_success_total` and so on.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::store::{Stats, Status};
+
+/// Upper bounds of the latency buckets, in milliseconds.
+const LATENCY_BUCKETS_MS: [f64; 13] =
+    [1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0];
+/// Upper bounds of the claimed-batch-size buckets.
+const BATCH_BUCKETS: [f64; 12] = [0.0, 1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0, 10000.0];
+/// The budgets of [`Metrics::sink_limit`], all exported from the start.
+const SINK_LIMITS: [&str; 7] = ["log", "message", "skip_reason", "stdio", "requests", "request_bytes", "retry_after"];
+/// The database operations of [`Metrics::db_error`], all exported from the start.
+const DB_OPERATIONS: [&str; 4] = ["claim", "mark", "release", "stats"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SinkLabel {
+    sink: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EventLabels {
+    sink: String,
+    event_type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FailureLabels {
+    sink: String,
+    event_type: String,
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitLabels {
+    sink: String,
+    limit: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabel {
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabel {
+    op: String,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS_MS)
+}
+
+/// Everything `/metrics` shows, for one host and its sink.
+pub struct Metrics {
+    sink: String,
+    registry: Mutex<Registry>,
+    success: Family<EventLabels, Counter>,
+    skipped: Family<EventLabels, Counter>,
+    failure: Family<FailureLabels, Counter>,
+    latency: Family<SinkLabel, Histogram, fn() -> Histogram>,
+    claims: Counter,
+    claimed_rows: Histogram,
+    rescues: Counter,
+    handed_back: Counter,
+    db_errors: Family<OpLabel, Counter>,
+    sink_limits: Family<LimitLabels, Counter>,
+    panics: Family<SinkLabel, Counter>,
+    log_dropped: Counter,
+    pending: Family<StatusLabel, Gauge>,
+    rows: Family<StatusLabel, Gauge>,
+    oldest_waiting_age_ms: Gauge,
+    stats_up: Gauge,
+    delivered_total: AtomicU64,
+}
+
+impl Metrics {
+    /// Metrics for the sink named `sink`.
+    pub fn new(sink: &str) -> Metrics {
+        let m = Metrics {
+            sink: sink.to_string(),
+            registry: Mutex::new(Registry::default()),
+            success: Family::default(),
+            skipped: Family::default(),
+            failure: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram),
+            claims: Counter::default(),
+            claimed_rows: Histogram::new(BATCH_BUCKETS),
+            rescues: Counter::default(),
+            handed_back: Counter::default(),
+            db_errors: Family::default(),
+            sink_limits: Family::default(),
+            panics: Family::default(),
+            log_dropped: Counter::default(),
+            pending: Family::default(),
+            rows: Family::default(),
+            oldest_waiting_age_ms: Gauge::default(),
+            stats_up: Gauge::default(),
+            delivered_total: AtomicU64::new(0),
+        };
+        m.register();
+        // Series that should read 0 rather than be missing before anything happens.
+        for op in DB_OPERATIONS {
+            let _ = m.db_errors.get_or_create(&OpLabel { op: op.into() });
+        }
+        for limit in SINK_LIMITS {
+            let _ = m.sink_limits.get_or_create(&m.limit_labels(limit));
+        }
+        let _ = m.panics.get_or_create(&m.sink_label());
+        for status in Status::ALL {
+            let _ = m.rows.get_or_create(&StatusLabel { status: status.as_str().into() });
+        }
+        for status in [Status::Pending, Status::Retryable] {
+            let _ = m.pending.get_or_create(&StatusLabel { status: status.as_str().into() });
+        }
+        m
+    }
+
+    fn register(&self) {
+        let mut r = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        r.register("room_outbox_pending_total", "Rows waiting for delivery (pending, retryable)", self.pending.clone());
+        r.register("room_outbox_rows", "Rows in the outbox table by status", self.rows.clone());
+        r.register(
+            "room_outbox_oldest_pending_age_ms",
+            "Age of the oldest pending or retryable row (0 when none)",
+            self.oldest_waiting_age_ms.clone(),
+        );
+        r.register(
+            "room_outbox_stats_up",
+            "Whether the table counts have been read at least once",
+            self.stats_up.clone(),
+        );
+        r.register("room_outbox_publish_success", "Events the sink delivered (skipped included)", self.success.clone());
+        r.register("room_outbox_publish_failure", "Failed delivery attempts by kind", self.failure.clone());
+        r.register("room_outbox_skipped", "Events the sink does not carry, stored as delivered", self.skipped.clone());
+        r.register("room_outbox_publish_latency_ms", "Time of one sink call, sandbox included", self.latency.clone());
+        r.register("room_outbox_claims", "Claims that returned at least one row", self.claims.clone());
+        r.register("room_outbox_claim_batch_size", "Rows per non-empty claim", self.claimed_rows.clone());
+        r.register(
+            "room_outbox_lease_rescues",
+            "Rows claimed again after another worker's lease expired",
+            self.rescues.clone(),
+        );
+        r.register(
+            "room_outbox_handed_back",
+            "Claimed rows handed back unstarted (shutdown, short lease)",
+            self.handed_back.clone(),
+        );
+        r.register("room_outbox_db_errors", "Failed database operations by operation", self.db_errors.clone());
+        r.register(
+            "room_outbox_sink_limit_hits",
+            "Times a sink went past a budget; the excess was dropped or clamped",
+            self.sink_limits.clone(),
+        );
+        r.register(
+            "room_outbox_delivery_panics",
+            "Delivery tasks that panicked; their rows were recorded as retryable",
+            self.panics.clone(),
+        );
+        r.register(
+            "room_outbox_log_lines_dropped",
+            "Log lines dropped because the log output was closed, broken or too slow",
+            self.log_dropped.clone(),
+        );
+    }
+
+    fn sink_label(&self) -> SinkLabel {
+        SinkLabel { sink: self.sink.clone() }
+    }
+
+    fn event_labels(&self, event_type: &str) -> EventLabels {
+        EventLabels { sink: self.sink.clone(), event_type: event_type.to_string() }
+    }
+
+    fn limit_labels(&self, limit: &str) -> LimitLabels {
+        LimitLabels { sink: self.sink.clone(), limit: limit.to_string() }
+    }
+
+    /// A delivery the sink accepted (`skipped` is also counted apart).
+    pub fn delivered(&self, event_type: &str, skipped: bool, took: Duration) {
+        self.success.get_or_create(&self.event_labels(event_type)).inc();
+        if skipped {
+            self.skipped.get_or_create(&self.event_labels(event_type)).inc();
+        }
+        self.latency.get_or_create(&self.sink_label()).observe(took.as_secs_f64() * 1000.0);
+        self.delivered_total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Deliveries counted so far (all event types), for the benchmark's exactly-once check.
+    pub fn delivered_total(&self) -> u64 {
+        self.delivered_total.load(Ordering::Relaxed)
+    }
+
+    /// A failed attempt of this `kind` (retryable, permanent, timeout, trap).
+    pub fn failed(&self, event_type: &str, kind: &str, took: Option<Duration>) {
+        let labels =
+            FailureLabels { sink: self.sink.clone(), event_type: event_type.to_string(), kind: kind.to_string() };
+        self.failure.get_or_create(&labels).inc();
+        if let Some(took) = took {
+            self.latency.get_or_create(&self.sink_label()).observe(took.as_secs_f64() * 1000.0);
+        }
+    }
+
+    /// A claim returned `rows` rows, `rescued` of them with an expired lease.
+    pub fn claimed(&self, rows: usize, rescued: usize) {
+        self.claims.inc();
+        self.claimed_rows.observe(rows as f64);
+        self.rescues.inc_by(rescued as u64);
+    }
+
+    /// Rows handed back unstarted.
+    pub fn handed_back(&self, rows: u64) {
+        self.handed_back.inc_by(rows);
+    }
+
+    /// A sink went past one of its budgets (`log`, `message`, `skip_reason`, `stdio`,
+    /// `requests`, `request_bytes`, `retry_after`); the excess was dropped or clamped.
+    pub fn sink_limit(&self, limit: &'static str) {
+        self.sink_limits.get_or_create(&self.limit_labels(limit)).inc();
+    }
+
+    /// A delivery task panicked; its row was recorded as retryable.
+    pub fn delivery_panic(&self) {
+        self.panics.get_or_create(&self.sink_label()).inc();
+    }
+
+    /// A database operation failed.
+    pub fn db_error(&self, operation: &'static str) {
+        self.db_errors.get_or_create(&OpLabel { op: operation.into() }).inc();
+    }
+
+    /// The latest table counts (from the periodic refresh).
+    pub fn set_stats(&self, stats: &Stats, now_ms: i64) {
+        for status in Status::ALL {
+            let n = stats.count(status);
+            self.rows.get_or_create(&StatusLabel { status: status.as_str().into() }).set(n);
+            if matches!(status, Status::Pending | Status::Retryable) {
+                self.pending.get_or_create(&StatusLabel { status: status.as_str().into() }).set(n);
+            }
+        }
+        self.oldest_waiting_age_ms.set(stats.oldest_waiting_created_at_ms.map_or(0, |c| (now_ms - c).max(0)));
+        self.stats_up.set(1);
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn render(&self) -> String {
+        let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        // Log lines are counted where they are dropped, outside any one host's metrics.
+        let dropped = crate::logging::dropped_lines();
+        self.log_dropped.inc_by(dropped.saturating_sub(self.log_dropped.get()));
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &registry) {
+            tracing::warn!(error = %e, "could not encode the metrics");
+        }
+        out
+    }
+}
+
+/// The content type of [`Metrics::render`].
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histograms_are_cumulative() {
+        let m = Metrics::new("fake");
+        m.delivered("RoomGiftSent", false, Duration::from_millis(3));
+        m.delivered("RoomGiftSent", true, Duration::from_millis(700));
+        let text = m.render();
+        assert!(text.contains("room_outbox_publish_latency_ms_bucket{le=\"2.5\",sink=\"fake\"} 0\n"), "{text}");
+        assert!(text.contains("room_outbox_publish_latency_ms_bucket{le=\"5.0\",sink=\"fake\"} 1\n"), "{text}");
+        assert!(text.contains("room_outbox_publish_latency_ms_bucket{le=\"1000.0\",sink=\"fake\"} 2\n"), "{text}");
+        assert!(text.contains("room_outbox_publish_latency_ms_bucket{le=\"+Inf\",sink=\"fake\"} 2\n"), "{text}");
+        assert!(text.contains("room_outbox_publish_latency_ms_count{sink=\"fake\"} 2\n"), "{text}");
+        assert!(text.contains("room_outbox_publish_success_total{sink=\"fake\",event_type=\"RoomGiftSent\"} 2\n"));
+        assert!(text.contains("room_outbox_skipped_total{sink=\"fake\",event_type=\"RoomGiftSent\"} 1\n"));
+        assert_eq!(m.delivered_total(), 2);
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let m = Metrics::new("a\"b");
+        m.failed("x\ny", "trap", None);
+        let text = m.render();
+        assert!(text.contains("{sink=\"a\\\"b\",event_type=\"x\\ny\",kind=\"trap\"} 1"), "{text}");
+    }
+
+    #[test]
+    fn zero_series_are_there_before_anything_happens() {
+        let text = Metrics::new("fake").render();
+        for line in [
+            "room_outbox_db_errors_total{op=\"claim\"} 0",
+            "room_outbox_sink_limit_hits_total{sink=\"fake\",limit=\"retry_after\"} 0",
+            "room_outbox_delivery_panics_total{sink=\"fake\"} 0",
+            "room_outbox_rows{status=\"failed\"} 0",
+            "room_outbox_pending_total{status=\"retryable\"} 0",
+            "room_outbox_stats_up 0",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

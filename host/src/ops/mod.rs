@@ -1,0 +1,10 @@
+//! Operating the host: the admin listener and its status page, the metrics, and the
+//! operator actions shared by the command line and the HTTP API.
+
+pub mod actions;
+pub mod admin;
+pub mod metrics;
+pub mod page;
+pub mod report;
+
+pub use actions::{PURGE_BATCH, describe, purge, retry, retry_filter};

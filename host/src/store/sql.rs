@@ -1,0 +1,434 @@
+//! The contract between the shared store and each database, and the shared store itself.
+//!
+//! [`Dialect`] is what a database module must provide: its migrations and lock, its claim,
+//! and its way of writing failed outcomes and hand-backs under their leases. [`SqlStore`]
+//! implements [`Store`] once for every dialect: the statements that read the same
+//! everywhere are written once, with each database's own placeholders ([`Dialect::param`]).
+
+use std::marker::PhantomData;
+
+use async_trait::async_trait;
+use sqlx::migrate::Migrator;
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Pool, Type};
+
+use super::{
+    Claimed, Lease, Mark, Minute, NewEvent, Outcome, ROW_COLUMNS, RetryFilter, Row, Stats, Status, Store, StoreError,
+    now_ms,
+};
+
+/// What differs between databases. Everything else is [`SqlStore`]'s.
+#[async_trait]
+pub trait Dialect: Send + Sync + Sized + 'static {
+    /// The sqlx database.
+    type Db: Database;
+
+    /// The dialect's migrations (`migrations/<dialect>/`).
+    fn migrator() -> &'static Migrator;
+
+    /// The placeholder of the `n`th parameter (from 1): `$1` or `?`.
+    fn param(n: usize) -> String;
+
+    /// Rows a statement changed.
+    fn rows_affected(result: &<Self::Db as Database>::QueryResult) -> u64;
+
+    /// What keeps two starting hosts from migrating `table` at once.
+    fn migration_lock(table: &str) -> MigrationLock;
+
+    /// Takes up to `limit` claimable rows (`pending`, `retryable` and due, `delivering` with
+    /// an expired lease) in `created_at_ms, id` order, under the lease
+    /// `(worker_id, lock_until_ms)`; never a row another claim holds.
+    async fn claim_rows(
+        store: &SqlStore<Self>,
+        worker_id: &str,
+        now_ms: i64,
+        lock_until_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<Claimed>, StoreError>;
+
+    /// Writes `retryable`/`failed` outcomes (never `delivered`: the caller writes those),
+    /// each only while its row is still `delivering` under its lease. Returns rows changed.
+    async fn mark_failed(store: &SqlStore<Self>, marks: &[&Mark], now_ms: i64) -> Result<u64, StoreError>;
+
+    /// Hands back unstarted rows to `pending` (a non-empty list), each only under its lease.
+    async fn release_rows(store: &SqlStore<Self>, rows: &[(i64, Lease)], now_ms: i64) -> Result<u64, StoreError>;
+}
+
+/// Statements around applying migrations, run on one connection: `take` before (it may
+/// begin a transaction), `keep` after success, `undo` after a failure.
+pub struct MigrationLock {
+    /// Taken before anything is read; when `checked`, it must return 1 (e.g. `GET_LOCK`).
+    pub take: String,
+    /// Whether `take` returns a value that must be 1.
+    pub checked: bool,
+    /// After success (`COMMIT`, or releasing the lock).
+    pub keep: String,
+    /// After a failure (`ROLLBACK`, or releasing the lock).
+    pub undo: String,
+}
+
+/// The outbox table on database dialect `D`.
+pub struct SqlStore<D: Dialect> {
+    pub(super) pool: Pool<D::Db>,
+    pub(super) table: String,
+    dialect: PhantomData<D>,
+}
+
+impl<D: Dialect> SqlStore<D> {
+    /// A store over `pool` for `table`.
+    pub(super) fn new(pool: Pool<D::Db>, table: &str) -> Self {
+        SqlStore { pool, table: table.to_string(), dialect: PhantomData }
+    }
+}
+
+/// Decodes a whole [`Row`] (see [`ROW_COLUMNS`]); the column types agree across dialects.
+pub(super) fn decode_row<R: sqlx::Row>(r: &R) -> Result<Row, sqlx::Error>
+where
+    for<'a> &'a str: ColumnIndex<R>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i32: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let status: String = r.try_get("status")?;
+    Ok(Row {
+        id: r.try_get("id")?,
+        app_code: r.try_get("app_code")?,
+        event_id: r.try_get("event_id")?,
+        event_type: r.try_get("event_type")?,
+        room_id: r.try_get("room_id")?,
+        status: Status::parse(&status)
+            .ok_or_else(|| sqlx::Error::Decode(format!("unknown status {status:?}").into()))?,
+        envelope: r.try_get("envelope")?,
+        created_at_ms: r.try_get("created_at_ms")?,
+        retry_count: r.try_get("retry_count")?,
+        last_error: r.try_get("last_error")?,
+        worker_id: r.try_get("worker_id")?,
+        lock_until_ms: r.try_get("lock_until_ms")?,
+        next_retry_at_ms: r.try_get("next_retry_at_ms")?,
+        updated_at_ms: r.try_get("updated_at_ms")?,
+        delivered_at_ms: r.try_get("delivered_at_ms")?,
+    })
+}
+
+/// Decodes a claimed row (see [`super::CLAIM_COLUMNS`]) held under `lease`.
+pub(super) fn decode_claimed<R: sqlx::Row>(r: &R, lease: Lease, rescued: bool) -> Result<Claimed, sqlx::Error>
+where
+    for<'a> &'a str: ColumnIndex<R>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i32: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    Ok(Claimed {
+        id: r.try_get("id")?,
+        app_code: r.try_get("app_code")?,
+        event_id: r.try_get("event_id")?,
+        event_type: r.try_get("event_type")?,
+        room_id: r.try_get("room_id")?,
+        envelope: r.try_get("envelope")?,
+        created_at_ms: r.try_get("created_at_ms")?,
+        retry_count: r.try_get("retry_count")?,
+        lease,
+        rescued,
+    })
+}
+
+/// Placeholders `first..first + count` of dialect `D`, comma-separated: `$3, $4` or `?, ?`.
+fn params<D: Dialect>(first: usize, count: usize) -> String {
+    (first..first + count).map(D::param).collect::<Vec<_>>().join(", ")
+}
+
+// The bounds on the two impls below say what the shared statements need of a database:
+// sqlx's executors and argument buffers, and the column types the outbox uses. Every dialect
+// here has them; Rust does not carry such bounds along with `Dialect`, so they are spelled
+// out on each impl (the two lists are the same).
+
+impl<D> SqlStore<D>
+where
+    D: Dialect,
+    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
+    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
+    for<'a> &'a str: ColumnIndex<<D::Db as Database>::Row>,
+    usize: ColumnIndex<<D::Db as Database>::Row>,
+    for<'r> i64: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
+    for<'r> i32: Decode<'r, D::Db> + Type<D::Db>,
+    for<'r> String: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
+    for<'r> Vec<u8>: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
+    for<'r> (String, i64): FromRow<'r, <D::Db as Database>::Row>,
+    for<'r> (i64, i64, i64): FromRow<'r, <D::Db as Database>::Row>,
+{
+    /// Whether every migration is recorded as applied (no DDL needed).
+    async fn applied_all(&self) -> bool {
+        let sql = format!("SELECT version FROM {}_migrations", self.table);
+        let applied: Result<Vec<i64>, _> = sqlx::query_scalar(&sql).fetch_all(&self.pool).await;
+        applied.is_ok_and(|v| super::migrate::up_to_date(D::migrator(), &v))
+    }
+
+    /// Applies the migrations not yet recorded, holding the dialect's migration lock.
+    async fn apply_missing(&self) -> Result<(), StoreError> {
+        let lock = D::migration_lock(&self.table);
+        let mut conn = self.pool.acquire().await?;
+        if lock.checked {
+            let got: Option<i64> = sqlx::query_scalar(&lock.take).fetch_one(&mut *conn).await?;
+            if got != Some(1) {
+                return Err(StoreError::Migration(format!("could not take the lock {:?}", lock.take)));
+            }
+        } else {
+            Executor::execute(&mut *conn, lock.take.as_str()).await?;
+        }
+        let applied: Result<(), StoreError> = async {
+            let t = &self.table;
+            let create = format!(
+                "CREATE TABLE IF NOT EXISTS {t}_migrations \
+                 (version BIGINT PRIMARY KEY, description VARCHAR(255) NOT NULL, applied_at_ms BIGINT NOT NULL)"
+            );
+            sqlx::query(&create).execute(&mut *conn).await?;
+            let check = format!("SELECT version FROM {t}_migrations WHERE version = {}", D::param(1));
+            let record = format!(
+                "INSERT INTO {t}_migrations (version, description, applied_at_ms) VALUES ({})",
+                params::<D>(1, 3)
+            );
+            for step in super::migrate::steps(D::migrator(), t) {
+                let done: Option<i64> =
+                    sqlx::query_scalar(&check).bind(step.version).fetch_optional(&mut *conn).await?;
+                if done.is_some() {
+                    continue;
+                }
+                Executor::execute(&mut *conn, step.sql.as_str())
+                    .await
+                    .map_err(|e| StoreError::Migration(format!("{} {}: {e}", step.version, step.description)))?;
+                sqlx::query(&record)
+                    .bind(step.version)
+                    .bind(step.description.clone())
+                    .bind(now_ms())
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            Ok(())
+        }
+        .await;
+        let end = if applied.is_ok() { &lock.keep } else { &lock.undo };
+        Executor::execute(&mut *conn, end.as_str()).await?;
+        applied
+    }
+
+    /// ` WHERE status = 'failed' AND <filter>` with its parameter (if any) numbered from
+    /// `first`, and the value to bind.
+    fn failed_filter(filter: &RetryFilter, first: usize) -> (String, Option<String>) {
+        let p = D::param(first);
+        match filter {
+            RetryFilter::EventId(id) => (format!(" WHERE status = 'failed' AND event_id = {p}"), Some(id.clone())),
+            RetryFilter::EventType(t) => (format!(" WHERE status = 'failed' AND event_type = {p}"), Some(t.clone())),
+            RetryFilter::ErrorContains(text) => (
+                format!(" WHERE status = 'failed' AND last_error LIKE {p} ESCAPE '!'"),
+                Some(super::contains_pattern(text)),
+            ),
+            RetryFilter::ErrorIs(text) => {
+                (format!(" WHERE status = 'failed' AND last_error = {p}"), Some(text.clone()))
+            }
+            RetryFilter::All => (" WHERE status = 'failed'".into(), None),
+        }
+    }
+}
+
+#[async_trait]
+impl<D> Store for SqlStore<D>
+where
+    D: Dialect,
+    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
+    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
+    for<'a> &'a str: ColumnIndex<<D::Db as Database>::Row>,
+    usize: ColumnIndex<<D::Db as Database>::Row>,
+    for<'r> i64: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
+    for<'r> i32: Decode<'r, D::Db> + Type<D::Db>,
+    for<'r> String: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
+    for<'r> Vec<u8>: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
+    for<'r> (String, i64): FromRow<'r, <D::Db as Database>::Row>,
+    for<'r> (i64, i64, i64): FromRow<'r, <D::Db as Database>::Row>,
+{
+    async fn migrate(&self) -> Result<(), StoreError> {
+        // Up to date: no DDL, so a host whose user may only read and write rows can start.
+        if self.applied_all().await {
+            return Ok(());
+        }
+        self.apply_missing().await
+    }
+
+    async fn claim(
+        &self,
+        worker_id: &str,
+        now_ms: i64,
+        lock_until_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<Claimed>, StoreError> {
+        D::claim_rows(self, worker_id, now_ms, lock_until_ms, limit).await
+    }
+
+    async fn mark(&self, marks: &[Mark], now_ms: i64) -> Result<u64, StoreError> {
+        let mut changed = 0;
+        let delivered: Vec<i64> = marks.iter().filter(|m| m.outcome == Outcome::Delivered).map(|m| m.id).collect();
+        if !delivered.is_empty() {
+            // Delivered wins: any row not yet delivered, whoever holds it.
+            let sql = format!(
+                "UPDATE {} SET status = 'delivered', last_error = NULL, worker_id = NULL, lock_until_ms = 0, \
+                 updated_at_ms = {}, delivered_at_ms = {} WHERE status <> 'delivered' AND id IN ({})",
+                self.table,
+                D::param(1),
+                D::param(2),
+                params::<D>(3, delivered.len()),
+            );
+            let mut q = sqlx::query(&sql).bind(now_ms).bind(now_ms);
+            for id in &delivered {
+                q = q.bind(*id);
+            }
+            changed += D::rows_affected(&q.execute(&self.pool).await?);
+        }
+        let failed: Vec<&Mark> = marks.iter().filter(|m| m.outcome != Outcome::Delivered).collect();
+        if !failed.is_empty() {
+            changed += D::mark_failed(self, &failed, now_ms).await?;
+        }
+        Ok(changed)
+    }
+
+    async fn release(&self, rows: &[(i64, Lease)], now_ms: i64) -> Result<u64, StoreError> {
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        D::release_rows(self, rows, now_ms).await
+    }
+
+    async fn insert(&self, events: &[NewEvent]) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        // Several rows per statement; a clash names the event when it can.
+        for chunk in events.chunks(super::INSERT_CHUNK) {
+            let rows: Vec<String> = (0..chunk.len()).map(|i| format!("({})", params::<D>(i * 7 + 1, 7))).collect();
+            let sql = format!(
+                "INSERT INTO {} (app_code, event_id, event_type, room_id, status, envelope, created_at_ms) VALUES {}",
+                self.table,
+                rows.join(", ")
+            );
+            let mut q = sqlx::query(&sql);
+            for e in chunk {
+                q = q
+                    .bind(e.app_code.clone())
+                    .bind(e.event_id.clone())
+                    .bind(e.event_type.clone())
+                    .bind(e.room_id.clone())
+                    .bind(e.status.as_str().to_string())
+                    .bind(e.envelope.clone())
+                    .bind(e.created_at_ms);
+            }
+            let named = match chunk {
+                [one] => one.event_id.clone(),
+                [first, .., last] => format!("(one of {} … {})", first.event_id, last.event_id),
+                [] => String::new(),
+            };
+            q.execute(&mut *tx).await.map_err(|err| super::name_duplicate(err, &named))?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn get(&self, event_id: &str) -> Result<Option<Row>, StoreError> {
+        let sql = format!("SELECT {ROW_COLUMNS} FROM {} WHERE event_id = {}", self.table, D::param(1));
+        let row = sqlx::query(&sql).bind(event_id.to_string()).fetch_optional(&self.pool).await?;
+        Ok(row.as_ref().map(decode_row).transpose()?)
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        let [counts, oldest, errors] = super::stats_sql(&self.table);
+        let counts: Vec<(String, i64)> = sqlx::query_as(&counts).fetch_all(&self.pool).await?;
+        let oldest: Option<i64> = sqlx::query_scalar(&oldest).fetch_one(&self.pool).await?;
+        let errors: Vec<(String, i64)> = sqlx::query_as(&errors).fetch_all(&self.pool).await?;
+        let recent = format!(
+            "SELECT COUNT(*) FROM {} WHERE status = 'delivered' AND delivered_at_ms >= {}",
+            self.table,
+            D::param(1)
+        );
+        let last_minute: i64 = sqlx::query_scalar(&recent).bind(now_ms() - 60_000).fetch_one(&self.pool).await?;
+        Ok(super::stats_from(counts, oldest, errors, last_minute))
+    }
+
+    async fn history(&self, since_ms: i64) -> Result<Vec<Minute>, StoreError> {
+        let (t, p1, p2) = (&self.table, D::param(1), D::param(2));
+        // `x - x % 60000` floors to the minute, and COUNT is a BIGINT, in every dialect.
+        let sql = format!(
+            "SELECT m, COUNT(CASE WHEN k = 1 THEN 1 END), COUNT(CASE WHEN k = 2 THEN 1 END) FROM (\
+               SELECT delivered_at_ms - delivered_at_ms % 60000 AS m, 1 AS k FROM {t} \
+               WHERE status = 'delivered' AND delivered_at_ms >= {p1} \
+               UNION ALL SELECT updated_at_ms - updated_at_ms % 60000 AS m, 2 AS k FROM {t} \
+               WHERE status = 'failed' AND updated_at_ms >= {p2}) per_row GROUP BY m ORDER BY m"
+        );
+        let rows: Vec<(i64, i64, i64)> =
+            sqlx::query_as(&sql).bind(since_ms).bind(since_ms).fetch_all(&self.pool).await?;
+        Ok(rows.into_iter().map(|(start_ms, delivered, failed)| Minute { start_ms, delivered, failed }).collect())
+    }
+
+    async fn recent_failures(&self, limit: u32) -> Result<Vec<Row>, StoreError> {
+        let sql = format!(
+            "SELECT {ROW_COLUMNS} FROM {} WHERE status IN ('failed', 'retryable') \
+             ORDER BY updated_at_ms DESC, id DESC LIMIT {}",
+            self.table,
+            D::param(1)
+        );
+        let rows = sqlx::query(&sql).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        Ok(rows.iter().map(decode_row).collect::<Result<_, _>>()?)
+    }
+
+    async fn count_failed(&self, filter: &RetryFilter) -> Result<i64, StoreError> {
+        let (filter, value) = Self::failed_filter(filter, 1);
+        let sql = format!("SELECT COUNT(*) FROM {}{filter}", self.table);
+        let mut q = sqlx::query_scalar(&sql);
+        if let Some(value) = value {
+            q = q.bind(value);
+        }
+        Ok(q.fetch_one(&self.pool).await?)
+    }
+
+    async fn retry_failed(&self, filter: &RetryFilter, now_ms: i64) -> Result<u64, StoreError> {
+        let (filter, value) = Self::failed_filter(filter, 2);
+        let sql = format!(
+            "UPDATE {} SET status = 'pending', retry_count = 0, next_retry_at_ms = 0, worker_id = NULL, \
+             lock_until_ms = 0, updated_at_ms = {}{filter}",
+            self.table,
+            D::param(1)
+        );
+        let mut q = sqlx::query(&sql).bind(now_ms);
+        if let Some(value) = value {
+            q = q.bind(value);
+        }
+        Ok(D::rows_affected(&q.execute(&self.pool).await?))
+    }
+
+    async fn purge_delivered(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
+        // Pick the ids first, then delete them: one bounded statement each, and the same in
+        // every dialect (MySQL cannot delete from a subquery on its table).
+        let pick = format!(
+            "SELECT id FROM {} WHERE status = 'delivered' AND updated_at_ms < {} ORDER BY id LIMIT {}",
+            self.table,
+            D::param(1),
+            D::param(2)
+        );
+        let ids: Vec<i64> =
+            sqlx::query_scalar(&pick).bind(before_ms).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let delete =
+            format!("DELETE FROM {} WHERE status = 'delivered' AND id IN ({})", self.table, params::<D>(1, ids.len()));
+        let mut q = sqlx::query(&delete);
+        for id in &ids {
+            q = q.bind(*id);
+        }
+        Ok(D::rows_affected(&q.execute(&self.pool).await?))
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+}
