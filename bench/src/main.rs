@@ -18,7 +18,8 @@ use outbox_host::store::{Mark, NewEvent, Outcome, Status, Store, now_ms};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use db::{Backend, Db};
+use db::Db;
+use outbox_host::store::Backend;
 
 /// Benchmark options; the defaults are the ones the README's table uses.
 #[derive(Parser, Clone)]
@@ -291,7 +292,7 @@ async fn memory(n: usize) -> anyhow::Result<Value> {
         &config,
         format!(
             "database:\n  url: \"{}\"\nsink:\n  name: fake\n  plugin: \"{}\"\n  config:\n    default: ok\nadmin:\n  listen: \"\"\nlog:\n  level: warn\n",
-            db.url,
+            db.url(),
             outbox_test_support::FAKE_SINK
         ),
     )?;
@@ -343,11 +344,11 @@ async fn main() -> anyhow::Result<()> {
         if std::env::var(var).is_ok_and(|v| !v.is_empty()) {
             backends.push(backend);
         } else {
-            eprintln!("note: {var} is not set: no {} figures", backend.name());
+            eprintln!("note: {var} is not set: no {} figures", db::name(backend));
         }
     }
     if !args.backends.is_empty() {
-        backends.retain(|b| args.backends.iter().any(|n| n == b.name()));
+        backends.retain(|b| args.backends.iter().any(|n| n == db::name(*b)));
     }
     let cache = tempfile::tempdir()?;
     let config = WorkerConfig::default();
@@ -357,7 +358,7 @@ async fn main() -> anyhow::Result<()> {
     let mut versions = serde_json::Map::new();
 
     for backend in &backends {
-        let name = backend.name();
+        let name = db::name(*backend);
         eprintln!("{name}: drains of {} events …", args.events);
         let version = Db::fresh(*backend).await?.version().await?;
         versions.insert(name.into(), json!(version));

@@ -10,8 +10,14 @@ use std::io::{IsTerminal as _, Write};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use serde_json::{Map, Value};
+use tracing::field::{Field, Visit};
 use tracing_appender::non_blocking::{ErrorCounter, NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::format::{JsonFields, Writer};
+use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
+use tracing_subscriber::registry::LookupSpan;
 
 /// `log:`.
 #[derive(Debug, Clone)]
@@ -73,7 +79,7 @@ pub fn init(config: &LogConfig) -> Option<WorkerGuard> {
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer).log_internal_errors(false);
     let result = match config.format {
         LogFormat::Text => builder.with_target(false).with_ansi(std::io::stderr().is_terminal()).try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).with_span_list(false).try_init(),
+        LogFormat::Json => builder.fmt_fields(JsonFields::new()).event_format(FlatJson).try_init(),
     };
     // Already installed (a test that starts several hosts): keep the first.
     result.ok().map(|()| guard)
@@ -89,4 +95,69 @@ pub fn say(text: &str) {
 /// Writes `text` to stderr, ignoring a closed stderr.
 pub fn complain(text: &str) {
     let _ = std::io::stderr().write_all(text.as_bytes());
+}
+
+/// One JSON object per line with the fields of the event's spans (outermost first) and of
+/// the event itself side by side at the top level, so that a line of a delivery, the sink's
+/// own lines included, carries `event_id` and the other fields of its `deliver` span.
+struct FlatJson;
+
+impl<S, N> FormatEvent<S, N> for FlatJson
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let mut line = Map::new();
+        let mut timestamp = String::new();
+        SystemTime.format_time(&mut Writer::new(&mut timestamp))?;
+        line.insert("timestamp".into(), Value::String(timestamp));
+        line.insert("level".into(), Value::String(event.metadata().level().to_string()));
+        if let Some(scope) = ctx.event_scope() {
+            for span in scope.from_root() {
+                let extensions = span.extensions();
+                let Some(fields) = extensions.get::<FormattedFields<N>>() else { continue };
+                if let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(fields) {
+                    line.extend(fields);
+                }
+            }
+        }
+        event.record(&mut JsonVisitor(&mut line));
+        line.insert("target".into(), Value::String(event.metadata().target().to_string()));
+        writeln!(writer, "{}", Value::Object(line))
+    }
+}
+
+/// Collects an event's fields as JSON values.
+struct JsonVisitor<'a>(&'a mut Map<String, Value>);
+
+impl Visit for JsonVisitor<'_> {
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.0.insert(field.name().into(), value.into());
+    }
+
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().into(), value.into());
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().into(), format!("{value:?}").into());
+    }
 }

@@ -1,35 +1,61 @@
-//! Parsing of the human units used in the YAML file: durations ("1s", "500ms") and byte
-//! sizes ("64MiB").
+//! Parsing of the human units used in the YAML file: durations in Go's syntax ("1s",
+//! "500ms", "1m30s") and byte sizes ("64MiB").
 
 use std::time::Duration;
 
-/// Parses a duration such as `"500ms"`, `"1s"`, `"1.5s"`, `"2m"`, `"1h"` or `"7d"`.
+/// Parses a duration in Go's `time.ParseDuration` syntax, as room-service's config wrote
+/// them: a possibly signed sequence of decimal numbers, each with an optional fraction and a
+/// unit: `"500ms"`, `"1.5s"`, `"1m30s"`, `"1h2m3s"`, `"-1.5h"`, `"0"`. Units are `ns`, `us`
+/// (`µs`), `ms`, `s`, `m`, `h`, and (beyond Go) `d` for days, as in `purge
+/// --delivered-before 7d`.
 ///
-/// A leading `-` is accepted so that the caller can apply the seed's rule for
-/// non-positive values (fall back to the default) instead of failing.
-/// Returns the signed number of milliseconds.
+/// Returns signed milliseconds (a sub-millisecond remainder is rounded), so that the caller
+/// can apply room-service's rule for non-positive values: fall back to the default.
+///
+/// Written here rather than taken from a crate: the maintained ones read another grammar
+/// (no fractions or signs in `humantime`, expressions in `duration-str`), and the one that
+/// reads Go's has not been maintained since 2021 (see docs/decisions.md).
 pub fn parse_duration_ms(text: &str) -> Result<i64, String> {
+    let original = text;
     let text = text.trim();
-    let (negative, digits) = match text.strip_prefix('-') {
-        Some(rest) => (true, rest),
-        None => (false, text),
+    let (negative, mut rest) = match text.as_bytes().first() {
+        Some(b'-') => (true, &text[1..]),
+        Some(b'+') => (false, &text[1..]),
+        _ => (false, text),
     };
-    let split = digits
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("{text:?} needs a unit: ms, s, m, h or d (e.g. \"1s\")"))?;
-    let (number, unit) = digits.split_at(split);
-    let value: f64 = number.parse().map_err(|_| format!("{text:?} is not a duration (e.g. \"500ms\", \"3s\")"))?;
-    let factor = match unit {
-        "ms" => 1.0,
-        "s" => 1_000.0,
-        "m" => 60_000.0,
-        "h" => 3_600_000.0,
-        "d" => 86_400_000.0,
-        _ => return Err(format!("{text:?} has unknown unit {unit:?}: use ms, s, m, h or d")),
-    };
-    let ms = (value * factor).round();
+    if rest == "0" {
+        return Ok(0);
+    }
+    if rest.is_empty() {
+        return Err(format!("{original:?} is not a duration (e.g. \"500ms\", \"3s\", \"1m30s\")"));
+    }
+    let mut total_ns: f64 = 0.0;
+    while !rest.is_empty() {
+        let number_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let (number, tail) = rest.split_at(number_len);
+        if number.is_empty() || number == "." || number.matches('.').count() > 1 {
+            return Err(format!("{original:?} is not a duration (e.g. \"500ms\", \"3s\", \"1m30s\")"));
+        }
+        let unit_len = tail.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let ns_per_unit: f64 = match unit {
+            "ns" => 1.0,
+            "us" | "µs" | "μs" => 1e3,
+            "ms" => 1e6,
+            "s" => 1e9,
+            "m" => 60e9,
+            "h" => 3_600e9,
+            "d" => 86_400e9,
+            "" => return Err(format!("{original:?} needs a unit: ns, us, ms, s, m, h or d (e.g. \"1s\")")),
+            other => return Err(format!("{original:?} has unknown unit {other:?}: use ns, us, ms, s, m, h or d")),
+        };
+        let value: f64 = number.parse().map_err(|_| format!("{original:?} is not a duration"))?;
+        total_ns += value * ns_per_unit;
+        rest = tail;
+    }
+    let ms = (total_ns / 1e6).round();
     if ms > i64::MAX as f64 / 2.0 {
-        return Err(format!("{text:?} is too long"));
+        return Err(format!("{original:?} is too long"));
     }
     Ok(if negative { -(ms as i64) } else { ms as i64 })
 }
@@ -80,6 +106,32 @@ mod tests {
         assert_eq!(parse_duration_ms("7d"), Ok(604_800_000));
         assert_eq!(parse_duration_ms("-1s"), Ok(-1_000));
         assert_eq!(parse_duration_ms("0s"), Ok(0));
+    }
+
+    #[test]
+    fn go_durations_as_room_service_wrote_them() {
+        for (text, ms) in [
+            ("1m30s", 90_000),
+            ("1h2m3s", 3_723_000),
+            ("2h45m", 9_900_000),
+            ("1.5h", 5_400_000),
+            ("-1.5h", -5_400_000),
+            (".5s", 500),
+            ("1.s", 1_000),
+            ("300ms", 300),
+            ("1500us", 2),
+            ("1500µs", 2),
+            ("2000000ns", 2),
+            ("+5s", 5_000),
+            ("0", 0),
+            ("-0", 0),
+            ("1d12h", 129_600_000),
+        ] {
+            assert_eq!(parse_duration_ms(text), Ok(ms), "{text}");
+        }
+        for bad in ["", "-", ".", "1..5s", "s", "1m30", "1x", "one second"] {
+            assert!(parse_duration_ms(bad).is_err(), "{bad:?} was accepted");
+        }
     }
 
     #[test]

@@ -16,11 +16,8 @@ async fn get(url: &str) -> (u16, String) {
 async fn healthz_and_readyz_answer_and_readiness_flips_while_draining() {
     let world = World::new().await;
     let slow = world.produce("RoomGiftSent", "room-slow", Status::Pending).await;
-    let yaml = world
-        .yaml("publish_timeout: 5s", "room.room-slow: sleep:1500")
-        .replace("listen: \"\"", "listen: \"127.0.0.1:0\"");
-    let config = outbox_host::config::Config::from_yaml(&yaml, std::iter::empty(), &|_| None).unwrap();
-    let mut host = Running::start(config).await;
+    let config = world.setup("publish_timeout: 5s", "room.room-slow: sleep:1500").with_admin();
+    let mut host = Running::start(config.parse()).await;
     let base = format!("http://{}", host.admin.expect("admin listener on"));
 
     assert_eq!(get(&format!("{base}/healthz")).await, (200, "ok\n".into()));
@@ -50,10 +47,8 @@ async fn healthz_and_readyz_answer_and_readiness_flips_while_draining() {
 async fn a_failing_sink_keeps_the_host_ready() {
     let world = World::new().await;
     let id = world.produce("RoomGiftSent", "room-1", Status::Pending).await;
-    let yaml =
-        world.yaml("retry_interval: 1h", "default: retryable").replace("listen: \"\"", "listen: \"127.0.0.1:0\"");
-    let config = outbox_host::config::Config::from_yaml(&yaml, std::iter::empty(), &|_| None).unwrap();
-    let mut host = Running::start(config).await;
+    let config = world.setup("retry_interval: 1h", "default: retryable").with_admin();
+    let mut host = Running::start(config.parse()).await;
     host.wait_status(&world, &[&id], Status::Retryable).await;
     let base = format!("http://{}", host.admin.unwrap());
     assert_eq!(get(&format!("{base}/readyz")).await, (200, "ready\n".into()));
@@ -66,13 +61,11 @@ const TOKEN: &str = "admin-test-token-0123456789";
 async fn guarded_host(world: &World, token: Option<&str>) -> (Running, String, String, String) {
     let failed = world.produce("RoomGiftSent", "room-bad", Status::Pending).await;
     let delivered = world.produce("RoomGiftSent", "room-ok", Status::Pending).await;
-    let admin = match token {
-        Some(t) => format!("listen: \"127.0.0.1:0\"\n  token: \"{t}\""),
-        None => "listen: \"127.0.0.1:0\"".to_string(),
-    };
-    let yaml = world.yaml("retry_interval: 1h", "room.room-bad: permanent").replace("listen: \"\"", &admin);
-    let config = outbox_host::config::Config::from_yaml(&yaml, std::iter::empty(), &|_| None).unwrap();
-    let mut host = Running::start(config).await;
+    let mut config = world.setup("retry_interval: 1h", "room.room-bad: permanent").with_admin();
+    if let Some(token) = token {
+        config = config.set(&["admin", "token"], token);
+    }
+    let mut host = Running::start(config.parse()).await;
     host.wait_status(world, &[&failed], Status::Failed).await;
     host.wait_status(world, &[&delivered], Status::Delivered).await;
     let base = format!("http://{}", host.admin.unwrap());

@@ -17,14 +17,21 @@ pub fn write_config(world: &World, yaml: &str) -> std::path::PathBuf {
 
 /// `outbox-host --config <yaml> run`, stdout discarded, stderr piped.
 pub fn spawn_host(world: &World, yaml: &str) -> Child {
-    spawn_with(world, yaml, &[])
+    spawn(world, yaml, &[], &[])
 }
 
 /// [`spawn_host`] with extra environment variables.
 pub fn spawn_with(world: &World, yaml: &str, env: &[(&str, &str)]) -> Child {
+    spawn(world, yaml, &[], env)
+}
+
+/// `outbox-host --config <yaml> <flags> run` with extra environment variables.
+pub fn spawn(world: &World, yaml: &str, flags: &[&str], env: &[(&str, &str)]) -> Child {
     let config = write_config(world, yaml);
     Command::new(BIN)
-        .args(["--config", config.to_str().unwrap(), "run"])
+        .args(["--config", config.to_str().unwrap()])
+        .args(flags)
+        .arg("run")
         .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -35,7 +42,13 @@ pub fn spawn_with(world: &World, yaml: &str, env: &[(&str, &str)]) -> Child {
 /// Runs one command of the binary on the world's config file to its end.
 pub fn run_cli(world: &World, args: &[&str]) -> Output {
     let config = world.dir.path().join("outbox.yaml");
-    Command::new(BIN).arg("--config").arg(&config).args(args).output().expect("running outbox-host")
+    Command::new(BIN)
+        .arg("--config")
+        .arg(&config)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running outbox-host")
 }
 
 /// Sends `kill -<name>` to the child.

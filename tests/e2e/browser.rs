@@ -46,11 +46,11 @@ async fn the_status_page_shows_counts_and_its_retry_buttons_work() {
     let first = world.produce("RoomGiftSent", "room-bad-1", Status::Pending).await;
     let second = world.produce("RoomGiftSent", "room-bad-2", Status::Pending).await;
     let fine = world.produce("RoomGiftSent", "room-ok", Status::Pending).await;
-    let yaml = world
-        .yaml("retry_interval: 1h", "room.room-bad-1: permanent\nroom.room-bad-2: permanent")
-        .replace("listen: \"\"", &format!("listen: \"127.0.0.1:0\"\n  token: \"{TOKEN}\""));
-    let config = outbox_host::config::Config::from_yaml(&yaml, std::iter::empty(), &|_| None).unwrap();
-    let mut host = Running::start(config).await;
+    let config = world
+        .setup("retry_interval: 1h", "room.room-bad-1: permanent\nroom.room-bad-2: permanent")
+        .with_admin()
+        .set(&["admin", "token"], TOKEN);
+    let mut host = Running::start(config.parse()).await;
     host.wait_status(&world, &[&first, &second], Status::Failed).await;
     host.wait_status(&world, &[&fine], Status::Delivered).await;
     let base = format!("http://{}", host.admin.unwrap());

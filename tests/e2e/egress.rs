@@ -12,17 +12,16 @@ async fn attempt(
     world: &World,
     behaviour: &str,
     allowed_hosts: Vec<String>,
-    sink_lines: &str,
+    sink: &[(&str, &str)],
 ) -> outbox_host::store::Row {
     let id = world.produce("RoomGiftSent", "room-x", Status::Pending).await;
     let mut spec: SinkSpec = world.fake_sink(&format!("room.room-x: \"{behaviour}\""));
     spec.allowed_hosts.extend(allowed_hosts);
-    let mut yaml = world.yaml_with("retry_interval: 1h", &spec);
-    if !sink_lines.is_empty() {
-        yaml = yaml.replace("  allow_http: true\n", sink_lines);
+    let mut config = world.setup_with("retry_interval: 1h", &spec);
+    for (key, value) in sink {
+        config = config.set(&["sink", key], value);
     }
-    let config = outbox_host::config::Config::from_yaml(&yaml, std::iter::empty(), &|_| None).unwrap();
-    let mut host = Running::start(config).await;
+    let mut host = Running::start(config.parse()).await;
     host.wait_for("an outcome", || async {
         world.row(&id).await.status != Status::Pending && world.row(&id).await.status != Status::Delivering
     })
@@ -39,7 +38,7 @@ async fn an_allowed_name_resolving_to_loopback_is_refused_unless_the_address_is_
     let target = Collector::start().await;
     let port = target.port();
     let url = format!("http://localhost:{port}/ok");
-    let row = attempt(&world, &format!("http:{url}"), vec![format!("localhost:{port}")], "").await;
+    let row = attempt(&world, &format!("http:{url}"), vec![format!("localhost:{port}")], &[]).await;
     assert_eq!(row.status, Status::Retryable);
     let error = row.last_error.unwrap();
     assert!(
@@ -51,13 +50,13 @@ async fn an_allowed_name_resolving_to_loopback_is_refused_unless_the_address_is_
     // Allowing the address for another port is not enough.
     let world = World::new().await;
     let hosts = vec![format!("localhost:{port}"), format!("127.0.0.0/8:{}", port.wrapping_add(1))];
-    let row = attempt(&world, &format!("http:{url}"), hosts, "").await;
+    let row = attempt(&world, &format!("http:{url}"), hosts, &[]).await;
     assert_eq!(row.status, Status::Retryable);
     assert!(target.seen().is_empty(), "the request went out");
 
     let world = World::new().await;
     let hosts = vec![format!("localhost:{port}"), format!("127.0.0.0/8:{port}")];
-    let row = attempt(&world, &format!("http:{url}"), hosts, "").await;
+    let row = attempt(&world, &format!("http:{url}"), hosts, &[]).await;
     assert_eq!(row.status, Status::Delivered, "{:?}", row.last_error);
     assert_eq!(target.seen().len(), 1);
 }
@@ -67,7 +66,7 @@ async fn an_allowed_name_resolving_to_loopback_is_refused_unless_the_address_is_
 async fn an_ipv6_literal_entry_is_honoured() {
     let world = World::new().await;
     let v6 = Collector::start_on("[::1]:0").await;
-    let row = attempt(&world, &format!("http:{}", v6.url("/ok")), vec![v6.host_port()], "").await;
+    let row = attempt(&world, &format!("http:{}", v6.url("/ok")), vec![v6.host_port()], &[]).await;
     assert_eq!(v6.host_port(), format!("[::1]:{}", v6.port()));
     assert_eq!(row.status, Status::Delivered, "{:?}", row.last_error);
     assert_eq!(v6.seen().len(), 1);
@@ -78,7 +77,7 @@ async fn an_ipv6_literal_entry_is_honoured() {
 async fn an_entry_without_a_port_does_not_allow_every_port() {
     let world = World::new().await;
     let target = Collector::start().await;
-    let row = attempt(&world, &format!("http:{}", target.url("/ok")), vec!["127.0.0.1".into()], "").await;
+    let row = attempt(&world, &format!("http:{}", target.url("/ok")), vec!["127.0.0.1".into()], &[]).await;
     assert_eq!(row.status, Status::Retryable);
     let error = row.last_error.unwrap();
     assert!(error.ends_with(&format!("127.0.0.1:{} is not in this sink's allowed_hosts", target.port())), "{error}");
@@ -89,7 +88,8 @@ async fn an_entry_without_a_port_does_not_allow_every_port() {
 #[tokio::test]
 async fn plain_http_is_off_by_default() {
     let world = World::new().await;
-    let row = attempt(&world, &format!("http:{}", world.collector.url("/ok")), vec![], "  allow_http: false\n").await;
+    let row =
+        attempt(&world, &format!("http:{}", world.collector.url("/ok")), vec![], &[("allow_http", "false")]).await;
     assert_eq!(row.status, Status::Retryable);
     // The fake sink's report to its collector is its first request, and is refused the same way.
     assert_eq!(
@@ -102,7 +102,7 @@ async fn plain_http_is_off_by_default() {
 #[tokio::test]
 async fn the_sink_cannot_set_host_connection_or_proxy_headers() {
     let world = World::new().await;
-    let row = attempt(&world, &format!("http-headers:{}", world.collector.url("/ok")), vec![], "").await;
+    let row = attempt(&world, &format!("http-headers:{}", world.collector.url("/ok")), vec![], &[]).await;
     assert_eq!(row.status, Status::Delivered, "{:?}", row.last_error);
     let seen = world.collector.seen();
     let headers = &seen[0].headers;
@@ -117,7 +117,7 @@ async fn the_sink_cannot_set_host_connection_or_proxy_headers() {
 #[tokio::test]
 async fn requests_per_attempt_and_body_size_are_bounded() {
     let world = World::new().await;
-    let row = attempt(&world, &format!("http-many:40:{}", world.collector.url("/ok")), vec![], "").await;
+    let row = attempt(&world, &format!("http-many:40:{}", world.collector.url("/ok")), vec![], &[]).await;
     assert_eq!(row.status, Status::Retryable);
     let error = row.last_error.unwrap();
     // The fake sink's report to the collector is the attempt's first request.
@@ -125,7 +125,7 @@ async fn requests_per_attempt_and_body_size_are_bounded() {
     assert_eq!(world.collector.seen().len(), 15);
 
     let world = World::new().await;
-    let lines = "  allow_http: true\n  max_request_bytes: 64KiB\n";
+    let lines = &[("max_request_bytes", "64KiB")];
     let row = attempt(&world, &format!("http-post:2000000:{}", world.collector.url("/ok")), vec![], lines).await;
     assert_eq!(row.status, Status::Retryable);
     let error = row.last_error.unwrap();

@@ -5,7 +5,6 @@ use std::io::Read as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_host::config::Config;
 use outbox_host::engine::Worker;
 use outbox_host::ops::metrics::Metrics;
 use outbox_host::sandbox::{AttemptFailure, Deliver, Delivered, Event};
@@ -24,10 +23,6 @@ async fn metrics(addr: std::net::SocketAddr) -> String {
     reqwest::get(format!("http://{addr}/metrics")).await.unwrap().text().await.unwrap()
 }
 
-fn with_admin(yaml: &str, listen: &str) -> String {
-    yaml.replace("listen: \"\"", &format!("listen: \"{listen}\""))
-}
-
 /// A `retry-after-ms` near `i64::MAX` or at `u64::MAX` is clamped to `sink.max_retry_after`
 /// (counted), and the row is `retryable` then, not wedged and not retried at once.
 #[tokio::test]
@@ -38,10 +33,8 @@ async fn extreme_retry_after_hints_are_clamped() {
     let fine = world.produce("RoomGiftSent", "room-fine", Status::Pending).await;
     let sink =
         format!("room.room-i64: \"retry-after:{}\"\nroom.room-u64: \"retry-after:{}\"", i64::MAX as u64 - 10, u64::MAX);
-    let yaml = with_admin(&world.yaml("", &sink), "127.0.0.1:0")
-        .replace("  allow_http: true\n", "  allow_http: true\n  max_retry_after: 10m\n");
-    let config = Config::from_yaml(&yaml, std::iter::empty(), &|_| None).unwrap();
-    let mut host = Running::start(config).await;
+    let config = world.setup("", &sink).with_admin().set(&["sink", "max_retry_after"], "10m");
+    let mut host = Running::start(config.parse()).await;
     host.wait_status(&world, &[&near_max, &wrapping], Status::Retryable).await;
     host.wait_status(&world, &[&fine], Status::Delivered).await;
     let exported = metrics(host.admin.unwrap()).await;
@@ -202,8 +195,8 @@ async fn sink_config_problems_are_prefixed_escaped_and_bounded() {
 async fn a_closed_log_pipe_neither_stops_delivery_nor_signals() {
     let world = World::new().await;
     let port = free_port();
-    let yaml = with_admin(&world.yaml("", "default: log"), &format!("127.0.0.1:{port}"));
-    let mut child = spawn_with(&world, &yaml, &[]);
+    let config = world.setup("", "default: log").set(&["admin", "listen"], &format!("127.0.0.1:{port}"));
+    let mut child = spawn_with(&world, &config.yaml(), &[]);
     let mut stderr = child.stderr.take().unwrap();
     let mut first = [0u8; 64];
     let read = tokio::task::spawn_blocking(move || stderr.read(&mut first).map(|n| (n, stderr))).await.unwrap();

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use outbox_host::store::{Status, now_ms};
 
-use crate::support::{Running, World};
+use crate::support::{Running, TestConfig, World};
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox-host");
 
@@ -30,10 +30,8 @@ async fn json(response: reqwest::Response) -> serde_json::Value {
 /// The admin token of these tests' hosts.
 const TOKEN: &str = "operations-test-token-0123";
 
-fn with_admin(yaml: String) -> outbox_host::config::Config {
-    let yaml =
-        yaml.replace("listen: \"\"", &format!("listen: \"127.0.0.1:0\"\n  stats_interval: 50ms\n  token: \"{TOKEN}\""));
-    outbox_host::config::Config::from_yaml(&yaml, std::iter::empty(), &|_| None).unwrap()
+fn with_admin(config: TestConfig) -> outbox_host::config::Config {
+    config.with_admin().set(&["admin", "stats_interval"], "50ms").set(&["admin", "token"], TOKEN).parse()
 }
 
 #[tokio::test]
@@ -51,7 +49,7 @@ async fn metrics_count_every_outcome_kind_skip_and_rescue() {
     }
 
     let sink = "type.RoomCreated: skip\nroom.room-retry: retryable\nroom.room-perm: permanent\nroom.room-trap: trap\nroom.room-slow: sleep:3000";
-    let mut host = Running::start(with_admin(world.yaml("retry_interval: 1h\npublish_timeout: 300ms", sink))).await;
+    let mut host = Running::start(with_admin(world.setup("retry_interval: 1h\npublish_timeout: 300ms", sink))).await;
     host.wait_status(&world, &[&ok, &skip, &rescued], Status::Delivered).await;
     host.wait_status(&world, &[&failing[1]], Status::Failed).await;
     host.wait_status(&world, &[&failing[0], &failing[2], &failing[3]], Status::Retryable).await;
@@ -94,7 +92,7 @@ async fn the_http_api_shows_retries_and_purges() {
     let world = World::new().await;
     let failed = world.produce("RoomGiftSent", "room-bad", Status::Pending).await;
     let done = world.produce("RoomGiftSent", "room-ok", Status::Pending).await;
-    let mut host = Running::start(with_admin(world.yaml("", "room.room-bad: permanent"))).await;
+    let mut host = Running::start(with_admin(world.setup("", "room.room-bad: permanent"))).await;
     host.wait_status(&world, &[&failed], Status::Failed).await;
     host.wait_status(&world, &[&done], Status::Delivered).await;
     let base = format!("http://{}", host.admin.unwrap());
@@ -209,7 +207,7 @@ async fn the_dashboard_and_alerts_use_only_exported_metrics() {
     let skipped = world.produce("RoomGiftSent", "room-skip", Status::Pending).await;
     let failed = world.produce("RoomGiftSent", "room-bad", Status::Pending).await;
     let sink = "room.room-skip: skip\nroom.room-bad: retryable";
-    let mut host = Running::start(with_admin(world.yaml("retry_interval: 1h", sink))).await;
+    let mut host = Running::start(with_admin(world.setup("retry_interval: 1h", sink))).await;
     host.wait_status(&world, &[&ok, &skipped], Status::Delivered).await;
     host.wait_status(&world, &[&failed], Status::Retryable).await;
     let base = format!("http://{}", host.admin.unwrap());
@@ -223,7 +221,7 @@ async fn the_dashboard_and_alerts_use_only_exported_metrics() {
     let alerts = std::fs::read_to_string(root.join("deploy/prometheus/alerts.yml")).unwrap();
     let dashboard_json: serde_json::Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
     assert!(dashboard_json["panels"].as_array().is_some_and(|p| p.len() >= 8));
-    let rules: serde_yaml::Value = serde_yaml::from_str(&alerts).expect("the alert rules are YAML");
+    let rules: serde_yaml_ng::Value = serde_yaml_ng::from_str(&alerts).expect("the alert rules are YAML");
     assert!(rules["groups"][0]["rules"].as_sequence().is_some_and(|r| r.len() >= 3));
 
     let mut used = std::collections::BTreeSet::new();

@@ -1,11 +1,10 @@
 //! The real `outbox-host` binary: signals, exit codes and what the operator reads.
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use outbox_host::store::Status;
 
-use crate::binary::{BIN, signal, spawn_host, wait_exit, wait_table};
+use crate::binary::{run_cli, signal, spawn, spawn_host, wait_exit, wait_table, write_config};
 use crate::support::World;
 
 /// SIGTERM: stop claiming, finish and record the in-flight delivery, hand back the rest,
@@ -58,10 +57,8 @@ async fn a_second_signal_exits_at_once() {
 #[tokio::test]
 async fn check_config_names_every_bad_key() {
     let world = World::new().await;
-    let path = world.dir.path().join("bad.yaml");
-    std::fs::write(&path, "outbox_worker:\n  retry_strategy: exponential\n  batch_sise: 5\nsink:\n  name: x\n")
-        .unwrap();
-    let output = Command::new(BIN).args(["--config", path.to_str().unwrap(), "check-config"]).output().unwrap();
+    write_config(&world, "outbox_worker:\n  retry_strategy: exponential\n  batch_sise: 5\nsink:\n  name: x\n");
+    let output = run_cli(&world, &["check-config"]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     for key in ["outbox_worker.retry_strategy:", "outbox_worker.batch_sise: unknown key", "sink.plugin: is required"] {
@@ -72,17 +69,15 @@ async fn check_config_names_every_bad_key() {
 #[tokio::test]
 async fn check_config_loads_the_plugin_and_explains_a_wrong_one() {
     let world = World::new().await;
-    let path = world.dir.path().join("outbox.yaml");
-    std::fs::write(&path, world.yaml("", "")).unwrap();
-    let ok = Command::new(BIN).args(["--config", path.to_str().unwrap(), "check-config"]).output().unwrap();
+    write_config(&world, &world.yaml("", ""));
+    let ok = run_cli(&world, &["check-config"]);
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
     assert!(String::from_utf8_lossy(&ok.stdout).contains("config OK: sink fake loads"));
 
     let core_module = world.dir.path().join("core.wasm");
     std::fs::write(&core_module, b"\0asm\x01\0\0\0").unwrap();
-    let yaml = world.yaml("", "").replace(outbox_test_support::FAKE_SINK, core_module.to_str().unwrap());
-    std::fs::write(&path, yaml).unwrap();
-    let bad = Command::new(BIN).args(["--config", path.to_str().unwrap(), "check-config"]).output().unwrap();
+    write_config(&world, &world.setup("", "").set(&["sink", "plugin"], core_module.to_str().unwrap()).yaml());
+    let bad = run_cli(&world, &["check-config"]);
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(!bad.status.success());
     assert!(stderr.contains("not a component: build the sink for wasm32-wasip2"), "{stderr}");
@@ -92,9 +87,8 @@ async fn check_config_loads_the_plugin_and_explains_a_wrong_one() {
 #[tokio::test]
 async fn enqueue_and_status_round_trip() {
     let world = World::new().await;
-    let path = world.dir.path().join("outbox.yaml");
-    std::fs::write(&path, world.yaml("", "")).unwrap();
-    let run = |args: &[&str]| Command::new(BIN).arg("--config").arg(&path).args(args).output().unwrap();
+    write_config(&world, &world.yaml("", ""));
+    let run = |args: &[&str]| run_cli(&world, args);
     let out = run(&[
         "enqueue",
         "-t",
@@ -123,10 +117,9 @@ async fn enqueue_and_status_round_trip() {
 #[tokio::test]
 async fn an_unreachable_database_is_named_without_its_password() {
     let world = World::new().await;
-    let path = world.dir.path().join("outbox.yaml");
-    let yaml = world.yaml("", "").replace(&world.db_url(), "postgres://app:hunter2@127.0.0.1:1/outbox");
-    std::fs::write(&path, yaml).unwrap();
-    let out = Command::new(BIN).args(["--config", path.to_str().unwrap(), "migrate"]).output().unwrap();
+    let unreachable = "postgres://app:hunter2@127.0.0.1:1/outbox";
+    write_config(&world, &world.setup("", "").set(&["database", "url"], unreachable).yaml());
+    let out = run_cli(&world, &["migrate"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(stderr.contains("cannot connect to postgres://app:***@127.0.0.1:1/outbox"), "{stderr}");
@@ -139,14 +132,8 @@ async fn json_logs_carry_the_seed_fields() {
     let world = World::new().await;
     let ok = world.produce("RoomGiftSent", "room-ok", Status::Pending).await;
     let bad = world.produce("RoomGiftSent", "room-bad", Status::Pending).await;
-    let config = world.dir.path().join("outbox.yaml");
-    std::fs::write(&config, world.yaml("retry_interval: 1h", "room.room-bad: retryable")).unwrap();
-    let child = Command::new(BIN)
-        .args(["--config", config.to_str().unwrap(), "--json-logs", "run"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let yaml = world.yaml("retry_interval: 1h", "room.room-bad: retryable\nroom.room-ok: log");
+    let child = spawn(&world, &yaml, &["--json-logs"], &[]);
     wait_table(&world, "both outcomes", |s| s.count(Status::Delivered) == 1 && s.count(Status::Retryable) == 1).await;
     signal(&child, "TERM");
     let output = wait_exit(child).await;
@@ -173,19 +160,46 @@ async fn json_logs_carry_the_seed_fields() {
     }
     assert_eq!(delivered["retry_count"], 0);
     let failed = outcome(&bad);
-    assert_eq!((failed["status"].as_str(), failed["retry_count"].as_i64()), (Some("retryable"), Some(1)), "{failed}");
+    assert_eq!((failed["status"].as_str(), failed["retry_count"].as_i64()), (Some("retryable"), Some(0)), "{failed}");
+    assert_eq!(failed["attempt"], 1, "{failed}");
     assert_eq!(failed["error"], "fake: scripted retryable failure");
     assert_eq!(failed["kind"], "retryable");
+
+    // The sink's own line carries the delivery's fields too.
+    let said = lines
+        .iter()
+        .find(|l| l["message"].as_str().is_some_and(|m| m.starts_with("fake sink got")))
+        .expect("the sink's log line");
+    assert_eq!((said["event_id"].as_str(), said["room_id"].as_str()), (Some(ok.as_str()), Some("room-ok")), "{said}");
+    assert_eq!((said["sink"].as_str(), said["node_id"].as_str()), (Some("fake"), Some("test-node")), "{said}");
+}
+
+/// Text logs: each field once per line (the delivery's fields come from its span), and no
+/// colour codes when stderr is not a terminal.
+#[tokio::test]
+async fn text_logs_name_each_field_once_and_have_no_colour_on_a_pipe() {
+    let world = World::new().await;
+    let ok = world.produce("RoomGiftSent", "room-ok", Status::Pending).await;
+    let child = spawn_host(&world, &world.yaml("", "room.room-ok: log"));
+    wait_table(&world, "the delivery", |s| s.count(Status::Delivered) == 1).await;
+    signal(&child, "TERM");
+    let log = String::from_utf8(wait_exit(child).await.stderr).unwrap();
+    assert!(!log.contains('\u{1b}'), "colour codes on a pipe:\n{log}");
+    for message in ["event delivered", "fake sink got RoomGiftSent"] {
+        let line = log.lines().find(|l| l.contains(message)).unwrap_or_else(|| panic!("no {message:?} line:\n{log}"));
+        assert_eq!(line.matches("event_id=").count(), 1, "{line}");
+        assert!(line.contains(&format!("event_id={ok}")) && line.contains("room_id=room-ok"), "{line}");
+        assert!(line.contains("retry_count=0") && line.contains("node_id=test-node"), "{line}");
+    }
 }
 
 /// The sink checks its own config map; problems it reports refuse `check-config` and `run`.
 #[tokio::test]
 async fn sink_config_problems_refuse_to_start() {
     let world = World::new().await;
-    let path = world.dir.path().join("outbox.yaml");
-    std::fs::write(&path, world.yaml("", "default: bogus")).unwrap();
+    write_config(&world, &world.yaml("", "default: bogus"));
     for command in ["check-config", "run"] {
-        let out = Command::new(BIN).args(["--config", path.to_str().unwrap(), command]).output().unwrap();
+        let out = run_cli(&world, &[command]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
         assert!(stderr.contains("sink.config.default: unknown behaviour \"bogus\""), "{command}: {stderr}");
@@ -201,10 +215,11 @@ async fn sigterm_during_a_database_outage_is_bounded(db: crate::support::TestDb)
     let proxy = outbox_test_support::proxy::TcpProxy::start(&server).await;
     let world = World::on(db).await;
     let id = world.produce("RoomGiftSent", "room-slow", Status::Pending).await;
-    let yaml = world
-        .yaml("publish_timeout: 5s\nshutdown_grace: 1s", "room.room-slow: sleep:1500")
-        .replace(&server, &proxy.addr().to_string());
-    let child = spawn_host(&world, &yaml);
+    let proxied = world.db_url().replace(&server, &proxy.addr().to_string());
+    let config = world
+        .setup("publish_timeout: 5s\nshutdown_grace: 1s", "room.room-slow: sleep:1500")
+        .set(&["database", "url"], &proxied);
+    let child = spawn_host(&world, &config.yaml());
     wait_table(&world, "the claim", |s| s.count(Status::Delivering) == 1).await;
     proxy.cut();
     signal(&child, "TERM");

@@ -131,14 +131,7 @@ async fn events_of_one_room_are_delivered_in_creation_order() {
 async fn the_compiled_sink_is_cached_and_a_corrupt_entry_is_replaced() {
     let world = World::new().await;
     let cache = world.dir.path().join("cache");
-    let yaml = world.yaml("", "").replace(
-        &format!(
-            "cache_dir: \"{}\"",
-            std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sink-cache").display()
-        ),
-        &format!("cache_dir: \"{}\"", cache.display()),
-    );
-    let config = outbox_host::config::Config::from_yaml(&yaml, std::iter::empty(), &|_| None).unwrap();
+    let config = world.setup("", "").set(&["sink", "cache_dir"], &cache.display().to_string()).parse();
     let sink = config.sink.clone().unwrap();
     let cached = || cwasm_files(&cache);
 
@@ -179,22 +172,18 @@ fn cwasm_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 /// and what delivers is the configured sink.
 #[tokio::test]
 async fn a_planted_cache_entry_is_not_run() {
-    use outbox_host::config::Config;
     use outbox_host::sandbox::{Delivered, SinkRuntime};
 
     let world = World::new().await;
-    let yaml = |plugin: &str, cache: &std::path::Path| {
-        let default_cache = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sink-cache");
+    let config = |plugin: &str, cache: &std::path::Path| {
         world
-            .yaml("", "default: skip")
-            .replace(outbox_test_support::FAKE_SINK, plugin)
-            .replace(&default_cache.display().to_string(), &cache.display().to_string())
+            .setup("", "default: skip")
+            .set(&["sink", "plugin"], plugin)
+            .set(&["sink", "cache_dir"], &cache.display().to_string())
     };
     let ours = world.dir.path().join("ours");
     let theirs = world.dir.path().join("theirs");
-    let sink_of = |plugin: &str, cache: &std::path::Path| {
-        Config::from_yaml(&yaml(plugin, cache), std::iter::empty(), &|_| None).unwrap().sink.unwrap()
-    };
+    let sink_of = |plugin: &str, cache: &std::path::Path| config(plugin, cache).parse().sink.unwrap();
     SinkRuntime::load(&sink_of(outbox_test_support::FAKE_SINK, &ours), 4).unwrap();
     SinkRuntime::load(&sink_of(outbox_test_support::TENCENT_IM_SINK, &theirs), 4).unwrap();
     let (entry, planted) = (cwasm_files(&ours).remove(0), cwasm_files(&theirs).remove(0));
@@ -229,9 +218,7 @@ async fn a_cache_directory_others_can_write_is_refused() {
     let open = world.dir.path().join("open-cache");
     std::fs::create_dir(&open).unwrap();
     std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let default_cache = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sink-cache");
-    let yaml = world.yaml("", "").replace(&default_cache.display().to_string(), &open.display().to_string());
-    let sink = outbox_host::config::Config::from_yaml(&yaml, std::iter::empty(), &|_| None).unwrap().sink.unwrap();
+    let sink = world.setup("", "").set(&["sink", "cache_dir"], &open.display().to_string()).parse().sink.unwrap();
     let err = outbox_host::sandbox::SinkRuntime::load(&sink, 4)
         .err()
         .expect("an open cache directory is refused")

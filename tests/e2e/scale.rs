@@ -2,12 +2,12 @@
 //! host loses nothing; a host whose connections are killed recovers by itself.
 
 use std::collections::HashSet;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use outbox_host::store::{Backend, Status};
 
-use crate::support::{PATIENCE, Running, TestDb, World, per_backend};
+use crate::binary::{spawn_host, wait_table};
+use crate::support::{Running, TestDb, World, per_backend};
 
 per_backend!(four_hosts_deliver_every_event_exactly_once, a_killed_hosts_rows_are_delivered_after_its_leases_expire);
 
@@ -52,19 +52,8 @@ async fn a_killed_hosts_rows_are_delivered_after_its_leases_expire(world: World)
     }
     let worker = "publish_timeout: 1s\nbatch_size: 4\nconcurrency: 4\nlease_duration: 6s";
     let sink = "default: sleep:700";
-    let config = world.dir.path().join("outbox.yaml");
-    std::fs::write(&config, world.yaml(worker, sink)).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_outbox-host"))
-        .args(["--config", config.to_str().unwrap(), "run"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while world.producer.stats().await.unwrap().count(Status::Delivering) == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "the first host never claimed");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let mut child = spawn_host(&world, &world.yaml(worker, sink));
+    wait_table(&world, "the first host's claim", |s| s.count(Status::Delivering) > 0).await;
     child.kill().unwrap();
     child.wait().unwrap();
 
@@ -133,7 +122,7 @@ async fn survive_connection_kills(world: World) {
 
 /// Terminates every connection to the test's schema or database; returns how many.
 async fn kill_connections(db: &TestDb) -> usize {
-    match db.backend {
+    match Backend::from_url(&db.url).unwrap() {
         Backend::Postgres => {
             let admin = sqlx::PgPool::connect(&std::env::var("TEST_POSTGRES_URL").unwrap()).await.unwrap();
             let killed: Vec<bool> = sqlx::query_scalar(

@@ -2,7 +2,6 @@
 //! a running host whose progress signals the tests wait on.
 
 use std::future::Future;
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,8 +9,9 @@ use std::time::Duration;
 use outbox_host::app::Host;
 use outbox_host::config::Config;
 use outbox_host::engine::Signal;
-use outbox_host::store::{Backend, NewEvent, Row, Status, Store, now_ms};
+use outbox_host::store::{NewEvent, Row, Status, Store, now_ms};
 use outbox_test_support::{Collector, FAKE_SINK};
+use serde_yaml_ng::{Mapping, Value};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -19,79 +19,7 @@ use tokio_util::sync::CancellationToken;
 /// How long any wait in these tests may take before it fails.
 pub const PATIENCE: Duration = Duration::from_secs(30);
 
-/// A database of the test's own: a SQLite file, a PostgreSQL schema or a MySQL database.
-pub struct TestDb {
-    pub url: String,
-    pub backend: Backend,
-    _dir: Option<tempfile::TempDir>,
-}
-
-impl TestDb {
-    pub fn sqlite() -> TestDb {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("outbox.db").display());
-        TestDb { url, backend: Backend::Sqlite, _dir: Some(dir) }
-    }
-
-    /// A fresh schema on `TEST_POSTGRES_URL`, or `None` (skipped) when it is not set.
-    pub async fn postgres() -> Option<TestDb> {
-        let base = server_url("TEST_POSTGRES_URL", "PostgreSQL")?;
-        let schema = fresh_name();
-        let admin = sqlx::PgPool::connect(&base).await.expect("connecting to TEST_POSTGRES_URL");
-        sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&admin).await.unwrap();
-        admin.close().await;
-        let sep = if base.contains('?') { '&' } else { '?' };
-        let url = format!("{base}{sep}options=-c%20search_path%3D{schema}&application_name={schema}");
-        Some(TestDb { url, backend: Backend::Postgres, _dir: None })
-    }
-
-    /// A fresh database on `TEST_MYSQL_URL`, or `None` (skipped) when it is not set.
-    pub async fn mysql() -> Option<TestDb> {
-        let base = server_url("TEST_MYSQL_URL", "MySQL/MariaDB")?;
-        let database = fresh_name();
-        let admin = sqlx::MySqlPool::connect(&base).await.expect("connecting to TEST_MYSQL_URL");
-        sqlx::query(&format!("CREATE DATABASE {database}")).execute(&admin).await.unwrap();
-        admin.close().await;
-        let mut url = reqwest::Url::parse(&base).unwrap();
-        url.set_path(&database);
-        Some(TestDb { url: url.to_string(), backend: Backend::Mysql, _dir: None })
-    }
-
-    /// The schema (PostgreSQL) or database (MySQL) name.
-    pub fn name(&self) -> String {
-        match self.backend {
-            Backend::Postgres => self.url.rsplit("application_name=").next().unwrap().to_string(),
-            _ => self.url.rsplit('/').next().unwrap().to_string(),
-        }
-    }
-}
-
-/// Test schemas and databases are named `outbox_t_…`; `.ci/run` drops old ones.
-fn fresh_name() -> String {
-    format!("outbox_t_{:016x}", outbox_host::clock::random_u64())
-}
-
-/// The server URL from `var`, or `None` after saying (once, past the test harness's output
-/// capture) that these suites are skipped. With `OUTBOX_REQUIRE_SERVER_TESTS=1`, as CI sets
-/// it, a missing URL fails the test instead.
-fn server_url(var: &str, what: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            assert!(
-                std::env::var("OUTBOX_REQUIRE_SERVER_TESTS").is_err(),
-                "{var} is not set but OUTBOX_REQUIRE_SERVER_TESTS is: the {what} suites must run"
-            );
-            static ONCE: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-            let mut said = ONCE.lock().unwrap();
-            if !said.contains(&var.to_string()) {
-                said.push(var.to_string());
-                let _ = writeln!(std::io::stderr(), "note: {var} is not set: the {what} suites are skipped");
-            }
-            None
-        }
-    }
-}
+pub use outbox_test_support::db::TestDb;
 
 /// One test's world: its own database, its own collector, a folder for files.
 pub struct World {
@@ -130,52 +58,59 @@ impl World {
         }
     }
 
-    /// The YAML of a host on this world's database with the fake sink reporting to the
-    /// collector. `worker` and `sink_config` are extra lines for those sections.
+    /// A host's config on this world's database with the fake sink reporting to the
+    /// collector. `worker` and `sink_config` are extra `key: value` lines for those sections.
+    pub fn setup(&self, worker: &str, sink_config: &str) -> TestConfig {
+        self.setup_with(worker, &self.fake_sink(sink_config))
+    }
+
+    /// A host's config on this world's database with `sink`: the test defaults, then the
+    /// `worker` lines (a later line wins over an earlier one with the same key).
+    pub fn setup_with(&self, worker: &str, sink: &SinkSpec) -> TestConfig {
+        let mut config = TestConfig::default()
+            .set(&["node_id"], "test-node")
+            .set(&["database", "url"], &self.db_url())
+            .set(&["database", "max_connections"], "4")
+            .set(&["sink", "name"], sink.name)
+            .set(&["sink", "plugin"], sink.plugin)
+            .set(&["sink", "cache_dir"], &sink_cache_dir().display().to_string())
+            .set(&["sink", "memory_limit"], "16MiB")
+            .set(&["sink", "allow_http"], "true")
+            .set(&["admin", "listen"], "");
+        let hosts = sink.allowed_hosts.iter().map(|h| Value::String(h.clone())).collect();
+        config = config.value(&["sink", "allowed_hosts"], Value::Sequence(hosts));
+        for (key, value) in
+            ["poll_interval: 50ms", "retry_interval: 50ms", "publish_timeout: 2s", "batch_size: 10", "concurrency: 4"]
+                .into_iter()
+                .chain(worker.lines())
+                .filter_map(split_line)
+        {
+            config = config.set(&["outbox_worker", key], value);
+        }
+        for (key, value) in sink.config.lines().filter_map(split_line) {
+            config = config.set(&["sink", "config", key], value);
+        }
+        config
+    }
+
+    /// The YAML text of [`World::setup`].
     pub fn yaml(&self, worker: &str, sink_config: &str) -> String {
-        self.yaml_with(worker, &self.fake_sink(sink_config))
+        self.setup(worker, sink_config).yaml()
     }
 
-    /// The YAML of a host on this world's database with `sink`; `worker` lines replace
-    /// the test defaults (and earlier lines) they name.
+    /// The YAML text of [`World::setup_with`].
     pub fn yaml_with(&self, worker: &str, sink: &SinkSpec) -> String {
-        let indent = |text: &str, by: &str| text.lines().map(|l| format!("{by}{l}\n")).collect::<String>();
-        let defaults =
-            ["poll_interval: 50ms", "retry_interval: 50ms", "publish_timeout: 2s", "batch_size: 10", "concurrency: 4"];
-        let key = |line: &str| line.split(':').next().unwrap_or("").trim().to_string();
-        // A later line wins over an earlier one with the same key.
-        let all: Vec<&str> = defaults.into_iter().chain(worker.lines()).collect();
-        let worker_lines: Vec<&str> = all
-            .iter()
-            .enumerate()
-            .filter(|(i, l)| !all[i + 1..].iter().any(|m| key(m) == key(l)))
-            .map(|(_, l)| *l)
-            .collect();
-        let hosts: Vec<String> = sink.allowed_hosts.iter().map(|h| format!("\"{h}\"")).collect();
-        format!(
-            "node_id: test-node\n\
-             database:\n  url: \"{db}\"\n  max_connections: 4\n\
-             outbox_worker:\n{worker}\
-             sink:\n  name: {name}\n  plugin: \"{plugin}\"\n  cache_dir: \"{cache}\"\n  memory_limit: 16MiB\n  allow_http: true\n  allowed_hosts: [{hosts}]\n  config:\n{config}\
-             admin:\n  listen: \"\"\n",
-            db = self.db_url(),
-            worker = indent(&worker_lines.join("\n"), "  "),
-            name = sink.name,
-            plugin = sink.plugin,
-            cache = sink_cache_dir().display(),
-            hosts = hosts.join(", "),
-            config = indent(&sink.config, "    "),
-        )
+        self.setup_with(worker, sink).yaml()
     }
 
-    /// [`World::yaml_with`], parsed.
+    /// [`World::setup_with`], parsed.
     pub fn config_with(&self, worker: &str, sink: &SinkSpec) -> Config {
-        Config::from_yaml(&self.yaml_with(worker, sink), std::iter::empty(), &|_| None)
-            .unwrap_or_else(|e| panic!("test config refused: {e}"))
+        self.setup_with(worker, sink).parse()
     }
 
+    /// [`World::setup`], parsed.
     pub fn config(&self, worker: &str, sink_config: &str) -> Config {
-        self.config_with(worker, &self.fake_sink(sink_config))
+        self.setup(worker, sink_config).parse()
     }
 
     /// An event as room-service builds it (envelope and row agree), with a fresh id.
@@ -212,6 +147,59 @@ impl World {
 
     pub async fn row(&self, event_id: &str) -> Row {
         self.producer.get(event_id).await.unwrap().unwrap_or_else(|| panic!("no row {event_id}"))
+    }
+}
+
+/// A test host's configuration as a YAML tree, set key by key (never spliced as text).
+#[derive(Clone, Default)]
+pub struct TestConfig {
+    root: Mapping,
+}
+
+/// `key: value` of one test line, the value read as YAML (`10` a number, `50ms` a string).
+fn split_line(line: &str) -> Option<(&str, &str)> {
+    let (key, value) = line.split_once(':')?;
+    Some((key.trim(), value.trim()))
+}
+
+impl TestConfig {
+    /// Sets the key at `path` to `value`, read as a YAML scalar (`"10"` is a number,
+    /// `"50ms"` a string, `"\"quoted\""` a string); an empty value is the empty string.
+    pub fn set(self, path: &[&str], value: &str) -> TestConfig {
+        let value = if value.is_empty() {
+            Value::String(String::new())
+        } else {
+            serde_yaml_ng::from_str(value).unwrap_or_else(|_| Value::String(value.to_string()))
+        };
+        self.value(path, value)
+    }
+
+    /// Sets the key at `path` to a YAML value.
+    pub fn value(mut self, path: &[&str], value: Value) -> TestConfig {
+        let (last, parents) = path.split_last().expect("a key");
+        let mut map = &mut self.root;
+        for key in parents {
+            let entry = map.entry(Value::String(key.to_string())).or_insert_with(|| Value::Mapping(Mapping::new()));
+            map = entry.as_mapping_mut().expect("a section");
+        }
+        map.insert(Value::String(last.to_string()), value);
+        self
+    }
+
+    /// Turns the admin listener on, on a free loopback port.
+    pub fn with_admin(self) -> TestConfig {
+        self.set(&["admin", "listen"], "127.0.0.1:0")
+    }
+
+    /// The YAML text, for the real binary.
+    pub fn yaml(&self) -> String {
+        serde_yaml_ng::to_string(&self.root).expect("YAML")
+    }
+
+    /// The validated config, for a host in this process.
+    pub fn parse(&self) -> Config {
+        Config::from_yaml(&self.yaml(), std::iter::empty(), &|_| None)
+            .unwrap_or_else(|e| panic!("test config refused: {e}"))
     }
 }
 

@@ -7,6 +7,7 @@ use outbox_host::store::{Row, Status};
 use outbox_test_support::TENCENT_IM_SINK;
 use outbox_test_support::tencent::{IDENTIFIER, SDK_APP_ID, SECRET_KEY, Script, TencentIm};
 
+use crate::binary::{run_cli, signal, spawn_with, wait_exit, wait_table, write_config};
 use crate::support::{Running, SinkSpec, World};
 
 const PREFIX: &str = "live_";
@@ -194,12 +195,8 @@ async fn missing_config_keys_are_named_before_anything_is_delivered() {
     let mut spec = sink(&im, &im.endpoint());
     spec.config = spec.config.lines().filter(|l| !l.starts_with("secret_key")).map(|l| format!("{l}\n")).collect();
     spec.config.push_str("msg_priority: Urgent\n");
-    let path = world.dir.path().join("outbox.yaml");
-    std::fs::write(&path, world.yaml_with("", &spec)).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-host"))
-        .args(["--config", path.to_str().unwrap(), "check-config"])
-        .output()
-        .unwrap();
+    write_config(&world, &world.yaml_with("", &spec));
+    let out = run_cli(&world, &["check-config"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("sink.config.secret_key: is required"), "{stderr}");
@@ -221,28 +218,14 @@ async fn the_log_never_shows_the_key_or_a_usersig() {
     for room in ["ok", "sig", "unknown", "http"] {
         ids.push(world.produce("RoomGiftSent", room, Status::Pending).await);
     }
-    let path = world.dir.path().join("outbox.yaml");
-    let yaml = world.yaml_with("retry_interval: 1h", &sink(&im, &im.endpoint())).replace("level: info", "");
-    std::fs::write(&path, yaml).unwrap();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-host"))
-        .args(["--config", path.to_str().unwrap(), "run"])
-        .env("RUST_LOG", "debug")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = tokio::time::Instant::now() + crate::support::PATIENCE;
-    loop {
-        let stats = world.producer.stats().await.unwrap();
-        if stats.count(Status::Delivered) + stats.count(Status::Retryable) + stats.count(Status::Failed) == 4 {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "not all outcomes recorded: {stats:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let status = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
-    assert!(status.success());
-    let output = child.wait_with_output().unwrap();
+    let yaml = world.yaml_with("retry_interval: 1h", &sink(&im, &im.endpoint()));
+    let child = spawn_with(&world, &yaml, &[("RUST_LOG", "debug")]);
+    wait_table(&world, "every outcome", |s| {
+        s.count(Status::Delivered) + s.count(Status::Retryable) + s.count(Status::Failed) == 4
+    })
+    .await;
+    signal(&child, "TERM");
+    let output = wait_exit(child).await;
     let log = String::from_utf8_lossy(&output.stderr);
     assert!(log.contains("unknown Tencent IM error, retrying"), "the sink's own log line is missing:\n{log}");
     let usersigs: Vec<String> = im.received().iter().map(|r| r.query["usersig"].clone()).collect();

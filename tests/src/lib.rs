@@ -8,6 +8,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::routing::{get, post};
 
+pub mod db;
 pub mod proxy;
 pub mod tencent;
 pub mod webdriver;

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use read::Fields;
-use serde_yaml::Value;
+use serde_yaml_ng::Value;
 
 pub use crate::engine::settings::*;
 pub use crate::logging::{LogConfig, LogFormat};
@@ -129,7 +129,7 @@ impl Config {
         let mut root: Value = if text.trim().is_empty() {
             Value::Null
         } else {
-            serde_yaml::from_str(text)
+            serde_yaml_ng::from_str(text)
                 .map_err(|e| ConfigError { source_file: None, problems: vec![format!("not valid YAML: {e}")] })?
         };
         read::apply_overrides(&mut root, vars, &mut problems);

@@ -2,7 +2,7 @@
 //! so `check-config` and start-up can name all bad keys at once.
 
 use serde::de::DeserializeOwned;
-use serde_yaml::{Mapping, Value};
+use serde_yaml_ng::{Mapping, Value};
 
 /// Walks one mapping of the config file. Each `take` removes the key it reads, so that
 /// whatever is left at `finish` is an unknown key.
@@ -48,7 +48,7 @@ impl<'p> Fields<'p> {
         if value.is_null() {
             return None;
         }
-        match serde_yaml::from_value(value) {
+        match serde_yaml_ng::from_value(value) {
             Ok(v) => Some(v),
             Err(e) => {
                 self.problem(key, format!("{e}"));
@@ -170,7 +170,7 @@ pub fn apply_overrides(root: &mut Value, vars: impl Iterator<Item = (String, Str
             problems.push(format!("{name}: cannot name a config key"));
             continue;
         }
-        let value: Value = serde_yaml::from_str(&raw).unwrap_or(Value::String(raw));
+        let value: Value = serde_yaml_ng::from_str(&raw).unwrap_or(Value::String(raw));
         if !root.is_mapping() {
             *root = Value::Mapping(Mapping::new());
         }

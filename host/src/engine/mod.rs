@@ -13,32 +13,18 @@ use futures_util::FutureExt as _;
 use tokio::sync::{Semaphore, broadcast, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument as _;
 
 use crate::ops::metrics::Metrics;
-use crate::sandbox::{Deliver, Delivered, FailureClass};
+
+mod attempt;
+mod retry;
+
+use crate::sandbox::{Deliver, FailureClass};
 use crate::store::{Claimed, Lease, Mark, Outcome, Store, now_ms};
 use crate::text::printable;
 use crate::text::short_error;
+pub use retry::after_failure;
 use settings::WorkerConfig;
-
-/// One log line about one row, with the seed's fields: `worker`, `node_id`, `event_id`,
-/// `event_type`, `room_id`, `retry_count`, `status`, then whatever else is given.
-macro_rules! row_event {
-    ($level:expr, $node_id:expr, $row:expr, $retry_count:expr, $status:expr, $($rest:tt)+) => {
-        tracing::event!(
-            $level,
-            worker = "room_outbox",
-            node_id = %$node_id,
-            event_id = %$row.event_id,
-            event_type = %$row.event_type,
-            room_id = %$row.room_id,
-            retry_count = $retry_count,
-            status = $status,
-            $($rest)+
-        )
-    };
-}
 
 /// A delivery starts only if this much lease is left after its `publish_timeout`;
 /// otherwise the row is handed back, so a lease never runs out under a healthy delivery.
@@ -163,12 +149,14 @@ impl Worker {
             let rescued = claimed.iter().filter(|c| c.rescued).count();
             self.metrics.claimed(claimed.len(), rescued);
             for row in claimed.iter().filter(|c| c.rescued) {
-                row_event!(
-                    tracing::Level::WARN,
-                    self.node_id,
-                    row,
-                    row.retry_count,
-                    "delivering",
+                tracing::warn!(
+                    worker = "room_outbox",
+                    node_id = %self.node_id,
+                    event_id = %row.event_id,
+                    event_type = %row.event_type,
+                    room_id = %row.room_id,
+                    retry_count = row.retry_count,
+                    status = "delivering",
                     "reclaimed after another worker's lease expired"
                 );
             }
@@ -282,7 +270,7 @@ impl Worker {
         self.metrics.delivery_panic();
         self.metrics.failed(event_type, FailureClass::Trap.as_str(), None);
         tracing::error!(worker = "room_outbox", node_id = %self.node_id, event_id, attempt, error, "delivery task panicked; recorded as retryable");
-        let next_retry_at_ms = now_ms().saturating_add(millis(self.config.retry_interval));
+        let next_retry_at_ms = now_ms().saturating_add(retry::millis(self.config.retry_interval));
         Outcome::Retry { error, next_retry_at_ms }
     }
 
@@ -304,62 +292,9 @@ impl Worker {
         }
     }
 
-    /// Delivers one row and decides its outcome; every log line carries the seed's fields.
+    /// Delivers one row and decides its outcome (see `attempt.rs`).
     async fn deliver_one(&self, row: Claimed) -> Mark {
-        let span = tracing::info_span!("deliver", event_id = %row.event_id, event_type = %row.event_type, room_id = %row.room_id);
-        async {
-            let attempt = row.retry_count.saturating_add(1);
-            let started = tokio::time::Instant::now();
-            let (result, took) = match crate::envelope::to_event(&row) {
-                Err(reason) => (Err((FailureClass::Permanent, reason, None)), None),
-                Ok(event) => {
-                    let result = self.sink.deliver(&event, self.config.publish_timeout).await;
-                    (result.map_err(|f| (f.class, f.message, f.retry_after)), Some(started.elapsed()))
-                }
-            };
-            let outcome = match result {
-                Ok(delivered) => {
-                    let skipped = match &delivered {
-                        Delivered::Skipped(reason) => Some(reason.as_str()),
-                        Delivered::Delivered => None,
-                    };
-                    self.metrics.delivered(&row.event_type, skipped.is_some(), took.unwrap_or_default());
-                    row_event!(
-                        tracing::Level::INFO,
-                        self.node_id,
-                        row,
-                        row.retry_count,
-                        "delivered",
-                        skipped,
-                        "event delivered"
-                    );
-                    Outcome::Delivered
-                }
-                Err((class, message, retry_after)) => {
-                    self.metrics.failed(&row.event_type, class.as_str(), took);
-                    let outcome = after_failure(class, &message, retry_after, attempt, &self.config, now_ms());
-                    let (status, error) = match &outcome {
-                        Outcome::Fail { error } => ("failed", error.as_str()),
-                        Outcome::Retry { error, .. } => ("retryable", error.as_str()),
-                        Outcome::Delivered => unreachable!("a failure is never delivered"),
-                    };
-                    row_event!(
-                        tracing::Level::WARN,
-                        self.node_id,
-                        row,
-                        attempt,
-                        status,
-                        kind = class.as_str(),
-                        error,
-                        "delivery failed"
-                    );
-                    outcome
-                }
-            };
-            Mark { id: row.id, lease: row.lease, outcome }
-        }
-        .instrument(span)
-        .await
+        attempt::deliver_one(&*self.sink, &self.config, &self.metrics, &self.node_id, row).await
     }
 
     /// Writes outcomes as they arrive, several per write when they queue up, retrying
@@ -413,33 +348,6 @@ impl Worker {
     }
 }
 
-/// What to record after a failed attempt: `failed` for a permanent failure or when
-/// `max_attempts` is used up, else `retryable` after `retry_interval`, or later if the sink
-/// asked (its hint was clamped to `sink.max_retry_after` already; the sum saturates).
-pub fn after_failure(
-    class: FailureClass,
-    message: &str,
-    retry_after: Option<Duration>,
-    attempt: i32,
-    config: &WorkerConfig,
-    now_ms: i64,
-) -> Outcome {
-    let exhausted = config.max_attempts > 0 && i64::from(attempt) >= i64::from(config.max_attempts);
-    if class == FailureClass::Permanent {
-        Outcome::Fail { error: short_error(message) }
-    } else if exhausted {
-        Outcome::Fail { error: short_error(&format!("gave up after {attempt} attempts: {message}")) }
-    } else {
-        let wait = retry_after.unwrap_or_default().max(config.retry_interval);
-        Outcome::Retry { error: short_error(message), next_retry_at_ms: now_ms.saturating_add(millis(wait)) }
-    }
-}
-
-/// A duration in milliseconds, saturating at `i64::MAX`.
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
 /// Splits a claimed batch into per-room chains, keeping claim order within each room and
 /// the rooms in order of their first event.
 fn by_room(claimed: Vec<Claimed>) -> Vec<Vec<Claimed>> {
@@ -461,49 +369,5 @@ async fn sleep_or_cancel(duration: Duration, shutdown: &CancellationToken) {
     tokio::select! {
         _ = tokio::time::sleep(duration) => {}
         _ = shutdown.cancelled() => {}
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn config(max_attempts: u32) -> WorkerConfig {
-        WorkerConfig { retry_interval: Duration::from_secs(2), max_attempts, ..WorkerConfig::default() }
-    }
-
-    #[test]
-    fn a_permanent_failure_fails_at_once() {
-        let outcome = after_failure(FailureClass::Permanent, "bad group", None, 1, &config(0), 1_000);
-        assert_eq!(outcome, Outcome::Fail { error: "bad group".into() });
-    }
-
-    #[test]
-    fn retryable_failures_wait_retry_interval_or_the_sinks_longer_hint() {
-        let at =
-            |hint: Option<Duration>| match after_failure(FailureClass::Retryable, "busy", hint, 1, &config(0), 1_000) {
-                Outcome::Retry { next_retry_at_ms, .. } => next_retry_at_ms,
-                other => panic!("{other:?}"),
-            };
-        assert_eq!(at(None), 3_000);
-        assert_eq!(at(Some(Duration::from_millis(500))), 3_000, "a hint never brings the retry closer");
-        assert_eq!(at(Some(Duration::from_secs(60))), 61_000);
-        assert_eq!(at(Some(Duration::MAX)), i64::MAX, "saturates instead of overflowing");
-    }
-
-    #[test]
-    fn timeouts_and_traps_are_retried_like_retryable_failures() {
-        for class in [FailureClass::Timeout, FailureClass::Trap] {
-            let outcome = after_failure(class, "sink trapped", None, 3, &config(0), 0);
-            assert_eq!(outcome, Outcome::Retry { error: "sink trapped".into(), next_retry_at_ms: 2_000 });
-        }
-    }
-
-    #[test]
-    fn the_last_allowed_attempt_fails_the_row() {
-        let retry = after_failure(FailureClass::Retryable, "busy", None, 2, &config(3), 0);
-        assert!(matches!(retry, Outcome::Retry { .. }), "{retry:?}");
-        let last = after_failure(FailureClass::Timeout, "busy", None, 3, &config(3), 0);
-        assert_eq!(last, Outcome::Fail { error: "gave up after 3 attempts: busy".into() });
     }
 }

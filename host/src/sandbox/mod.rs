@@ -112,6 +112,11 @@ impl AttemptFailure {
     fn new(class: FailureClass, message: impl Into<String>) -> Self {
         AttemptFailure { class, message: message.into(), retry_after: None }
     }
+
+    /// A failure retrying cannot help (e.g. an envelope that does not decode).
+    pub fn permanent(message: impl Into<String>) -> Self {
+        Self::new(FailureClass::Permanent, message)
+    }
 }
 
 /// A loaded sink, ready to deliver events concurrently.
@@ -223,16 +228,22 @@ impl SinkRuntime {
     /// and a `retry-after-ms` above `sink.max_retry_after` is clamped to it.
     pub async fn deliver(&self, event: &Event, timeout: Duration) -> Result<Delivered, AttemptFailure> {
         let budgets = &self.shared.budgets;
-        match self.call(Call::Deliver(event), timeout).await? {
-            Returned::Delivery(Ok(Outcome::Delivered)) => Ok(Delivered::Delivered),
-            Returned::Delivery(Ok(Outcome::Skipped(reason))) => {
+        let mut call = self.fresh_store(timeout);
+        let run = async {
+            let sink = self.pre.instantiate_async(&mut call.store).await?;
+            sink.call_deliver(&mut call.store, event).await
+        };
+        let returned = tokio::time::timeout_at(call.deadline, run).await;
+        match self.finish(call, returned, timeout)? {
+            Ok(Outcome::Delivered) => Ok(Delivered::Delivered),
+            Ok(Outcome::Skipped(reason)) => {
                 let (reason, clipped) = printable_within(&reason, budgets.max_skip_reason_bytes as usize);
                 if clipped {
                     self.shared.metrics.sink_limit("skip_reason");
                 }
                 Ok(Delivered::Skipped(reason))
             }
-            Returned::Delivery(Err(failure)) => {
+            Err(failure) => {
                 let (message, clipped) = printable_within(&failure.message, budgets.max_message_bytes as usize);
                 if clipped {
                     self.shared.metrics.sink_limit("message");
@@ -246,7 +257,6 @@ impl SinkRuntime {
                     retry_after: failure.retry_after_ms.map(|ms| self.clamp_retry_after(ms)),
                 })
             }
-            Returned::Problems(_) => unreachable!("deliver returns a delivery"),
         }
     }
 
@@ -270,15 +280,18 @@ impl SinkRuntime {
 
     /// Asks the sink whether its `config:` map lets it deliver: one line per problem.
     pub async fn check_config(&self, timeout: Duration) -> Result<Vec<String>, AttemptFailure> {
-        match self.call(Call::CheckConfig, timeout).await? {
-            Returned::Problems(problems) => Ok(problems),
-            Returned::Delivery(_) => unreachable!("check-config returns problems"),
-        }
+        let mut call = self.fresh_store(timeout);
+        let run = async {
+            let sink = self.pre.instantiate_async(&mut call.store).await?;
+            sink.call_check_config(&mut call.store).await
+        };
+        let returned = tokio::time::timeout_at(call.deadline, run).await;
+        self.finish(call, returned, timeout)
     }
 
-    /// Calls one export in a fresh store with the memory cap, the epoch deadline and the
-    /// outer timeout, capturing the guest's stdout and stderr into the log.
-    async fn call(&self, call: Call<'_>, timeout: Duration) -> Result<Returned, AttemptFailure> {
+    /// A fresh store for one call of an export: a locked-down WASI context with captured
+    /// stdout and stderr, the memory cap, and an epoch deadline at `timeout`.
+    fn fresh_store(&self, timeout: Duration) -> ExportCall {
         let deadline = Instant::now() + timeout;
         let stdio_limit = usize::try_from(self.shared.budgets.max_stdio_bytes).unwrap_or(usize::MAX);
         let (stdout, stderr) = (Capture::new(stdio_limit), Capture::new(stdio_limit));
@@ -298,21 +311,32 @@ impl SinkRuntime {
         store.epoch_deadline_callback(move |_| {
             if Instant::now() >= deadline { Err(Trap::Interrupt.into()) } else { Ok(UpdateDeadline::Yield(1)) }
         });
-        let run = async {
-            let sink = self.pre.instantiate_async(&mut store).await?;
-            Ok::<_, wasmtime::Error>(match call {
-                Call::Deliver(event) => Returned::Delivery(sink.call_deliver(&mut store, event).await?),
-                Call::CheckConfig => Returned::Problems(sink.call_check_config(&mut store).await?),
-            })
-        };
-        let result = tokio::time::timeout_at(deadline, run).await;
-        store.data_mut().finish(&stdout, &stderr);
-        match result {
+        ExportCall { store, deadline, stdout, stderr }
+    }
+
+    /// Logs what the call wrote and turns its result (or its running out of time) into the
+    /// export's value or the attempt's failure.
+    fn finish<T>(
+        &self,
+        mut call: ExportCall,
+        returned: Result<wasmtime::Result<T>, tokio::time::error::Elapsed>,
+        timeout: Duration,
+    ) -> Result<T, AttemptFailure> {
+        call.store.data_mut().finish(&call.stdout, &call.stderr);
+        match returned {
             Err(_) => Err(timed_out(timeout)),
             Ok(Err(e)) => Err(classify_error(&e, timeout, self.memory_limit)),
-            Ok(Ok(returned)) => Ok(returned),
+            Ok(Ok(value)) => Ok(value),
         }
     }
+}
+
+/// One call of an export in its own store.
+struct ExportCall {
+    store: Store<DeliveryState>,
+    deadline: Instant,
+    stdout: Capture,
+    stderr: Capture,
 }
 
 /// What a sink's `check-config` reported: config problems like any other, which refuse
@@ -338,18 +362,6 @@ fn sink_problems(problems: Vec<String>) -> Vec<String> {
         shown.push(format!("sink.config: … and {} more problems reported by the sink", total - MAX_CONFIG_PROBLEMS));
     }
     shown
-}
-
-/// Which export to call.
-enum Call<'e> {
-    Deliver(&'e Event),
-    CheckConfig,
-}
-
-/// What the export returned.
-enum Returned {
-    Delivery(Result<Outcome, bindings::Failure>),
-    Problems(Vec<String>),
 }
 
 fn engine_config(concurrency: u32, memory_limit: usize) -> Config {

@@ -1,0 +1,70 @@
+//! One attempt at one row, in plain steps: decode the envelope, call the sink, decide the
+//! outcome, then count and log it. Every line of the attempt, the sink's own included, is
+//! inside one `deliver` span that carries room-service's fields (`worker`, `node_id`,
+//! `event_id`, `event_type`, `room_id`, `retry_count`); the outcome line adds only `status`
+//! and what is particular to it.
+
+use tokio::time::Instant;
+use tracing::Instrument as _;
+
+use super::retry::after_failure;
+use super::settings::WorkerConfig;
+use crate::ops::metrics::Metrics;
+use crate::sandbox::{AttemptFailure, Deliver, Delivered};
+use crate::store::{Claimed, Mark, Outcome, now_ms};
+
+/// Delivers `row` through `sink` and returns the outcome to record.
+pub async fn deliver_one(
+    sink: &dyn Deliver,
+    config: &WorkerConfig,
+    metrics: &Metrics,
+    node_id: &str,
+    row: Claimed,
+) -> Mark {
+    let span = tracing::info_span!(
+        "deliver",
+        worker = %"room_outbox",
+        node_id = %node_id,
+        event_id = %row.event_id,
+        event_type = %row.event_type,
+        room_id = %row.room_id,
+        retry_count = row.retry_count,
+    );
+    async {
+        let attempt = row.retry_count.saturating_add(1);
+        let started = Instant::now();
+        let (result, took) = match crate::envelope::to_event(&row) {
+            Err(reason) => (Err(AttemptFailure::permanent(reason)), None),
+            Ok(event) => (sink.deliver(&event, config.publish_timeout).await, Some(started.elapsed())),
+        };
+        let outcome = match &result {
+            Ok(_) => Outcome::Delivered,
+            Err(failure) => after_failure(failure, attempt, config, now_ms()),
+        };
+        match &result {
+            Ok(delivered) => {
+                let skipped = match delivered {
+                    Delivered::Skipped(reason) => Some(reason.as_str()),
+                    Delivered::Delivered => None,
+                };
+                metrics.delivered(&row.event_type, skipped.is_some(), took.unwrap_or_default());
+                tracing::info!(status = "delivered", skipped, "event delivered");
+            }
+            Err(failure) => {
+                metrics.failed(&row.event_type, failure.class.as_str(), took);
+                // `retry_count` (the span's) is the failures before this attempt; `attempt`
+                // is this one, which is also the row's failure count from now on.
+                tracing::warn!(
+                    status = outcome.status().as_str(),
+                    attempt,
+                    kind = failure.class.as_str(),
+                    error = outcome.error().unwrap_or_default(),
+                    "delivery failed"
+                );
+            }
+        }
+        Mark { id: row.id, lease: row.lease, outcome }
+    }
+    .instrument(span)
+    .await
+}
