@@ -1,4 +1,4 @@
-//! The host's lifecycle in the seed's order: open the database and migrate, load the sink,
+//! The host's lifecycle in room-service's order: open the database and migrate, load the sink,
 //! start the admin listener and the worker; on shutdown stop claiming, let in-flight
 //! deliveries finish and record them, hand back what was not started, then close the
 //! admin listener and the pool.

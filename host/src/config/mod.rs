@@ -1,9 +1,9 @@
-//! The YAML configuration: the seed's `outbox_worker` block with its names, defaults and
+//! The YAML configuration: room-service's `outbox_worker` block with its names, defaults and
 //! rules, plus what a standalone host needs (database, table, node id, sink, admin, log).
 //!
 //! Loading is strict: unknown keys are errors, and every problem is reported at once,
 //! each naming its key. Non-positive `poll_interval`, `batch_size`, `publish_timeout` and
-//! `concurrency` fall back to their defaults (the seed's rule), with a note in the log.
+//! `concurrency` fall back to their defaults (room-service's rule), with a note in the log.
 
 mod read;
 
@@ -46,7 +46,7 @@ pub struct Config {
     pub database: DatabaseConfig,
     /// Which table holds the outbox.
     pub table: String,
-    /// The seed's worker block plus our additions.
+    /// room-service's worker block plus our additions.
     pub worker: WorkerConfig,
     /// The WebAssembly sink every event goes to (required by `run` and `check-config`).
     pub sink: Option<SinkConfig>,

@@ -1,4 +1,4 @@
-//! The seed's configuration rules, one test each.
+//! room-service's configuration rules, one test each.
 
 use super::*;
 
@@ -13,7 +13,7 @@ fn problems(yaml: &str) -> Vec<String> {
 const SINK: &str = "sink:\n  name: fake\n  plugin: fake.wasm\n";
 
 #[test]
-fn an_empty_file_gets_the_seed_defaults() {
+fn an_empty_file_gets_room_services_defaults() {
     let config = parse("").unwrap();
     let w = &config.worker;
     assert!(w.enabled);
@@ -30,7 +30,7 @@ fn an_empty_file_gets_the_seed_defaults() {
 }
 
 #[test]
-fn the_seed_example_block_is_accepted() {
+fn room_services_example_block_is_accepted() {
     let yaml = format!(
         "outbox_worker:\n  enabled: true\n  poll_interval: \"1s\"\n  batch_size: 100\n  publish_timeout: \"3s\"\n  retry_strategy: \"fixed_interval\"\n{SINK}"
     );

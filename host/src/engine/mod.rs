@@ -56,7 +56,7 @@ struct Pending {
     event_id: String,
 }
 
-/// The seed's `room_outbox` worker, for one sink.
+/// The `room_outbox` worker (room-service's compensation worker, as a product), for one sink.
 pub struct Worker {
     store: Arc<dyn Store>,
     sink: Arc<dyn Deliver>,

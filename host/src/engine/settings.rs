@@ -3,13 +3,13 @@
 
 use std::time::Duration;
 
-/// Default `outbox_worker.poll_interval` (seed): the idle wait between empty claims.
+/// Default `outbox_worker.poll_interval` (room-service's): the idle wait between empty claims.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
-/// Default `outbox_worker.batch_size` (seed): rows claimed at most per claim.
+/// Default `outbox_worker.batch_size` (room-service's): rows claimed at most per claim.
 pub const DEFAULT_BATCH_SIZE: u32 = 100;
-/// Default `outbox_worker.publish_timeout` (seed): the bound on one delivery.
+/// Default `outbox_worker.publish_timeout` (room-service's): the bound on one delivery.
 pub const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(3);
-/// The only `outbox_worker.retry_strategy` (seed): retry after a fixed interval, forever
+/// The only `outbox_worker.retry_strategy` (room-service's): retry after a fixed interval, forever
 /// unless `max_attempts` is set.
 pub const RETRY_FIXED_INTERVAL: &str = "fixed_interval";
 /// Default `outbox_worker.concurrency`: deliveries in flight at once (events of one room
@@ -28,7 +28,7 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// `outbox_worker:`.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
-    /// Whether `run` delivers at all (the seed lets tests turn it off).
+    /// Whether `run` delivers at all (room-service lets tests turn it off).
     pub enabled: bool,
     /// Idle wait after a claim that was not full.
     pub poll_interval: Duration,
@@ -42,7 +42,7 @@ pub struct WorkerConfig {
     pub concurrency: u32,
     /// How long a claim holds its rows (`lock_until_ms - now`).
     pub lease: Duration,
-    /// After this many failed attempts a row becomes `failed`; 0 retries forever (the seed).
+    /// After this many failed attempts a row becomes `failed`; 0 retries forever (as room-service did).
     pub max_attempts: u32,
     /// After shutdown begins and in-flight deliveries have finished, how long the host keeps
     /// trying to write their outcomes and hand back unstarted rows before it gives up.

@@ -410,7 +410,7 @@ fn unreachable_error(url: &str, e: sqlx::Error) -> StoreError {
 
 pub use crate::clock::now_ms;
 
-/// Default `outbox.table`, the seed's table.
+/// Default `outbox.table`, room-service's table.
 pub const DEFAULT_TABLE: &str = "room_outbox";
 
 /// Assembles [`Stats`] from the rows every backend's queries return.
