@@ -147,16 +147,7 @@ async fn the_compiled_sink_is_cached_and_a_corrupt_entry_is_replaced() {
     std::fs::write(&files[0], b"not a compiled component").unwrap();
     let runtime = outbox_host::sandbox::SinkRuntime::load(&sink, 4).unwrap();
     assert!(std::fs::metadata(&files[0]).unwrap().len() > 1_000, "the corrupt entry was not replaced");
-    let event = outbox_host::sandbox::Event {
-        app_code: "a".into(),
-        event_id: "evt-1".into(),
-        event_type: "RoomGiftSent".into(),
-        room_id: "room-1".into(),
-        room_version: 1,
-        occurred_at_ms: 0,
-        body: vec![],
-        attempt: 1,
-    };
+    let event = sample_event();
     let delivered = runtime.deliver(&event, std::time::Duration::from_secs(2)).await;
     assert_eq!(delivered, Ok(outbox_host::sandbox::Delivered::Delivered));
 }
@@ -192,16 +183,7 @@ async fn a_planted_cache_entry_is_not_run() {
 
     let runtime = SinkRuntime::load(&sink_of(outbox_test_support::FAKE_SINK, &ours), 4).unwrap();
     assert_ne!(std::fs::read(&entry).unwrap(), planted_bytes, "the planted entry was kept");
-    let event = outbox_host::sandbox::Event {
-        app_code: "a".into(),
-        event_id: "evt-1".into(),
-        event_type: "RoomGiftSent".into(),
-        room_id: "room-1".into(),
-        room_version: 1,
-        occurred_at_ms: 0,
-        body: vec![],
-        attempt: 1,
-    };
+    let event = sample_event();
     let outcome = runtime.deliver(&event, std::time::Duration::from_secs(2)).await;
     assert_eq!(
         outcome,
@@ -225,4 +207,18 @@ async fn a_cache_directory_others_can_write_is_refused() {
         .to_string();
     assert!(err.starts_with("sink.cache_dir:") && err.contains("writable by other users"), "{err}");
     assert!(cwasm_files(&open).is_empty(), "something was written into it");
+}
+
+/// An event as the sandbox receives it, for calling a runtime directly.
+fn sample_event() -> outbox_host::sandbox::Event {
+    outbox_host::sandbox::Event {
+        app_code: "a".into(),
+        event_id: "evt-1".into(),
+        event_type: "RoomGiftSent".into(),
+        room_id: "room-1".into(),
+        room_version: 1,
+        occurred_at_ms: 0,
+        body: vec![],
+        attempt: 1,
+    }
 }

@@ -206,6 +206,20 @@ svg .failed,.legend .failed{fill:#c22;color:#c22}svg .axis{stroke:#999}form{marg
 mod tests {
     use super::*;
 
+    fn page(stats: &Stats, failures: &[Row], form_token: Option<&str>) -> String {
+        render(&PageData {
+            table: "room_outbox",
+            node_id: "n",
+            sink: "s",
+            stats,
+            history: &[],
+            failures,
+            now_ms: 0,
+            flash: None,
+            form_token: form_token.map(str::to_string),
+        })
+    }
+
     #[test]
     fn text_from_the_table_is_escaped() {
         let row = Row {
@@ -226,17 +240,7 @@ mod tests {
             delivered_at_ms: None,
         };
         let stats = Stats { top_errors: vec![("<i>".into(), 1)], ..Stats::default() };
-        let html = render(&PageData {
-            table: "room_outbox",
-            node_id: "n",
-            sink: "s",
-            stats: &stats,
-            history: &[],
-            failures: &[row],
-            now_ms: 0,
-            flash: None,
-            form_token: Some("t".into()),
-        });
+        let html = page(&stats, &[row], Some("t"));
         assert!(!html.contains("<script>alert"), "unescaped event id");
         assert!(html.contains("&lt;script&gt;"));
         assert!(!html.contains("<i>"), "unescaped error group");
@@ -245,17 +249,7 @@ mod tests {
     #[test]
     fn control_and_reordering_characters_are_shown_escaped() {
         let stats = Stats { top_errors: vec![("evil\u{202E}gnp.exe \u{1b}[31m".into(), 1)], ..Stats::default() };
-        let html = render(&PageData {
-            table: "room_outbox",
-            node_id: "n",
-            sink: "s",
-            stats: &stats,
-            history: &[],
-            failures: &[],
-            now_ms: 0,
-            flash: None,
-            form_token: None,
-        });
+        let html = page(&stats, &[], None);
         assert!(html.contains("<code>evil\\u{202e}gnp.exe \\u{1b}[31m</code>"), "{html}");
         assert!(!html.contains('\u{202E}') && !html.contains('\u{1b}'));
         assert!(html.contains("id=\"retry-off\""), "no token: the page says retrying is off");

@@ -138,12 +138,28 @@ fn params<D: Dialect>(first: usize, count: usize) -> String {
     (first..first + count).map(D::param).collect::<Vec<_>>().join(", ")
 }
 
-// The bounds on the two impls below say what the shared statements need of a database:
-// sqlx's executors and argument buffers, and the column types the outbox uses. Every dialect
-// here has them; Rust does not carry such bounds along with `Dialect`, so they are spelled
-// out on each impl (the two lists are the same).
+/// ` WHERE status = 'failed' AND <filter>` with its parameter (if any) numbered from
+/// `first`, and the value to bind.
+fn failed_filter<D: Dialect>(filter: &RetryFilter, first: usize) -> (String, Option<String>) {
+    let p = D::param(first);
+    match filter {
+        RetryFilter::EventId(id) => (format!(" WHERE status = 'failed' AND event_id = {p}"), Some(id.clone())),
+        RetryFilter::EventType(t) => (format!(" WHERE status = 'failed' AND event_type = {p}"), Some(t.clone())),
+        RetryFilter::ErrorContains(text) => (
+            format!(" WHERE status = 'failed' AND last_error LIKE {p} ESCAPE '!'"),
+            Some(super::contains_pattern(text)),
+        ),
+        RetryFilter::ErrorIs(text) => (format!(" WHERE status = 'failed' AND last_error = {p}"), Some(text.clone())),
+        RetryFilter::All => (" WHERE status = 'failed'".into(), None),
+    }
+}
 
-impl<D> SqlStore<D>
+// The bounds below say what the shared statements need of a database: sqlx's executors and
+// argument buffers, and the column types the outbox uses. Every dialect here has them; Rust
+// does not carry such bounds along with `Dialect`, so they are spelled out here.
+
+#[async_trait]
+impl<D> Store for SqlStore<D>
 where
     D: Dialect,
     for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
@@ -157,15 +173,14 @@ where
     for<'r> (String, i64): FromRow<'r, <D::Db as Database>::Row>,
     for<'r> (i64, i64, i64): FromRow<'r, <D::Db as Database>::Row>,
 {
-    /// Whether every migration is recorded as applied (no DDL needed).
-    async fn applied_all(&self) -> bool {
+    async fn migrate(&self) -> Result<(), StoreError> {
+        // Up to date: no DDL, so a host whose user may only read and write rows can start.
         let sql = format!("SELECT version FROM {}_migrations", self.table);
         let applied: Result<Vec<i64>, _> = sqlx::query_scalar(&sql).fetch_all(&self.pool).await;
-        applied.is_ok_and(|v| super::migrate::up_to_date(D::migrator(), &v))
-    }
-
-    /// Applies the migrations not yet recorded, holding the dialect's migration lock.
-    async fn apply_missing(&self) -> Result<(), StoreError> {
+        if applied.is_ok_and(|v| super::migrate::up_to_date(D::migrator(), &v)) {
+            return Ok(());
+        }
+        // Apply what is not recorded yet, holding the dialect's migration lock.
         let lock = D::migration_lock(&self.table);
         let mut conn = self.pool.acquire().await?;
         if lock.checked {
@@ -210,48 +225,6 @@ where
         let end = if applied.is_ok() { &lock.keep } else { &lock.undo };
         Executor::execute(&mut *conn, end.as_str()).await?;
         applied
-    }
-
-    /// ` WHERE status = 'failed' AND <filter>` with its parameter (if any) numbered from
-    /// `first`, and the value to bind.
-    fn failed_filter(filter: &RetryFilter, first: usize) -> (String, Option<String>) {
-        let p = D::param(first);
-        match filter {
-            RetryFilter::EventId(id) => (format!(" WHERE status = 'failed' AND event_id = {p}"), Some(id.clone())),
-            RetryFilter::EventType(t) => (format!(" WHERE status = 'failed' AND event_type = {p}"), Some(t.clone())),
-            RetryFilter::ErrorContains(text) => (
-                format!(" WHERE status = 'failed' AND last_error LIKE {p} ESCAPE '!'"),
-                Some(super::contains_pattern(text)),
-            ),
-            RetryFilter::ErrorIs(text) => {
-                (format!(" WHERE status = 'failed' AND last_error = {p}"), Some(text.clone()))
-            }
-            RetryFilter::All => (" WHERE status = 'failed'".into(), None),
-        }
-    }
-}
-
-#[async_trait]
-impl<D> Store for SqlStore<D>
-where
-    D: Dialect,
-    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
-    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
-    for<'a> &'a str: ColumnIndex<<D::Db as Database>::Row>,
-    usize: ColumnIndex<<D::Db as Database>::Row>,
-    for<'r> i64: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
-    for<'r> i32: Decode<'r, D::Db> + Type<D::Db>,
-    for<'r> String: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
-    for<'r> Vec<u8>: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
-    for<'r> (String, i64): FromRow<'r, <D::Db as Database>::Row>,
-    for<'r> (i64, i64, i64): FromRow<'r, <D::Db as Database>::Row>,
-{
-    async fn migrate(&self) -> Result<(), StoreError> {
-        // Up to date: no DDL, so a host whose user may only read and write rows can start.
-        if self.applied_all().await {
-            return Ok(());
-        }
-        self.apply_missing().await
     }
 
     async fn claim(
@@ -376,7 +349,7 @@ where
     }
 
     async fn count_failed(&self, filter: &RetryFilter) -> Result<i64, StoreError> {
-        let (filter, value) = Self::failed_filter(filter, 1);
+        let (filter, value) = failed_filter::<D>(filter, 1);
         let sql = format!("SELECT COUNT(*) FROM {}{filter}", self.table);
         let mut q = sqlx::query_scalar(&sql);
         if let Some(value) = value {
@@ -386,7 +359,7 @@ where
     }
 
     async fn retry_failed(&self, filter: &RetryFilter, now_ms: i64) -> Result<u64, StoreError> {
-        let (filter, value) = Self::failed_filter(filter, 2);
+        let (filter, value) = failed_filter::<D>(filter, 2);
         let sql = format!(
             "UPDATE {} SET status = 'pending', retry_count = 0, next_retry_at_ms = 0, worker_id = NULL, \
              lock_until_ms = 0, updated_at_ms = {}{filter}",
