@@ -16,3 +16,4 @@ mod sandbox;
 mod scale;
 mod support;
 mod tencent;
+mod wakeup;

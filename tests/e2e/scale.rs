@@ -121,7 +121,7 @@ async fn survive_connection_kills(world: World) {
 }
 
 /// Terminates every connection to the test's schema or database; returns how many.
-async fn kill_connections(db: &TestDb) -> usize {
+pub(crate) async fn kill_connections(db: &TestDb) -> usize {
     match Backend::from_url(&db.url).unwrap() {
         Backend::Postgres => {
             let admin = sqlx::PgPool::connect(&std::env::var("TEST_POSTGRES_URL").unwrap()).await.unwrap();

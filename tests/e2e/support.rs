@@ -224,6 +224,8 @@ pub struct Running {
     pub signals: broadcast::Receiver<Signal>,
     pub shutdown: CancellationToken,
     pub task: JoinHandle<anyhow::Result<()>>,
+    /// The host's own store (inserts through it wake the host at once).
+    pub store: Arc<dyn Store>,
 }
 
 impl Running {
@@ -232,9 +234,10 @@ impl Running {
         let worker = host.worker().expect("worker enabled").clone();
         let signals = worker.subscribe();
         let admin = host.admin_addr();
+        let store = host.store().clone();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(host.run(shutdown.clone()));
-        Running { admin, signals, shutdown, task }
+        Running { admin, signals, shutdown, task, store }
     }
 
     /// Waits, re-checking after every worker signal, until `check` holds.

@@ -182,7 +182,7 @@ fn read_config(f: &mut Fields<'_>, notes: &mut Vec<String>) -> Config {
         }
         table
     });
-    let worker = f.section("outbox_worker", |f| read_worker(f, notes));
+    let worker = f.section("outbox_worker", |f| read_worker(f, notes, backend));
     let sink = f.has("sink").then(|| f.section("sink", read_sink));
     let admin = f.section("admin", |f| read_admin(f, notes));
     let log = f.section("log", |f| {
@@ -279,7 +279,7 @@ fn positive_count(f: &mut Fields<'_>, key: &str, default: u32, notes: &mut Vec<S
     }
 }
 
-fn read_worker(f: &mut Fields<'_>, notes: &mut Vec<String>) -> WorkerConfig {
+fn read_worker(f: &mut Fields<'_>, notes: &mut Vec<String>, backend: Option<crate::store::Backend>) -> WorkerConfig {
     let enabled = f.take::<bool>("enabled").unwrap_or(true);
     let poll_interval = positive_duration(f, "poll_interval", DEFAULT_POLL_INTERVAL, notes);
     let batch_size = positive_count(f, "batch_size", DEFAULT_BATCH_SIZE, notes);
@@ -323,6 +323,21 @@ fn read_worker(f: &mut Fields<'_>, notes: &mut Vec<String>) -> WorkerConfig {
     };
     let max_attempts = f.take::<u32>("max_attempts").unwrap_or(0);
     let shutdown_grace = positive_duration(f, "shutdown_grace", DEFAULT_SHUTDOWN_GRACE, notes);
+    let wake_up = match f.take::<String>("wake_up").as_deref() {
+        None | Some("auto") => WakeUp::Auto,
+        Some("notify") if backend.is_some_and(|b| b != crate::store::Backend::Postgres) => {
+            f.problem("wake_up", "notify needs PostgreSQL (LISTEN/NOTIFY); use probe or poll on this database");
+            WakeUp::Auto
+        }
+        Some("notify") => WakeUp::Notify,
+        Some("probe") => WakeUp::Probe,
+        Some("poll") => WakeUp::Poll,
+        Some(other) => {
+            f.problem("wake_up", format!("{other:?} is not one of auto, notify, probe, poll"));
+            WakeUp::Auto
+        }
+    };
+    let probe_interval = positive_duration(f, "probe_interval", DEFAULT_PROBE_INTERVAL, notes);
     WorkerConfig {
         enabled,
         poll_interval,
@@ -333,6 +348,8 @@ fn read_worker(f: &mut Fields<'_>, notes: &mut Vec<String>) -> WorkerConfig {
         lease,
         max_attempts,
         shutdown_grace,
+        wake_up,
+        probe_interval,
     }
 }
 

@@ -241,3 +241,18 @@ fn shutdown_grace_has_a_default_and_falls_back_when_not_positive() {
     assert_eq!(config.worker.shutdown_grace, DEFAULT_SHUTDOWN_GRACE);
     assert!(config.notes[0].starts_with("outbox_worker.shutdown_grace:"), "{:?}", config.notes);
 }
+
+#[test]
+fn wake_up_defaults_to_auto_and_notify_needs_postgres() {
+    let config = parse("").unwrap();
+    assert_eq!((config.worker.wake_up, config.worker.probe_interval), (WakeUp::Auto, Duration::from_millis(20)));
+    let pg = parse("database:\n  url: \"postgres://h/db\"\noutbox_worker:\n  wake_up: notify\n").unwrap();
+    assert_eq!(pg.worker.wake_up, WakeUp::Notify);
+    let bad = problems("outbox_worker:\n  wake_up: notify\n");
+    assert!(bad[0].starts_with("outbox_worker.wake_up: notify needs PostgreSQL"), "{bad:?}");
+    let bad = problems("outbox_worker:\n  wake_up: telepathy\n");
+    assert!(bad[0].contains("is not one of auto, notify, probe, poll"), "{bad:?}");
+    let durations = parse("outbox_worker:\n  poll_interval: 1m30s\n  probe_interval: 5ms\n").unwrap();
+    assert_eq!(durations.worker.poll_interval, Duration::from_secs(90));
+    assert_eq!(durations.worker.probe_interval, Duration::from_millis(5));
+}

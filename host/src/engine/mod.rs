@@ -24,7 +24,7 @@ use crate::store::{Claimed, Lease, Mark, Outcome, Store, now_ms};
 use crate::text::printable;
 use crate::text::short_error;
 pub use retry::after_failure;
-use settings::WorkerConfig;
+use settings::{WakeUp, WorkerConfig};
 
 /// A delivery starts only if this much lease is left after its `publish_timeout`;
 /// otherwise the row is handed back, so a lease never runs out under a healthy delivery.
@@ -117,6 +117,13 @@ impl Worker {
             sink = self.sink.name(),
             "worker started"
         );
+        let wake = self.store.inserted();
+        let listening = match self.config.wake_up {
+            WakeUp::Auto | WakeUp::Notify => self.store.listen_for_inserts(wake.clone(), shutdown.child_token()),
+            WakeUp::Probe | WakeUp::Poll => false,
+        };
+        let probing = self.config.wake_up == WakeUp::Probe || (self.config.wake_up == WakeUp::Auto && !listening);
+        tracing::debug!(listening, probing, "idle wake-up");
         while !shutdown.is_cancelled() {
             let now = now_ms();
             let claim = self.store.claim(&self.worker_id, now, now + lease_ms, self.config.batch_size);
@@ -142,7 +149,7 @@ impl Worker {
             backoff = Duration::from_millis(100);
             if claimed.is_empty() {
                 self.signal(Signal::Idle);
-                sleep_or_cancel(self.config.poll_interval, &shutdown).await;
+                self.idle_wait(&wake, probing, &shutdown).await;
                 continue;
             }
             let full = claimed.len() >= self.config.batch_size as usize;
@@ -163,7 +170,7 @@ impl Worker {
             self.signal(Signal::Claimed(claimed.len()));
             self.deliver_batch(claimed, &marks, &shutdown).await;
             if !full {
-                sleep_or_cancel(self.config.poll_interval, &shutdown).await;
+                self.idle_wait(&wake, probing, &shutdown).await;
             }
         }
         drop(marks);
@@ -249,6 +256,28 @@ impl Worker {
         let unstarted = std::mem::take(&mut *unstarted.lock().expect("unstarted list"));
         if !unstarted.is_empty() {
             self.release(&unstarted).await;
+        }
+    }
+
+    /// Waits `poll_interval` for more work, or less: until an insert is heard (`LISTEN`, or
+    /// this process's own store), a probe finds a pending row, or shutdown.
+    async fn idle_wait(&self, wake: &tokio::sync::Notify, probing: bool, shutdown: &CancellationToken) {
+        let until = tokio::time::Instant::now() + self.config.poll_interval;
+        loop {
+            let next =
+                if probing { (tokio::time::Instant::now() + self.config.probe_interval).min(until) } else { until };
+            tokio::select! {
+                () = tokio::time::sleep_until(next) => {}
+                () = wake.notified() => return,
+                () = shutdown.cancelled() => return,
+            }
+            if tokio::time::Instant::now() >= until {
+                return;
+            }
+            // A failing probe is not an outage to report: the next claim will say so.
+            if probing && self.store.has_pending().await.unwrap_or(false) {
+                return;
+            }
         }
     }
 

@@ -19,6 +19,35 @@ pub const DEFAULT_CONCURRENCY: u32 = 16;
 pub const MAX_BATCH_SIZE: u32 = 10_000;
 /// Safety margin added to the computed minimum lease.
 pub const LEASE_MARGIN: Duration = Duration::from_secs(5);
+/// Default `outbox_worker.probe_interval`: how often an idle worker that probes checks for
+/// pending rows.
+pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(20);
+
+/// How an idle worker learns of new rows before its next `poll_interval`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WakeUp {
+    /// `notify` on PostgreSQL, `probe` elsewhere (the default).
+    Auto,
+    /// PostgreSQL's `LISTEN`/`NOTIFY`, sent by a trigger on every insert.
+    Notify,
+    /// An index-only check for pending rows every `probe_interval`.
+    Probe,
+    /// Nothing but `poll_interval` (and inserts made through this process's own store).
+    Poll,
+}
+
+impl WakeUp {
+    /// The config value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WakeUp::Auto => "auto",
+            WakeUp::Notify => "notify",
+            WakeUp::Probe => "probe",
+            WakeUp::Poll => "poll",
+        }
+    }
+}
+
 /// `lease_duration` is at least this by default, above the computed minimum.
 pub const DEFAULT_LEASE_FLOOR: Duration = Duration::from_secs(30);
 /// Default `outbox_worker.shutdown_grace`: how long outcomes may take to be written after
@@ -44,6 +73,10 @@ pub struct WorkerConfig {
     pub lease: Duration,
     /// After this many failed attempts a row becomes `failed`; 0 retries forever (as room-service did).
     pub max_attempts: u32,
+    /// How an idle worker learns of new rows before its next poll.
+    pub wake_up: WakeUp,
+    /// How often an idle worker that probes checks for pending rows.
+    pub probe_interval: Duration,
     /// After shutdown begins and in-flight deliveries have finished, how long the host keeps
     /// trying to write their outcomes and hand back unstarted rows before it gives up.
     pub shutdown_grace: Duration,
@@ -76,6 +109,8 @@ impl Default for WorkerConfig {
             lease: Self::default_lease(DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_PUBLISH_TIMEOUT),
             max_attempts: 0,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            wake_up: WakeUp::Auto,
+            probe_interval: DEFAULT_PROBE_INTERVAL,
         }
     }
 }

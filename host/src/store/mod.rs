@@ -355,6 +355,19 @@ pub trait Store: Send + Sync + 'static {
     /// A cheap round trip, for readiness.
     async fn ping(&self) -> Result<(), StoreError>;
 
+    /// Whether any row is `pending`: an index-only probe an idle worker may run often.
+    async fn has_pending(&self) -> Result<bool, StoreError>;
+
+    /// Notified (one permit) whenever rows are inserted through this store, so that a
+    /// worker in the same process wakes at once.
+    fn inserted(&self) -> Arc<tokio::sync::Notify>;
+
+    /// Notifies `wake` whenever any producer inserts rows, for as long as `stop` is not
+    /// cancelled, where the database can say so (PostgreSQL's `LISTEN`); `false` where it
+    /// cannot. Reconnects by itself, and notifies once after reconnecting (anything inserted
+    /// meanwhile went unheard).
+    fn listen_for_inserts(&self, wake: Arc<tokio::sync::Notify>, stop: tokio_util::sync::CancellationToken) -> bool;
+
     /// Closes the pool once in-flight work has been recorded.
     async fn close(&self);
 }

@@ -4,13 +4,22 @@
 //! is re-checked, not taken. Outcomes of a whole batch are
 //! written with one statement per kind, passing arrays.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use async_trait::async_trait;
 use sqlx::Postgres;
 use sqlx::migrate::Migrator;
+use sqlx::postgres::PgListener;
 use sqlx::postgres::PgPoolOptions;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 use super::sql::{Dialect, MigrationLock, SqlStore, decode_claimed};
 use super::{CLAIM_COLUMNS, Claimed, Lease, Mark, StoreError};
+
+/// The longest wait between attempts to listen again.
+const MAX_LISTEN_BACKOFF: Duration = Duration::from_secs(5);
 
 /// PostgreSQL's [`Dialect`].
 pub struct PostgresDialect;
@@ -45,6 +54,50 @@ impl Dialect for PostgresDialect {
 
     fn migrator() -> &'static Migrator {
         &super::migrate::POSTGRES
+    }
+
+    fn listen_for_inserts(store: &PostgresStore, wake: Arc<Notify>, stop: CancellationToken) -> bool {
+        let (pool, channel) = (store.pool.clone(), format!("{}_insert", store.table));
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(100);
+            while !stop.is_cancelled() {
+                let mut listener = match PgListener::connect_with(&pool).await {
+                    Ok(listener) => listener,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot LISTEN for inserts; polling meanwhile");
+                        tokio::select! { () = tokio::time::sleep(backoff) => {}, () = stop.cancelled() => return }
+                        backoff = (backoff * 2).min(MAX_LISTEN_BACKOFF);
+                        continue;
+                    }
+                };
+                if let Err(e) = listener.listen(&channel).await {
+                    tracing::warn!(error = %e, channel, "LISTEN failed; polling meanwhile");
+                    tokio::select! { () = tokio::time::sleep(backoff) => {}, () = stop.cancelled() => return }
+                    backoff = (backoff * 2).min(MAX_LISTEN_BACKOFF);
+                    continue;
+                }
+                tracing::debug!(channel, "listening for inserts");
+                // Anything inserted while no connection listened went unheard.
+                wake.notify_one();
+                backoff = Duration::from_millis(100);
+                loop {
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        heard = listener.try_recv() => match heard {
+                            Ok(Some(_)) => wake.notify_one(),
+                            // The connection was lost: listen again on a new one.
+                            Ok(None) => break,
+                            Err(sqlx::Error::PoolClosed) => return,
+                            Err(e) => {
+                                tracing::warn!(error = %e, "lost the LISTEN connection; reconnecting, polling meanwhile");
+                                break;
+                            }
+                        },
+                    }
+                }
+            }
+        });
+        true
     }
 
     fn migration_lock(table: &str) -> MigrationLock {

@@ -31,6 +31,16 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// Rows a statement changed.
     fn rows_affected(result: &<Self::Db as Database>::QueryResult) -> u64;
 
+    /// Starts telling `wake` about every insert into the table, if the database can (see
+    /// [`Store::listen_for_inserts`]); `false` if it cannot.
+    fn listen_for_inserts(
+        _store: &SqlStore<Self>,
+        _wake: std::sync::Arc<tokio::sync::Notify>,
+        _stop: tokio_util::sync::CancellationToken,
+    ) -> bool {
+        false
+    }
+
     /// What keeps two starting hosts from migrating `table` at once.
     fn migration_lock(table: &str) -> MigrationLock;
 
@@ -70,13 +80,14 @@ pub struct MigrationLock {
 pub struct SqlStore<D: Dialect> {
     pub(super) pool: Pool<D::Db>,
     pub(super) table: String,
+    inserted: std::sync::Arc<tokio::sync::Notify>,
     dialect: PhantomData<D>,
 }
 
 impl<D: Dialect> SqlStore<D> {
     /// A store over `pool` for `table`.
     pub(super) fn new(pool: Pool<D::Db>, table: &str) -> Self {
-        SqlStore { pool, table: table.to_string(), dialect: PhantomData }
+        SqlStore { pool, table: table.to_string(), inserted: Default::default(), dialect: PhantomData }
     }
 }
 
@@ -299,6 +310,7 @@ where
             q.execute(&mut *tx).await.map_err(|err| super::name_duplicate(err, &named))?;
         }
         tx.commit().await?;
+        self.inserted.notify_one();
         Ok(())
     }
 
@@ -399,6 +411,24 @@ where
     async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+
+    async fn has_pending(&self) -> Result<bool, StoreError> {
+        let sql = format!("SELECT id FROM {} WHERE status = 'pending' LIMIT 1", self.table);
+        let found: Option<i64> = sqlx::query_scalar(&sql).fetch_optional(&self.pool).await?;
+        Ok(found.is_some())
+    }
+
+    fn inserted(&self) -> std::sync::Arc<tokio::sync::Notify> {
+        self.inserted.clone()
+    }
+
+    fn listen_for_inserts(
+        &self,
+        wake: std::sync::Arc<tokio::sync::Notify>,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> bool {
+        D::listen_for_inserts(self, wake, stop)
     }
 
     async fn close(&self) {
