@@ -11,6 +11,7 @@ mod hostile;
 mod leases;
 mod operations;
 mod permissions;
+mod pipeline;
 mod process;
 mod sandbox;
 mod scale;

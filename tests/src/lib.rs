@@ -24,6 +24,8 @@ pub struct Report {
     pub attempt: u32,
     /// The behaviour the sink ran.
     pub behaviour: String,
+    /// When the collector received the report (the attempt had just started).
+    pub at: std::time::Instant,
 }
 
 /// A local HTTP server the fake sink reports each attempt to (`POST /report`), which also
@@ -119,6 +121,7 @@ async fn record(State(reports): State<Arc<Mutex<Vec<Report>>>>, body: String) ->
             event_id: event_id.to_string(),
             attempt: attempt.parse().unwrap_or(0),
             behaviour: behaviour.to_string(),
+            at: std::time::Instant::now(),
         });
     }
     "ok"

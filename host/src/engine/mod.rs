@@ -1,23 +1,26 @@
-//! The delivery loop: claim a batch, deliver it through the sink with bounded concurrency
-//! (events of one room one after another, in claim order), record each outcome, and claim
-//! again at once while batches come back full. `poll_interval` is only the idle wait.
+//! The delivery engine: a claimer keeps claimed rows buffered ahead of the deliveries; a
+//! delivery starts as soon as a slot is free, events of one room one at a time in claim
+//! order (across claims); outcomes go to one writer that batches them. `poll_interval` is
+//! only the longest idle wait: an insert wakes an idle worker sooner (`wake_up`).
 
 pub mod settings;
 
-use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt as _;
-use tokio::sync::{Semaphore, broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::ops::metrics::Metrics;
 
 mod attempt;
+mod buffer;
 mod retry;
+
+use buffer::{Buffer, RoomKey, room_of};
 
 use crate::sandbox::{Deliver, FailureClass};
 use crate::store::{Claimed, Lease, Mark, Outcome, Store, now_ms};
@@ -98,8 +101,12 @@ impl Worker {
     }
 
     /// Delivers until `shutdown` is cancelled, then stops claiming, lets in-flight
-    /// deliveries finish (each bounded by `publish_timeout`), hands back rows it claimed
-    /// but did not start, and returns once every outcome is written.
+    /// deliveries finish (each bounded by `publish_timeout`), hands back every row it
+    /// claimed but did not start, and returns once every outcome is written.
+    ///
+    /// Claiming and delivering overlap: a claimer task keeps up to two batches claimed
+    /// ahead, and a delivery starts whenever a slot is free and some room's next event is
+    /// ready (see [`buffer`]).
     ///
     /// While the database is away, writing outcomes is retried for `shutdown_grace` after
     /// the last delivery has finished; then the outcomes still unwritten are logged by event
@@ -108,8 +115,6 @@ impl Worker {
         let (marks, rx) = mpsc::unbounded_channel();
         let give_up = CancellationToken::new();
         let recorder = tokio::spawn(self.clone().record(rx, give_up.clone()));
-        let lease_ms = self.config.lease.as_millis() as i64;
-        let mut backoff = Duration::from_millis(100);
         tracing::info!(
             worker = "room_outbox",
             node_id = %self.node_id,
@@ -117,61 +122,42 @@ impl Worker {
             sink = self.sink.name(),
             "worker started"
         );
-        let wake = self.store.inserted();
-        let listening = match self.config.wake_up {
-            WakeUp::Auto | WakeUp::Notify => self.store.listen_for_inserts(wake.clone(), shutdown.child_token()),
-            WakeUp::Probe | WakeUp::Poll => false,
-        };
-        let probing = self.config.wake_up == WakeUp::Probe || (self.config.wake_up == WakeUp::Auto && !listening);
-        tracing::debug!(listening, probing, "idle wake-up");
-        while !shutdown.is_cancelled() {
-            let now = now_ms();
-            let claim = self.store.claim(&self.worker_id, now, now + lease_ms, self.config.batch_size);
-            // A claim stuck on a database that is away must not hold shutdown past its grace.
-            let stuck = async {
-                shutdown.cancelled().await;
-                tokio::time::sleep(self.config.shutdown_grace).await;
-            };
-            let claimed = tokio::select! {
-                claimed = claim => claimed,
-                () = stuck => break,
-            };
-            let claimed = match claimed {
-                Ok(rows) => rows,
-                Err(e) => {
-                    self.metrics.db_error("claim");
-                    tracing::warn!(worker = "room_outbox", node_id = %self.node_id, error = %e, retry_in_ms = backoff.as_millis() as u64, "claim failed; will retry");
-                    sleep_or_cancel(backoff, &shutdown).await;
-                    backoff = (backoff * 2).min(MAX_DB_BACKOFF);
-                    continue;
+        let room = Arc::new(Room::default());
+        let (claims, mut claimed) = mpsc::unbounded_channel();
+        let claimer = tokio::spawn(self.clone().claim_ahead(room.clone(), claims, shutdown.clone()));
+        let mut buffer = Buffer::default();
+        let mut running: JoinSet<(RoomKey, Pending)> = JoinSet::new();
+        let mut claiming = true;
+        loop {
+            if !shutdown.is_cancelled() {
+                self.start_ready(&mut buffer, &mut running, &room).await;
+            }
+            if !claiming && running.is_empty() {
+                break;
+            }
+            tokio::select! {
+                rows = claimed.recv(), if claiming => match rows {
+                    Some(rows) => buffer.push(rows),
+                    None => claiming = false,
+                },
+                Some(done) = running.join_next() => {
+                    let (key, pending) = done.expect("delivery tasks catch their panics");
+                    buffer.done(&key);
+                    room.freed(1);
+                    let _ = marks.send(pending);
                 }
-            };
-            backoff = Duration::from_millis(100);
-            if claimed.is_empty() {
-                self.signal(Signal::Idle);
-                self.idle_wait(&wake, probing, &shutdown).await;
-                continue;
+                () = shutdown.cancelled(), if !buffer_is_handed_back(&buffer) => {
+                    let unstarted = buffer.drain();
+                    room.freed(unstarted.len());
+                    self.release(&unstarted).await;
+                }
             }
-            let full = claimed.len() >= self.config.batch_size as usize;
-            let rescued = claimed.iter().filter(|c| c.rescued).count();
-            self.metrics.claimed(claimed.len(), rescued);
-            for row in claimed.iter().filter(|c| c.rescued) {
-                tracing::warn!(
-                    worker = "room_outbox",
-                    node_id = %self.node_id,
-                    event_id = %row.event_id,
-                    event_type = %row.event_type,
-                    room_id = %row.room_id,
-                    retry_count = row.retry_count,
-                    status = "delivering",
-                    "reclaimed after another worker's lease expired"
-                );
-            }
-            self.signal(Signal::Claimed(claimed.len()));
-            self.deliver_batch(claimed, &marks, &shutdown).await;
-            if !full {
-                self.idle_wait(&wake, probing, &shutdown).await;
-            }
+        }
+        let _ = claimer.await;
+        // Rows the last claim brought in while shutting down.
+        let unstarted = buffer.drain();
+        if !unstarted.is_empty() {
+            self.release(&unstarted).await;
         }
         drop(marks);
         let grace = self.config.shutdown_grace;
@@ -211,51 +197,129 @@ impl Worker {
         Ok(())
     }
 
-    /// Delivers one claimed batch; returns once every started delivery has finished.
-    async fn deliver_batch(
-        self: &Arc<Self>,
-        claimed: Vec<Claimed>,
-        marks: &mpsc::UnboundedSender<Pending>,
-        shutdown: &CancellationToken,
+    /// Keeps the buffer topped up: claims a batch whenever at most one batch is claimed and
+    /// not finished, and waits (`wake_up`, `poll_interval`) when the table has no more.
+    async fn claim_ahead(
+        self: Arc<Self>,
+        room: Arc<Room>,
+        claims: mpsc::UnboundedSender<Vec<Claimed>>,
+        shutdown: CancellationToken,
     ) {
-        let slots = Arc::new(Semaphore::new(self.config.concurrency as usize));
-        let unstarted = Arc::new(Mutex::new(Vec::new()));
-        let mut rooms = JoinSet::new();
-        for chain in by_room(claimed) {
-            let (this, slots, unstarted, marks, shutdown) =
-                (self.clone(), slots.clone(), unstarted.clone(), marks.clone(), shutdown.clone());
-            rooms.spawn(async move {
-                let mut chain = chain.into_iter();
-                while let Some(row) = chain.next() {
-                    let slot = tokio::select! {
-                        biased;
-                        _ = shutdown.cancelled() => None,
-                        slot = slots.clone().acquire_owned() => slot.ok(),
-                    };
-                    let timeout_ms = this.config.publish_timeout.as_millis() as i64;
-                    let lease_left = row.lease.lock_until_ms - now_ms();
-                    if slot.is_none() || shutdown.is_cancelled() || lease_left < timeout_ms + START_MARGIN_MS {
-                        let mut held = unstarted.lock().expect("unstarted list");
-                        held.push((row.id, row.lease.clone()));
-                        held.extend(chain.map(|r| (r.id, r.lease)));
-                        return;
-                    }
-                    let (id, lease, event_id) = (row.id, row.lease.clone(), row.event_id.clone());
-                    let (event_type, attempt) = (row.event_type.clone(), row.retry_count.saturating_add(1));
-                    let mark = match AssertUnwindSafe(this.deliver_one(row)).catch_unwind().await {
-                        Ok(mark) => mark,
-                        Err(panic) => {
-                            Mark { id, lease, outcome: this.after_panic(&event_id, &event_type, attempt, panic) }
-                        }
-                    };
-                    let _ = marks.send(Pending { mark, event_id });
+        let lease_ms = self.config.lease.as_millis() as i64;
+        let batch = self.config.batch_size as usize;
+        let mut backoff = Duration::from_millis(100);
+        let wake = self.store.inserted();
+        let listening = match self.config.wake_up {
+            WakeUp::Auto | WakeUp::Notify => self.store.listen_for_inserts(wake.clone(), shutdown.child_token()),
+            WakeUp::Probe | WakeUp::Poll => false,
+        };
+        let probing = self.config.wake_up == WakeUp::Probe || (self.config.wake_up == WakeUp::Auto && !listening);
+        tracing::debug!(listening, probing, "idle wake-up");
+        while !shutdown.is_cancelled() {
+            // Room for a whole batch: at most one batch claimed ahead of the deliveries.
+            if room.outstanding() > batch {
+                tokio::select! {
+                    () = room.space.notified() => {}
+                    () = shutdown.cancelled() => break,
                 }
+                continue;
+            }
+            let now = now_ms();
+            let claim = self.store.claim(&self.worker_id, now, now + lease_ms, self.config.batch_size);
+            // A claim stuck on a database that is away must not hold shutdown past its grace.
+            let stuck = async {
+                shutdown.cancelled().await;
+                tokio::time::sleep(self.config.shutdown_grace).await;
+            };
+            let rows = tokio::select! {
+                rows = claim => rows,
+                () = stuck => break,
+            };
+            let rows = match rows {
+                Ok(rows) => rows,
+                Err(e) => {
+                    self.metrics.db_error("claim");
+                    tracing::warn!(worker = "room_outbox", node_id = %self.node_id, error = %e, retry_in_ms = backoff.as_millis() as u64, "claim failed; will retry");
+                    sleep_or_cancel(backoff, &shutdown).await;
+                    backoff = (backoff * 2).min(MAX_DB_BACKOFF);
+                    continue;
+                }
+            };
+            backoff = Duration::from_millis(100);
+            if rows.is_empty() {
+                self.signal(Signal::Idle);
+                self.idle_wait(&wake, probing, &shutdown).await;
+                continue;
+            }
+            if shutdown.is_cancelled() {
+                // The claim was under way when shutdown began: nothing of it starts.
+                self.release(&rows).await;
+                break;
+            }
+            let full = rows.len() >= batch;
+            self.note_claim(&rows);
+            room.taken(rows.len());
+            if claims.send(rows).is_err() {
+                break;
+            }
+            if !full {
+                self.idle_wait(&wake, probing, &shutdown).await;
+            }
+        }
+    }
+
+    /// Counts a claim and logs its lease rescues.
+    fn note_claim(&self, rows: &[Claimed]) {
+        let rescued = rows.iter().filter(|c| c.rescued).count();
+        self.metrics.claimed(rows.len(), rescued);
+        for row in rows.iter().filter(|c| c.rescued) {
+            tracing::warn!(
+                worker = "room_outbox",
+                node_id = %self.node_id,
+                event_id = %row.event_id,
+                event_type = %row.event_type,
+                room_id = %row.room_id,
+                retry_count = row.retry_count,
+                status = "delivering",
+                "reclaimed after another worker's lease expired"
+            );
+        }
+        self.signal(Signal::Claimed(rows.len()));
+    }
+
+    /// Starts deliveries while a slot is free and a room's next event is ready. A row whose
+    /// lease would not outlast its `publish_timeout` is handed back instead, so a lease never
+    /// runs out under a healthy delivery.
+    async fn start_ready(
+        self: &Arc<Self>,
+        buffer: &mut Buffer,
+        running: &mut JoinSet<(RoomKey, Pending)>,
+        room: &Room,
+    ) {
+        let timeout_ms = self.config.publish_timeout.as_millis() as i64;
+        let mut late = Vec::new();
+        while running.len() < self.config.concurrency as usize {
+            let Some(row) = buffer.start_next() else { break };
+            let key = room_of(&row);
+            if row.lease.lock_until_ms - now_ms() < timeout_ms + START_MARGIN_MS {
+                buffer.done(&key);
+                late.push(row);
+                continue;
+            }
+            let this = self.clone();
+            running.spawn(async move {
+                let (id, lease, event_id) = (row.id, row.lease.clone(), row.event_id.clone());
+                let (event_type, attempt) = (row.event_type.clone(), row.retry_count.saturating_add(1));
+                let mark = match AssertUnwindSafe(this.deliver_one(row)).catch_unwind().await {
+                    Ok(mark) => mark,
+                    Err(panic) => Mark { id, lease, outcome: this.after_panic(&event_id, &event_type, attempt, panic) },
+                };
+                (key, Pending { mark, event_id })
             });
         }
-        while rooms.join_next().await.is_some() {}
-        let unstarted = std::mem::take(&mut *unstarted.lock().expect("unstarted list"));
-        if !unstarted.is_empty() {
-            self.release(&unstarted).await;
+        if !late.is_empty() {
+            room.freed(late.len());
+            self.release(&late).await;
         }
     }
 
@@ -303,7 +367,12 @@ impl Worker {
         Outcome::Retry { error, next_retry_at_ms }
     }
 
-    async fn release(&self, rows: &[(i64, Lease)]) {
+    async fn release(&self, rows: &[Claimed]) {
+        if rows.is_empty() {
+            return;
+        }
+        let rows: Vec<(i64, Lease)> = rows.iter().map(|r| (r.id, r.lease.clone())).collect();
+        let rows = rows.as_slice();
         let released = tokio::time::timeout(self.config.shutdown_grace, self.store.release(rows, now_ms()))
             .await
             .unwrap_or_else(|_| Err(crate::store::StoreError::Unavailable("timed out handing back rows".into())));
@@ -377,26 +446,39 @@ impl Worker {
     }
 }
 
-/// Splits a claimed batch into per-room chains, keeping claim order within each room and
-/// the rooms in order of their first event.
-fn by_room(claimed: Vec<Claimed>) -> Vec<Vec<Claimed>> {
-    let mut index: HashMap<String, usize> = HashMap::new();
-    let mut chains: Vec<Vec<Claimed>> = Vec::new();
-    for row in claimed {
-        match index.get(&row.room_id) {
-            Some(&i) => chains[i].push(row),
-            None => {
-                index.insert(row.room_id.clone(), chains.len());
-                chains.push(vec![row]);
-            }
-        }
-    }
-    chains
-}
-
 async fn sleep_or_cancel(duration: Duration, shutdown: &CancellationToken) {
     tokio::select! {
         _ = tokio::time::sleep(duration) => {}
         _ = shutdown.cancelled() => {}
     }
+}
+
+/// Rows claimed and not yet finished, shared by the claimer (which adds) and the deliveries
+/// (which free); the claimer waits for space.
+#[derive(Default)]
+struct Room {
+    outstanding: std::sync::atomic::AtomicUsize,
+    space: tokio::sync::Notify,
+}
+
+impl Room {
+    fn outstanding(&self) -> usize {
+        self.outstanding.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn taken(&self, rows: usize) {
+        self.outstanding.fetch_add(rows, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    fn freed(&self, rows: usize) {
+        if rows > 0 {
+            self.outstanding.fetch_sub(rows, std::sync::atomic::Ordering::AcqRel);
+            self.space.notify_one();
+        }
+    }
+}
+
+/// Whether shutdown's hand-back has nothing (more) to do.
+fn buffer_is_handed_back(buffer: &Buffer) -> bool {
+    buffer.len() == 0
 }
