@@ -122,15 +122,15 @@ impl Worker {
             sink = self.sink.name(),
             "worker started"
         );
-        let room = Arc::new(Room::default());
+        let outstanding = Arc::new(Outstanding::default());
         let (claims, mut claimed) = mpsc::unbounded_channel();
-        let claimer = tokio::spawn(self.clone().claim_ahead(room.clone(), claims, shutdown.clone()));
+        let claimer = tokio::spawn(self.clone().claim_ahead(outstanding.clone(), claims, shutdown.clone()));
         let mut buffer = Buffer::default();
         let mut running: JoinSet<(RoomKey, Pending)> = JoinSet::new();
         let mut claiming = true;
         loop {
             if !shutdown.is_cancelled() {
-                self.start_ready(&mut buffer, &mut running, &room).await;
+                self.start_ready(&mut buffer, &mut running, &outstanding).await;
             }
             if !claiming && running.is_empty() {
                 break;
@@ -143,12 +143,12 @@ impl Worker {
                 Some(done) = running.join_next() => {
                     let (key, pending) = done.expect("delivery tasks catch their panics");
                     buffer.done(&key);
-                    room.freed(1);
+                    outstanding.freed(1);
                     let _ = marks.send(pending);
                 }
                 () = shutdown.cancelled(), if !buffer_is_handed_back(&buffer) => {
                     let unstarted = buffer.drain();
-                    room.freed(unstarted.len());
+                    outstanding.freed(unstarted.len());
                     self.release(&unstarted).await;
                 }
             }
@@ -201,7 +201,7 @@ impl Worker {
     /// not finished, and waits (`wake_up`, `poll_interval`) when the table has no more.
     async fn claim_ahead(
         self: Arc<Self>,
-        room: Arc<Room>,
+        outstanding: Arc<Outstanding>,
         claims: mpsc::UnboundedSender<Vec<Claimed>>,
         shutdown: CancellationToken,
     ) {
@@ -217,9 +217,9 @@ impl Worker {
         tracing::debug!(listening, probing, "idle wake-up");
         while !shutdown.is_cancelled() {
             // Room for a whole batch: at most one batch claimed ahead of the deliveries.
-            if room.outstanding() > batch {
+            if outstanding.count() > batch {
                 tokio::select! {
-                    () = room.space.notified() => {}
+                    () = outstanding.space.notified() => {}
                     () = shutdown.cancelled() => break,
                 }
                 continue;
@@ -258,7 +258,7 @@ impl Worker {
             }
             let full = rows.len() >= batch;
             self.note_claim(&rows);
-            room.taken(rows.len());
+            outstanding.taken(rows.len());
             if claims.send(rows).is_err() {
                 break;
             }
@@ -294,7 +294,7 @@ impl Worker {
         self: &Arc<Self>,
         buffer: &mut Buffer,
         running: &mut JoinSet<(RoomKey, Pending)>,
-        room: &Room,
+        outstanding: &Outstanding,
     ) {
         let timeout_ms = self.config.publish_timeout.as_millis() as i64;
         let mut late = Vec::new();
@@ -318,7 +318,7 @@ impl Worker {
             });
         }
         if !late.is_empty() {
-            room.freed(late.len());
+            outstanding.freed(late.len());
             self.release(&late).await;
         }
     }
@@ -456,13 +456,13 @@ async fn sleep_or_cancel(duration: Duration, shutdown: &CancellationToken) {
 /// Rows claimed and not yet finished, shared by the claimer (which adds) and the deliveries
 /// (which free); the claimer waits for space.
 #[derive(Default)]
-struct Room {
+struct Outstanding {
     outstanding: std::sync::atomic::AtomicUsize,
     space: tokio::sync::Notify,
 }
 
-impl Room {
-    fn outstanding(&self) -> usize {
+impl Outstanding {
+    fn count(&self) -> usize {
         self.outstanding.load(std::sync::atomic::Ordering::Acquire)
     }
 
