@@ -5,6 +5,7 @@ mod acceptance;
 mod admin;
 mod binary;
 mod browser;
+mod claims;
 mod conformance;
 mod egress;
 mod hostile;

@@ -1,0 +1,4 @@
+-- Version 2 is PostgreSQL's insert notification and claim function. MySQL has neither:
+-- idle hosts probe for pending rows instead (outbox_worker.wake_up: probe), over the claim
+-- index of version 1, and the claim is a short transaction.
+DO 0;

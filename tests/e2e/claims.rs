@@ -1,0 +1,71 @@
+//! PostgreSQL's claim in one round trip stays on the claim index even when the table's
+//! statistics are stale after a burst of inserts: the plan is shown here, not assumed.
+
+use outbox_host::store::Status;
+use sqlx::Row as _;
+
+use crate::support::{TestDb, World};
+
+/// Explains the claim function's own statement, with its parameters filled in, under the
+/// planner settings the function carries (or none).
+async fn plan(pool: &sqlx::PgPool, body: &str, settings: &[String]) -> String {
+    let mut tx = pool.begin().await.unwrap();
+    for setting in settings {
+        let (name, value) = setting.split_once('=').unwrap();
+        sqlx::query(&format!("SET LOCAL {name} = {value}")).execute(&mut *tx).await.unwrap();
+    }
+    let statement = body
+        .replace("p_worker_id", "'w'")
+        .replace("p_lock_until_ms", "0")
+        .replace("p_now_ms", "0")
+        .replace("p_limit", "100")
+        .replace(';', "");
+    let lines: Vec<String> = sqlx::query(&format!("EXPLAIN (COSTS OFF) {statement}"))
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<String, _>(0))
+        .collect();
+    tx.rollback().await.unwrap();
+    lines.join("\n")
+}
+
+#[tokio::test]
+async fn postgres_claims_walk_the_claim_index_when_statistics_are_stale() {
+    let Some(db) = TestDb::postgres().await else { return };
+    let world = World::on(db).await;
+    let pool = sqlx::PgPool::connect(&world.db_url()).await.unwrap();
+    // Statistics taken while the table was empty, then a burst: what an outage's backlog
+    // looks like to the planner.
+    sqlx::query("ALTER TABLE room_outbox SET (autovacuum_enabled = false)").execute(&pool).await.unwrap();
+    sqlx::query("ANALYZE room_outbox").execute(&pool).await.unwrap();
+    let events: Vec<_> =
+        (0..20_000).map(|i| world.event("RoomGiftSent", &format!("room-{}", i % 500), Status::Pending)).collect();
+    for chunk in events.chunks(2_000) {
+        world.producer.insert(chunk).await.unwrap();
+    }
+
+    let (body, settings): (String, Vec<String>) =
+        sqlx::query_as("SELECT prosrc, proconfig FROM pg_proc WHERE proname = 'room_outbox_claim' AND pronamespace = current_schema()::regnamespace")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(settings, vec!["enable_sort=off".to_string(), "enable_bitmapscan=off".into()]);
+
+    let with_settings = plan(&pool, &body, &settings).await;
+    assert!(with_settings.contains("Index Scan using room_outbox_claim_idx"), "{with_settings}");
+    assert!(!with_settings.contains("Sort"), "the claim sorts:\n{with_settings}");
+    let without = plan(&pool, &body, &[]).await;
+    assert!(without.contains("Sort"), "without its settings the planner would walk the index anyway:\n{without}");
+
+    // And the claim itself: one statement, in creation order.
+    let claimed = world
+        .producer
+        .claim("w", outbox_host::store::now_ms(), outbox_host::store::now_ms() + 60_000, 100)
+        .await
+        .unwrap();
+    let ids: Vec<&str> = claimed.iter().map(|c| c.event_id.as_str()).collect();
+    let expected: Vec<&str> = events[..100].iter().map(|e| e.event_id.as_str()).collect();
+    assert_eq!(ids, expected);
+}
