@@ -3,6 +3,8 @@
 //! the sink called exactly once per event.
 
 mod db;
+mod floor;
+mod idle;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,10 +36,10 @@ struct Args {
     /// Events per worker count in the scale-out drains (server databases only).
     #[arg(long, default_value_t = 50_000)]
     scale_events: usize,
-    /// Producer rate for the latency run, events per second.
-    #[arg(long, default_value_t = 500)]
-    rate: u32,
-    /// Length of the latency run, seconds.
+    /// Producer rates for the latency runs, events per second.
+    #[arg(long, value_delimiter = ',', default_value = "500,5000")]
+    rates: Vec<u32>,
+    /// Length of each latency run, seconds.
     #[arg(long, default_value_t = 30)]
     seconds: u64,
     /// Sink calls for the per-call cost.
@@ -217,13 +219,13 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 /// A steady producer while one host runs with the default config: insert-to-delivered
 /// latency.
-async fn latency(db: &Db, args: &Args, sink: Arc<dyn Deliver>) -> anyhow::Result<Value> {
+async fn latency(db: &Db, rate: u32, args: &Args, sink: Arc<dyn Deliver>) -> anyhow::Result<Value> {
     let producer = db.open().await?;
     let shutdown = CancellationToken::new();
     let metrics = Arc::new(Metrics::new(sink.name()));
     let worker = Worker::new(db.open().await?, sink, WorkerConfig::default(), "bench", metrics);
     let task = tokio::spawn(worker.run(shutdown.clone()));
-    let per_tick = (args.rate / 100).max(1) as usize;
+    let per_tick = (rate / 100).max(1) as usize;
     let mut tick = tokio::time::interval(Duration::from_millis(10));
     let mut produced = 0;
     let end = Instant::now() + Duration::from_secs(args.seconds);
@@ -245,7 +247,7 @@ async fn latency(db: &Db, args: &Args, sink: Arc<dyn Deliver>) -> anyhow::Result
     producer.close().await;
     Ok(json!({
         "events": produced,
-        "rate_per_s": args.rate,
+        "rate_per_s": rate,
         "seconds": args.seconds,
         "p50_ms": percentile(&ms, 50.0),
         "p95_ms": percentile(&ms, 95.0),
@@ -396,19 +398,45 @@ async fn main() -> anyhow::Result<()> {
             "ratio_ours_over_seed": vs_seed,
         }));
 
-        eprintln!("{name}: latency at {}/s for {}s …", args.rate, args.seconds);
-        let lat = latency(&Db::fresh(*backend).await?, &args, wasm.clone()).await?;
-        table.push([
-            name.into(),
-            format!("latency @{}/s for {}s", args.rate, args.seconds),
-            format!("{}", lat["events"]),
-            "-".into(),
-            format!(
-                "p50 {} ms, p95 {} ms, p99 {} ms, max {} ms",
-                lat["p50_ms"], lat["p95_ms"], lat["p99_ms"], lat["max_ms"]
-            ),
-        ]);
-        results.push(json!({ "backend": name, "latency": lat }));
+        for rate in &args.rates {
+            eprintln!("{name}: latency at {rate}/s for {}s …", args.seconds);
+            let lat = latency(&Db::fresh(*backend).await?, *rate, &args, wasm.clone()).await?;
+            table.push([
+                name.into(),
+                format!("latency @{rate}/s for {}s", args.seconds),
+                format!("{}", lat["events"]),
+                "-".into(),
+                format!(
+                    "p50 {} ms, p95 {} ms, p99 {} ms, max {} ms",
+                    lat["p50_ms"], lat["p95_ms"], lat["p99_ms"], lat["max_ms"]
+                ),
+            ]);
+            results.push(json!({ "backend": name, "latency": lat }));
+        }
+
+        eprintln!("{name}: an idle host for 5 s …");
+        let idle = idle::queries_per_second(&Db::fresh(*backend).await?, wasm.clone(), 5).await?;
+        table.push([name.into(), "idle host, statements/s".into(), "-".into(), "-".into(), format!("{idle:.1}")]);
+        results.push(json!({ "backend": name, "idle_statements_per_s": idle }));
+
+        if *backend == Backend::Postgres {
+            eprintln!("{name}: pgbench's claim-and-mark floor, {} rows …", args.events);
+            let floor_rate = floor::pgbench(args.events / 1_000 * 1_000).await?;
+            let (wasm_ratio, native_ratio) = (with_wasm.per_second() / floor_rate, floor.per_second() / floor_rate);
+            table.push([
+                name.into(),
+                "database floor (pgbench claim 1,000 + mark)".into(),
+                format!("{}", args.events),
+                "-".into(),
+                format!("{floor_rate:.0}  WASM drain {wasm_ratio:.2}×, native drain {native_ratio:.2}× of it"),
+            ]);
+            results.push(json!({
+                "backend": name,
+                "pgbench_floor_per_s": floor_rate,
+                "ratio_wasm_over_floor": wasm_ratio,
+                "ratio_native_over_floor": native_ratio,
+            }));
+        }
 
         if *backend != Backend::Sqlite {
             let mut scale = Vec::new();
@@ -457,7 +485,7 @@ async fn main() -> anyhow::Result<()> {
         "databases": versions,
         "config": {
             "events": args.events, "seed_events": args.seed_events, "scale_events": args.scale_events,
-            "rate": args.rate, "seconds": args.seconds, "calls": args.calls,
+            "rates": args.rates, "seconds": args.seconds, "calls": args.calls,
             "batch_size": config.batch_size, "concurrency": config.concurrency,
             "poll_interval_ms": config.poll_interval.as_millis() as u64,
             "publish_timeout_ms": config.publish_timeout.as_millis() as u64,

@@ -1,0 +1,114 @@
+//! What an idle host costs its database: the round trips per second a worker makes on an
+//! empty table with the default config (claims, probes), counted at the store.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use outbox_host::engine::Worker;
+use outbox_host::engine::settings::WorkerConfig;
+use outbox_host::ops::metrics::Metrics;
+use outbox_host::sandbox::Deliver;
+use outbox_host::store::{Claimed, Lease, Mark, Minute, NewEvent, RetryFilter, Row, Stats, Store, StoreError};
+use tokio_util::sync::CancellationToken;
+
+use crate::db::Db;
+
+/// A store that counts the statements sent through it.
+struct Counting {
+    inner: Arc<dyn Store>,
+    calls: AtomicU64,
+}
+
+impl Counting {
+    fn count(&self) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[async_trait]
+impl Store for Counting {
+    async fn migrate(&self) -> Result<(), StoreError> {
+        self.count();
+        self.inner.migrate().await
+    }
+    async fn claim(&self, w: &str, now: i64, until: i64, limit: u32) -> Result<Vec<Claimed>, StoreError> {
+        self.count();
+        self.inner.claim(w, now, until, limit).await
+    }
+    async fn mark(&self, marks: &[Mark], now: i64) -> Result<u64, StoreError> {
+        self.count();
+        self.inner.mark(marks, now).await
+    }
+    async fn release(&self, rows: &[(i64, Lease)], now: i64) -> Result<u64, StoreError> {
+        self.count();
+        self.inner.release(rows, now).await
+    }
+    async fn insert(&self, events: &[NewEvent]) -> Result<(), StoreError> {
+        self.count();
+        self.inner.insert(events).await
+    }
+    async fn get(&self, event_id: &str) -> Result<Option<Row>, StoreError> {
+        self.count();
+        self.inner.get(event_id).await
+    }
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        self.count();
+        self.inner.stats().await
+    }
+    async fn history(&self, since: i64) -> Result<Vec<Minute>, StoreError> {
+        self.count();
+        self.inner.history(since).await
+    }
+    async fn recent_failures(&self, limit: u32) -> Result<Vec<Row>, StoreError> {
+        self.count();
+        self.inner.recent_failures(limit).await
+    }
+    async fn count_failed(&self, filter: &RetryFilter) -> Result<i64, StoreError> {
+        self.count();
+        self.inner.count_failed(filter).await
+    }
+    async fn retry_failed(&self, filter: &RetryFilter, now: i64) -> Result<u64, StoreError> {
+        self.count();
+        self.inner.retry_failed(filter, now).await
+    }
+    async fn purge_delivered(&self, before: i64, limit: u32) -> Result<u64, StoreError> {
+        self.count();
+        self.inner.purge_delivered(before, limit).await
+    }
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.count();
+        self.inner.ping().await
+    }
+    async fn has_pending(&self) -> Result<bool, StoreError> {
+        self.count();
+        self.inner.has_pending().await
+    }
+    fn inserted(&self) -> Arc<tokio::sync::Notify> {
+        self.inner.inserted()
+    }
+    fn listen_for_inserts(&self, wake: Arc<tokio::sync::Notify>, stop: CancellationToken) -> bool {
+        self.inner.listen_for_inserts(wake, stop)
+    }
+    async fn close(&self) {
+        self.inner.close().await
+    }
+}
+
+/// Statements per second a worker with the default config sends while the table is empty,
+/// over `seconds` after a second's warm-up.
+pub async fn queries_per_second(db: &Db, sink: Arc<dyn Deliver>, seconds: u64) -> anyhow::Result<f64> {
+    let store = Arc::new(Counting { inner: db.open().await?, calls: AtomicU64::new(0) });
+    let shutdown = CancellationToken::new();
+    let metrics = Arc::new(Metrics::new(sink.name()));
+    let worker = Worker::new(store.clone(), sink, WorkerConfig::default(), "bench", metrics);
+    let task = tokio::spawn(worker.run(shutdown.clone()));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = store.calls.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let after = store.calls.load(Ordering::Relaxed);
+    shutdown.cancel();
+    task.await??;
+    Ok((after - before) as f64 / seconds as f64)
+}
