@@ -25,11 +25,19 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// The dialect's migrations (`migrations/<dialect>/`).
     fn migrator() -> &'static Migrator;
 
-    /// The placeholder of the `n`th parameter (from 1): `$1` or `?`.
+    /// The placeholder of the `n`th parameter (from 1): `$1`, or `?` where parameters are
+    /// bound in the order they appear (every shared statement binds in that order).
     fn param(n: usize) -> String;
 
     /// Rows a statement changed.
     fn rows_affected(result: &<Self::Db as Database>::QueryResult) -> u64;
+
+    /// Whether this process should queue its own writes (claims, outcomes, hand-backs,
+    /// inserts) instead of letting them meet in the database: SQLite has one writer at a
+    /// time, and a writer that finds it busy sleeps for milliseconds.
+    fn one_writer() -> bool {
+        false
+    }
 
     /// Starts telling `wake` about every insert into the table, if the database can (see
     /// [`Store::listen_for_inserts`]); `false` if it cannot.
@@ -81,13 +89,25 @@ pub struct SqlStore<D: Dialect> {
     pub(super) pool: Pool<D::Db>,
     pub(super) table: String,
     inserted: std::sync::Arc<tokio::sync::Notify>,
+    writes: tokio::sync::Mutex<()>,
     dialect: PhantomData<D>,
 }
 
 impl<D: Dialect> SqlStore<D> {
     /// A store over `pool` for `table`.
     pub(super) fn new(pool: Pool<D::Db>, table: &str) -> Self {
-        SqlStore { pool, table: table.to_string(), inserted: Default::default(), dialect: PhantomData }
+        SqlStore {
+            pool,
+            table: table.to_string(),
+            inserted: Default::default(),
+            writes: tokio::sync::Mutex::new(()),
+            dialect: PhantomData,
+        }
+    }
+
+    /// Holds this process's other writes off while one runs, where the dialect wants that.
+    async fn writing(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        if D::one_writer() { Some(self.writes.lock().await) } else { None }
     }
 }
 
@@ -245,10 +265,12 @@ where
         lock_until_ms: i64,
         limit: u32,
     ) -> Result<Vec<Claimed>, StoreError> {
+        let _writing = self.writing().await;
         D::claim_rows(self, worker_id, now_ms, lock_until_ms, limit).await
     }
 
     async fn mark(&self, marks: &[Mark], now_ms: i64) -> Result<u64, StoreError> {
+        let _writing = self.writing().await;
         let mut changed = 0;
         let delivered: Vec<i64> = marks.iter().filter(|m| m.outcome == Outcome::Delivered).map(|m| m.id).collect();
         if !delivered.is_empty() {
@@ -278,10 +300,12 @@ where
         if rows.is_empty() {
             return Ok(0);
         }
+        let _writing = self.writing().await;
         D::release_rows(self, rows, now_ms).await
     }
 
     async fn insert(&self, events: &[NewEvent]) -> Result<(), StoreError> {
+        let _writing = self.writing().await;
         let mut tx = self.pool.begin().await?;
         // Several rows per statement; a clash names the event when it can.
         for chunk in events.chunks(super::INSERT_CHUNK) {
