@@ -67,14 +67,5 @@ async fn shutdown_hands_back_every_buffered_row() {
     })
     .await;
     host.stop().await;
-    let stats = world.producer.stats().await.unwrap();
-    assert_eq!(stats.count(Status::Delivering), 0, "left delivering: {stats:?}");
-    assert_eq!(stats.count(Status::Delivered) + stats.count(Status::Pending), 100, "{stats:?}");
-    assert!(stats.count(Status::Pending) >= 90, "buffered rows were not handed back: {stats:?}");
-    for id in &ids {
-        let row = world.row(id).await;
-        if row.status == Status::Pending {
-            assert_eq!((row.worker_id, row.lock_until_ms), (None, 0), "{id} still leased");
-        }
-    }
+    world.assert_handed_back(&ids, 100, 90).await;
 }

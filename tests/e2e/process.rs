@@ -23,16 +23,7 @@ async fn sigterm_drains_and_exits_zero_with_nothing_delivering() {
     let log = String::from_utf8_lossy(&output.stderr);
 
     assert_eq!(output.status.code(), Some(0), "log:\n{log}");
-    let stats = world.producer.stats().await.unwrap();
-    assert_eq!(stats.count(Status::Delivering), 0, "left delivering: {stats:?}");
-    assert_eq!(stats.count(Status::Delivered) + stats.count(Status::Pending), 6, "{stats:?}");
-    assert!(stats.count(Status::Pending) >= 1, "nothing was handed back: {stats:?}");
-    for id in &ids {
-        let row = world.row(id).await;
-        if row.status == Status::Pending {
-            assert_eq!((row.worker_id, row.lock_until_ms), (None, 0), "{id} still leased");
-        }
-    }
+    world.assert_handed_back(&ids, 6, 1).await;
     assert!(log.contains("handed back claimed rows that were not started"), "log:\n{log}");
     assert!(log.contains("worker stopped"), "log:\n{log}");
 }

@@ -145,6 +145,22 @@ impl World {
         self.producer.insert(&[event]).await.unwrap();
     }
 
+    /// After a shutdown that handed rows back: none is left `delivering`, `delivered` and
+    /// `pending` add up to `total`, at least `handed_back` are `pending`, and every pending
+    /// row has its lease cleared.
+    pub async fn assert_handed_back(&self, ids: &[String], total: i64, handed_back: i64) {
+        let stats = self.producer.stats().await.unwrap();
+        assert_eq!(stats.count(Status::Delivering), 0, "left delivering: {stats:?}");
+        assert_eq!(stats.count(Status::Delivered) + stats.count(Status::Pending), total, "{stats:?}");
+        assert!(stats.count(Status::Pending) >= handed_back, "rows were not handed back: {stats:?}");
+        for id in ids {
+            let row = self.row(id).await;
+            if row.status == Status::Pending {
+                assert_eq!((row.worker_id, row.lock_until_ms), (None, 0), "{id} still leased");
+            }
+        }
+    }
+
     pub async fn row(&self, event_id: &str) -> Row {
         self.producer.get(event_id).await.unwrap().unwrap_or_else(|| panic!("no row {event_id}"))
     }
