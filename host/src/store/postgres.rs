@@ -140,6 +140,19 @@ impl Dialect for PostgresDialect {
         Ok(claimed)
     }
 
+    async fn mark_delivered(store: &PostgresStore, ids: &[i64], now_ms: i64) -> Result<Option<u64>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Some(0));
+        }
+        let sql = format!(
+            "UPDATE {} SET status = 'delivered', last_error = NULL, worker_id = NULL, lock_until_ms = 0, \
+             updated_at_ms = $1, delivered_at_ms = $1 WHERE status <> 'delivered' AND id = ANY($2)",
+            store.table
+        );
+        let done = sqlx::query(&sql).bind(now_ms).bind(ids).execute(&store.pool).await?;
+        Ok(Some(done.rows_affected()))
+    }
+
     /// `retryable`/`failed` outcomes, each only under its own lease, in one statement.
     async fn mark_failed(store: &PostgresStore, marks: &[&Mark], now_ms: i64) -> Result<u64, StoreError> {
         let t = &store.table;

@@ -63,6 +63,13 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         limit: u32,
     ) -> Result<Vec<Claimed>, StoreError>;
 
+    /// Writes `delivered` for these rows in one statement of the dialect's own, if it has a
+    /// better one than the shared `IN` list (PostgreSQL binds one array, so the statement's
+    /// text, and its prepared plan, never change); `None` to use the shared one.
+    async fn mark_delivered(_store: &SqlStore<Self>, _ids: &[i64], _now_ms: i64) -> Result<Option<u64>, StoreError> {
+        Ok(None)
+    }
+
     /// Writes `retryable`/`failed` outcomes (never `delivered`: the caller writes those),
     /// each only while its row is still `delivering` under its lease. Returns rows changed.
     async fn mark_failed(store: &SqlStore<Self>, marks: &[&Mark], now_ms: i64) -> Result<u64, StoreError>;
@@ -273,8 +280,10 @@ where
         let _writing = self.writing().await;
         let mut changed = 0;
         let delivered: Vec<i64> = marks.iter().filter(|m| m.outcome == Outcome::Delivered).map(|m| m.id).collect();
-        if !delivered.is_empty() {
-            // Delivered wins: any row not yet delivered, whoever holds it.
+        // Delivered wins: any row not yet delivered, whoever holds it.
+        if let Some(n) = D::mark_delivered(self, &delivered, now_ms).await? {
+            changed += n;
+        } else if !delivered.is_empty() {
             let sql = format!(
                 "UPDATE {} SET status = 'delivered', last_error = NULL, worker_id = NULL, lock_until_ms = 0, \
                  updated_at_ms = {}, delivered_at_ms = {} WHERE status <> 'delivered' AND id IN ({})",
