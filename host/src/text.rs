@@ -48,19 +48,6 @@ pub fn printable_within(text: &str, max_bytes: usize) -> (String, bool) {
     (out, false)
 }
 
-/// `text` cut to at most `max_bytes` on a character boundary, marked [`CLIPPED`] when cut.
-/// Characters are kept as they are; use [`printable`] for anything shown to a person.
-pub fn clip(text: &str, max_bytes: usize) -> String {
-    if text.len() <= max_bytes {
-        return text.to_string();
-    }
-    let mut end = max_bytes;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{CLIPPED}", &text[..end])
-}
-
 /// An error message as it is stored in `last_error` (at most 512): one line, whitespace
 /// runs collapsed, unsafe characters escaped, clipped on a character boundary.
 pub fn short_error(message: &str) -> String {
@@ -133,8 +120,6 @@ mod tests {
         let long = "é".repeat(100);
         let shown = printable(&long, 11);
         assert_eq!(shown, format!("{}{CLIPPED}", "é".repeat(5)));
-        assert_eq!(clip(&long, 11), format!("{}{CLIPPED}", "é".repeat(5)));
-        assert_eq!(clip("short", 11), "short");
         // An escape is never cut in half.
         assert_eq!(printable("abc\u{1b}", 5), format!("abc{CLIPPED}"));
     }

@@ -11,7 +11,7 @@ use super::retry::after_failure;
 use super::settings::WorkerConfig;
 use crate::ops::metrics::Metrics;
 use crate::sandbox::{AttemptFailure, Deliver, Delivered};
-use crate::store::{Claimed, Mark, Outcome, now_ms};
+use crate::store::{Claimed, Outcome, now_ms};
 
 /// Delivers `row` through `sink` and returns the outcome to record.
 pub async fn deliver_one(
@@ -19,8 +19,8 @@ pub async fn deliver_one(
     config: &WorkerConfig,
     metrics: &Metrics,
     node_id: &str,
-    row: Claimed,
-) -> Mark {
+    row: &Claimed,
+) -> Outcome {
     let span = tracing::info_span!(
         "deliver",
         worker = %"room_outbox",
@@ -33,7 +33,7 @@ pub async fn deliver_one(
     async {
         let attempt = row.retry_count.saturating_add(1);
         let started = Instant::now();
-        let (result, took) = match crate::envelope::to_event(&row) {
+        let (result, took) = match crate::envelope::to_event(row) {
             Err(reason) => (Err(AttemptFailure::permanent(reason)), None),
             Ok(event) => (sink.deliver(&event, config.publish_timeout).await, Some(started.elapsed())),
         };
@@ -63,7 +63,7 @@ pub async fn deliver_one(
                 );
             }
         }
-        Mark { id: row.id, lease: row.lease, outcome }
+        outcome
     }
     .instrument(span)
     .await

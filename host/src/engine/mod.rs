@@ -146,7 +146,7 @@ impl Worker {
                     outstanding.freed(1);
                     let _ = marks.send(pending);
                 }
-                () = shutdown.cancelled(), if !buffer_is_handed_back(&buffer) => {
+                () = shutdown.cancelled(), if buffer.len() > 0 => {
                     let unstarted = buffer.drain();
                     outstanding.freed(unstarted.len());
                     self.release(&unstarted).await;
@@ -308,13 +308,12 @@ impl Worker {
             }
             let this = self.clone();
             running.spawn(async move {
-                let (id, lease, event_id) = (row.id, row.lease.clone(), row.event_id.clone());
-                let (event_type, attempt) = (row.event_type.clone(), row.retry_count.saturating_add(1));
-                let mark = match AssertUnwindSafe(this.deliver_one(row)).catch_unwind().await {
-                    Ok(mark) => mark,
-                    Err(panic) => Mark { id, lease, outcome: this.after_panic(&event_id, &event_type, attempt, panic) },
+                let outcome = match AssertUnwindSafe(this.deliver_one(&row)).catch_unwind().await {
+                    Ok(outcome) => outcome,
+                    Err(panic) => this.after_panic(&row, panic),
                 };
-                (key, Pending { mark, event_id })
+                let Claimed { id, lease, event_id, .. } = row;
+                (key, Pending { mark: Mark { id, lease, outcome }, event_id })
             });
         }
         if !late.is_empty() {
@@ -347,13 +346,8 @@ impl Worker {
 
     /// A delivery task panicked (a host bug, never the sink's doing: sink faults are caught
     /// in the sandbox). The row must not stay `delivering`: record a retryable attempt.
-    fn after_panic(
-        &self,
-        event_id: &str,
-        event_type: &str,
-        attempt: i32,
-        panic: Box<dyn std::any::Any + Send>,
-    ) -> Outcome {
+    fn after_panic(&self, row: &Claimed, panic: Box<dyn std::any::Any + Send>) -> Outcome {
+        let (event_id, attempt) = (row.event_id.as_str(), row.retry_count.saturating_add(1));
         let what = panic
             .downcast_ref::<&str>()
             .map(|s| s.to_string())
@@ -361,7 +355,7 @@ impl Worker {
             .unwrap_or_else(|| "unknown panic".into());
         let error = short_error(&format!("host panicked while delivering: {}", printable(&what, 300)));
         self.metrics.delivery_panic();
-        self.metrics.failed(event_type, FailureClass::Trap.as_str(), None);
+        self.metrics.failed(&row.event_type, FailureClass::Trap.as_str(), None);
         tracing::error!(worker = "room_outbox", node_id = %self.node_id, event_id, attempt, error, "delivery task panicked; recorded as retryable");
         let next_retry_at_ms = now_ms().saturating_add(retry::millis(self.config.retry_interval));
         Outcome::Retry { error, next_retry_at_ms }
@@ -391,7 +385,7 @@ impl Worker {
     }
 
     /// Delivers one row and decides its outcome (see `attempt.rs`).
-    async fn deliver_one(&self, row: Claimed) -> Mark {
+    async fn deliver_one(&self, row: &Claimed) -> Outcome {
         attempt::deliver_one(&*self.sink, &self.config, &self.metrics, &self.node_id, row).await
     }
 
@@ -476,9 +470,4 @@ impl Outstanding {
             self.space.notify_one();
         }
     }
-}
-
-/// Whether shutdown's hand-back has nothing (more) to do.
-fn buffer_is_handed_back(buffer: &Buffer) -> bool {
-    buffer.len() == 0
 }

@@ -167,7 +167,7 @@ fn store(component: &Component, dir: &Path, name: &str, key: &[u8]) -> anyhow::R
     entry.extend_from_slice(&mac);
     // A fresh file, then rename: a concurrent starter never reads half a file, and nothing
     // planted at the temporary path is followed.
-    let suffix: String = crate::clock::random_bytes(8).iter().map(|b| format!("{b:02x}")).collect();
+    let suffix = crate::clock::hex(&crate::clock::random_bytes(8));
     let tmp = dir.join(format!(".{name}.{}.{suffix}.tmp", std::process::id()));
     write_new(&tmp, &entry).with_context(|| format!("writing {}", tmp.display()))?;
     fs::rename(&tmp, dir.join(name)).inspect_err(|_| {

@@ -33,7 +33,7 @@ pub struct Guard {
 impl Guard {
     /// The guard for `admin:`; the form token is new in every process.
     pub fn new(config: &AdminConfig) -> Guard {
-        let form_token = crate::clock::random_bytes(16).iter().map(|b| format!("{b:02x}")).collect();
+        let form_token = crate::clock::hex(&crate::clock::random_bytes(16));
         Guard { token: config.token.clone(), allowed_hosts: config.allowed_hosts.clone(), form_token }
     }
 
