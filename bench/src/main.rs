@@ -256,7 +256,8 @@ async fn latency(db: &Db, rate: u32, args: &Args, sink: Arc<dyn Deliver>) -> any
     }))
 }
 
-/// Fresh-store instantiate + `deliver` of the fake sink, in process.
+/// Fresh-store instantiate + `deliver` of the fake sink, in process, with the median of
+/// each phase (store, instantiate, call, teardown).
 async fn per_call(runtime: &SinkRuntime, calls: usize) -> anyhow::Result<Value> {
     let event = Event {
         app_code: "bench".into(),
@@ -271,14 +272,28 @@ async fn per_call(runtime: &SinkRuntime, calls: usize) -> anyhow::Result<Value> 
     for _ in 0..200 {
         runtime.deliver(&event, Duration::from_secs(3)).await.map_err(|f| anyhow::anyhow!(f.message))?;
     }
-    let mut us = Vec::with_capacity(calls);
+    let (mut total, mut phases) = (Vec::with_capacity(calls), [(); 4].map(|()| Vec::with_capacity(calls)));
     for _ in 0..calls {
         let start = Instant::now();
-        runtime.deliver(&event, Duration::from_secs(3)).await.map_err(|f| anyhow::anyhow!(f.message))?;
-        us.push(start.elapsed().as_secs_f64() * 1e6);
+        let (delivered, p) = runtime.deliver_timed(&event, Duration::from_secs(3)).await;
+        total.push(start.elapsed().as_secs_f64() * 1e6);
+        delivered.map_err(|f| anyhow::anyhow!(f.message))?;
+        for (samples, d) in phases.iter_mut().zip([p.store, p.instantiate, p.call, p.teardown]) {
+            samples.push(d.as_secs_f64() * 1e6);
+        }
     }
-    us.sort_by(f64::total_cmp);
-    Ok(json!({ "calls": calls, "median_us": percentile(&us, 50.0), "p99_us": percentile(&us, 99.0) }))
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        percentile(&v, 50.0)
+    };
+    let [store, instantiate, call, teardown] = phases.map(median);
+    total.sort_by(f64::total_cmp);
+    Ok(json!({
+        "calls": calls,
+        "median_us": percentile(&total, 50.0),
+        "p99_us": percentile(&total, 99.0),
+        "phase_median_us": { "store": store, "instantiate": instantiate, "call": call, "teardown": teardown },
+    }))
 }
 
 /// The real release binary drains `n` events from SQLite; its peak resident memory.
@@ -471,6 +486,14 @@ async fn main() -> anyhow::Result<()> {
         "per call (fresh store + instantiate + deliver, fake sink): median {:.1} µs, p99 {:.1} µs",
         call["median_us"].as_f64().unwrap_or(0.0),
         call["p99_us"].as_f64().unwrap_or(0.0)
+    );
+    let phase = |name: &str| call["phase_median_us"][name].as_f64().unwrap_or(0.0);
+    println!(
+        "  median by phase: store {:.1} µs, instantiate {:.1} µs, call {:.1} µs, teardown {:.1} µs",
+        phase("store"),
+        phase("instantiate"),
+        phase("call"),
+        phase("teardown")
     );
     println!(
         "memory (release binary, SQLite drain of {} events in {:.1} s): peak RSS {:.1} MiB",

@@ -38,7 +38,7 @@ async fn mysql_host_runs_with_row_privileges_only() {
     let root = sqlx::MySqlPool::connect(&world.db.url).await.unwrap();
     for host in ["%", "localhost", "127.0.0.1"] {
         sqlx::query(&format!("CREATE USER '{user}'@'{host}'")).execute(&root).await.unwrap();
-        sqlx::query(&format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {database}.* TO '{user}'@'{host}'"))
+        sqlx::query(&format!("GRANT SELECT, INSERT, UPDATE, DELETE, EXECUTE ON {database}.* TO '{user}'@'{host}'"))
             .execute(&root)
             .await
             .unwrap();

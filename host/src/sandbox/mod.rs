@@ -229,14 +229,38 @@ impl SinkRuntime {
     /// What the sink returns is bounded here: reasons and messages are escaped and clipped,
     /// and a `retry-after-ms` above `sink.max_retry_after` is clamped to it.
     pub async fn deliver(&self, event: &Event, timeout: Duration) -> Result<Delivered, AttemptFailure> {
-        let budgets = &self.shared.budgets;
+        self.deliver_timed(event, timeout).await.0
+    }
+
+    /// [`SinkRuntime::deliver`], also saying where its time went (the benchmark's breakdown).
+    pub async fn deliver_timed(&self, event: &Event, timeout: Duration) -> (Result<Delivered, AttemptFailure>, Phases) {
+        let started = std::time::Instant::now();
         let mut call = self.fresh_store(timeout);
+        let stored = std::time::Instant::now();
+        let mut instantiated = stored;
         let run = async {
             let sink = self.pre.instantiate_async(&mut call.store).await?;
+            instantiated = std::time::Instant::now();
             sink.call_deliver(&mut call.store, event).await
         };
         let returned = tokio::time::timeout_at(call.deadline, run).await;
-        match self.finish(call, returned, timeout)? {
+        let called = std::time::Instant::now();
+        let outcome = self.finish(call, returned, timeout);
+        let finished = std::time::Instant::now();
+        let phases = Phases {
+            store: stored - started,
+            instantiate: instantiated.saturating_duration_since(stored),
+            call: called.saturating_duration_since(instantiated),
+            teardown: finished - called,
+        };
+        (outcome.and_then(|o| self.bounded(o)), phases)
+    }
+
+    /// What the sink returned, bounded: reasons and messages escaped and clipped, a long
+    /// `retry-after-ms` clamped.
+    fn bounded(&self, outcome: Result<Outcome, bindings::Failure>) -> Result<Delivered, AttemptFailure> {
+        let budgets = &self.shared.budgets;
+        match outcome {
             Ok(Outcome::Delivered) => Ok(Delivered::Delivered),
             Ok(Outcome::Skipped(reason)) => {
                 let (reason, clipped) = printable_within(&reason, budgets.max_skip_reason_bytes as usize);
@@ -331,6 +355,19 @@ impl SinkRuntime {
             Ok(Ok(value)) => Ok(value),
         }
     }
+}
+
+/// Where one delivery's time went.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Phases {
+    /// A fresh store: WASI context, stdio captures, limits, deadline.
+    pub store: Duration,
+    /// Instantiating the pre-linked component in it.
+    pub instantiate: Duration,
+    /// The `deliver` call, arguments and result included.
+    pub call: Duration,
+    /// Logging what it wrote, and dropping the store (its pooled slot goes back).
+    pub teardown: Duration,
 }
 
 /// One call of an export in its own store.

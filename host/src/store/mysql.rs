@@ -1,15 +1,16 @@
-//! MySQL 8 and MariaDB 10.6+. Without `UPDATE … RETURNING`, a claim is one short
-//! transaction: `SELECT … FOR UPDATE SKIP LOCKED` per claimable status, then `UPDATE` of
-//! the picked ids. The outcomes of a batch are written with one statement per kind (`CASE`
-//! over the ids).
+//! MySQL 8 and MariaDB 10.6+. Without `UPDATE … RETURNING`, a claim is the procedure
+//! `<table>_claim` (migration 3): one round trip, in which a short transaction runs
+//! `SELECT … FOR UPDATE SKIP LOCKED` per claimable status, then `UPDATE` of the picked
+//! ids. The outcomes of a batch are written with one statement per kind (`CASE` over the
+//! ids).
 
 use async_trait::async_trait;
+use sqlx::MySql;
 use sqlx::migrate::Migrator;
 use sqlx::mysql::MySqlPoolOptions;
-use sqlx::{MySql, QueryBuilder};
 
-use super::sql::{Dialect, MigrationLock, SqlStore, decode_claimed};
-use super::{CLAIM_COLUMNS, Claimed, Lease, Mark, StoreError};
+use super::sql::{ByCount, Dialect, MigrationLock, SqlStore};
+use super::{Claimed, Lease, Mark, StoreError};
 
 /// MySQL's and MariaDB's [`Dialect`].
 pub struct MysqlDialect;
@@ -45,6 +46,32 @@ impl MysqlStore {
 #[async_trait]
 impl Dialect for MysqlDialect {
     type Db = MySql;
+    type Statements = Statements;
+
+    fn statements(table: &str) -> Statements {
+        let (failed_table, release_table) = (table.to_string(), table.to_string());
+        Statements {
+            claim: format!("CALL {table}_claim(?, ?, ?, ?)"),
+            failed: ByCount::new(move |n| {
+                let case = |column: &str| format!("{column} = CASE id{} END", " WHEN ? THEN ?".repeat(n));
+                format!(
+                    "UPDATE {failed_table} SET {}, {}, {}, retry_count = retry_count + 1, worker_id = NULL, \
+                     lock_until_ms = 0, updated_at_ms = ? WHERE 1 = 1{}",
+                    case("status"),
+                    case("last_error"),
+                    case("next_retry_at_ms"),
+                    lease_filter(n)
+                )
+            }),
+            release: ByCount::new(move |n| {
+                format!(
+                    "UPDATE {release_table} SET status = 'pending', worker_id = NULL, lock_until_ms = 0, \
+                     updated_at_ms = ? WHERE 1 = 1{}",
+                    lease_filter(n)
+                )
+            }),
+        }
+    }
 
     fn param(n: usize) -> String {
         let _ = n;
@@ -77,89 +104,84 @@ impl Dialect for MysqlDialect {
         lock_until_ms: i64,
         limit: u32,
     ) -> Result<Vec<Claimed>, StoreError> {
-        let t = &store.table;
-        let mut tx = store.pool.begin().await?;
-        // One index-ordered pick per claimable status (an OR over the three would make InnoDB
-        // sort every claimable row on each claim), merged here into claim order. Rows picked
-        // but not taken stay locked only until this short transaction commits.
+        // One round trip: the claim procedure of migration 3 picks, leases and returns the
+        // rows in claim order, in its own short transaction.
+        let rows = sqlx::query(&store.own.claim)
+            .bind(worker_id)
+            .bind(lock_until_ms)
+            .bind(now_ms)
+            .bind(i32::try_from(limit).unwrap_or(i32::MAX))
+            .fetch_all(&store.pool)
+            .await?;
         let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms };
-        let mut claimed = Vec::new();
-        for (status, due) in
-            [("pending", None), ("retryable", Some("next_retry_at_ms <= ")), ("delivering", Some("lock_until_ms < "))]
-        {
-            let mut q: QueryBuilder<MySql> =
-                QueryBuilder::new(format!("SELECT {CLAIM_COLUMNS} FROM {t} WHERE status = '{status}'"));
-            if let Some(due) = due {
-                q.push(" AND ").push(due).push_bind(now_ms);
-            }
-            q.push(" ORDER BY created_at_ms, id LIMIT ").push_bind(i64::from(limit)).push(" FOR UPDATE SKIP LOCKED");
-            for r in q.build().fetch_all(&mut *tx).await? {
-                claimed.push(decode_claimed(&r, lease.clone(), status == "delivering")?);
-            }
-        }
-        claimed.sort_by_key(|c| (c.created_at_ms, c.id));
-        claimed.truncate(limit as usize);
-        if !claimed.is_empty() {
-            let mut q: QueryBuilder<MySql> =
-                QueryBuilder::new(format!("UPDATE {t} SET status = 'delivering', worker_id = "));
-            q.push_bind(worker_id).push(", lock_until_ms = ").push_bind(lock_until_ms);
-            q.push(", updated_at_ms = ").push_bind(now_ms).push(" WHERE id IN (");
-            let mut ids = q.separated(", ");
-            for c in &claimed {
-                ids.push_bind(c.id);
-            }
-            q.push(")");
-            q.build().execute(&mut *tx).await?;
-        }
-        tx.commit().await?;
-        Ok(claimed)
+        // A `CALL`'s prepared statement describes no columns, so sqlx finds none by name:
+        // the procedure's result is read by position (CLAIM_COLUMNS, then `was`).
+        let decode = |r: &sqlx::mysql::MySqlRow| -> Result<Claimed, sqlx::Error> {
+            use sqlx::Row as _;
+            let was: String = r.try_get(8)?;
+            Ok(Claimed {
+                id: r.try_get(0)?,
+                app_code: r.try_get(1)?,
+                event_id: r.try_get(2)?,
+                event_type: r.try_get(3)?,
+                room_id: r.try_get(4)?,
+                envelope: r.try_get(5)?,
+                created_at_ms: r.try_get(6)?,
+                retry_count: r.try_get(7)?,
+                lease: lease.clone(),
+                rescued: was == "delivering",
+            })
+        };
+        Ok(rows.iter().map(decode).collect::<Result<_, _>>()?)
     }
 
     /// `retryable`/`failed` outcomes, each only under its own lease, in one statement.
     async fn mark_failed(store: &MysqlStore, marks: &[&Mark], now_ms: i64) -> Result<u64, StoreError> {
-        let mut q: QueryBuilder<MySql> = QueryBuilder::new(format!("UPDATE {} SET ", store.table));
-        for column in ["status", "last_error", "next_retry_at_ms"] {
-            q.push(format!("{column} = CASE id"));
-            for m in marks {
-                q.push(" WHEN ").push_bind(m.id).push(" THEN ");
-                match column {
-                    "status" => q.push_bind(m.outcome.status().as_str()),
-                    "last_error" => q.push_bind(m.outcome.error()),
-                    _ => q.push_bind(m.outcome.next_retry_at_ms()),
-                };
-            }
-            q.push(" END, ");
+        let sql = store.own.failed.get(marks.len());
+        let mut q = sqlx::query(&sql);
+        // Bound in the order of the text: (id, status) …, (id, error) …, (id, next retry) …,
+        // then the time, then the leases.
+        for m in marks {
+            q = q.bind(m.id).bind(m.outcome.status().as_str());
         }
-        q.push("retry_count = retry_count + 1, worker_id = NULL, lock_until_ms = 0, updated_at_ms = ");
-        q.push_bind(now_ms).push(" WHERE 1 = 1");
-        push_lease_filter(&mut q, marks.iter().map(|m| (m.id, &m.lease)));
-        Ok(q.build().execute(&store.pool).await?.rows_affected())
+        for m in marks {
+            q = q.bind(m.id).bind(m.outcome.error());
+        }
+        for m in marks {
+            q = q.bind(m.id).bind(m.outcome.next_retry_at_ms());
+        }
+        q = q.bind(now_ms);
+        for m in marks {
+            q = q.bind(m.id).bind(m.lease.worker_id.as_str()).bind(m.lease.lock_until_ms);
+        }
+        Ok(q.execute(&store.pool).await?.rows_affected())
     }
 
     async fn release_rows(store: &MysqlStore, rows: &[(i64, Lease)], now_ms: i64) -> Result<u64, StoreError> {
-        let mut q: QueryBuilder<MySql> = QueryBuilder::new(format!(
-            "UPDATE {} SET status = 'pending', worker_id = NULL, lock_until_ms = 0, updated_at_ms = ",
-            store.table
-        ));
-        q.push_bind(now_ms).push(" WHERE 1 = 1");
-        push_lease_filter(&mut q, rows.iter().map(|(id, lease)| (*id, lease)));
-        Ok(q.build().execute(&store.pool).await?.rows_affected())
+        let sql = store.own.release.get(rows.len());
+        let mut q = sqlx::query(&sql).bind(now_ms);
+        for (id, lease) in rows {
+            q = q.bind(*id).bind(lease.worker_id.as_str()).bind(lease.lock_until_ms);
+        }
+        Ok(q.execute(&store.pool).await?.rows_affected())
     }
 }
 
-/// `AND (id, worker_id, lock_until_ms) IN ((…), …)`: only rows still held under the same
-/// lease.
-fn push_lease_filter<'a>(q: &mut QueryBuilder<'a, MySql>, rows: impl Iterator<Item = (i64, &'a Lease)>) {
-    q.push(" AND status = 'delivering' AND (id, worker_id, lock_until_ms) IN (");
-    let mut list = q.separated(", ");
-    for (id, lease) in rows {
-        list.push("(");
-        list.push_bind_unseparated(id);
-        list.push_unseparated(", ");
-        list.push_bind_unseparated(lease.worker_id.as_str());
-        list.push_unseparated(", ");
-        list.push_bind_unseparated(lease.lock_until_ms);
-        list.push_unseparated(")");
-    }
-    q.push(")");
+/// MySQL's own statements.
+pub struct Statements {
+    /// The claim procedure's call.
+    claim: String,
+    /// A batch's failures, per count: one `CASE` over the ids per column, under the leases.
+    failed: ByCount,
+    /// A hand-back, per count, under the leases.
+    release: ByCount,
+}
+
+/// ` AND status = 'delivering' AND (id, worker_id, lock_until_ms) IN ((?, ?, ?), …)` for
+/// `count` rows: only rows still held under the same lease.
+fn lease_filter(count: usize) -> String {
+    format!(
+        " AND status = 'delivering' AND (id, worker_id, lock_until_ms) IN ({})",
+        vec!["(?, ?, ?)"; count].join(", ")
+    )
 }

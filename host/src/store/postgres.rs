@@ -43,6 +43,30 @@ impl PostgresStore {
 #[async_trait]
 impl Dialect for PostgresDialect {
     type Db = Postgres;
+    type Statements = Statements;
+
+    fn statements(table: &str) -> Statements {
+        let t = table;
+        Statements {
+            claim: format!("SELECT {CLAIM_COLUMNS}, was FROM {t}_claim($1, $2, $3, $4)"),
+            delivered: format!(
+                "UPDATE {t} SET status = 'delivered', last_error = NULL, worker_id = NULL, lock_until_ms = 0, \
+                 updated_at_ms = $1, delivered_at_ms = $1 WHERE status <> 'delivered' AND id = ANY($2)"
+            ),
+            failed: format!(
+                "UPDATE {t} AS o SET status = m.status, retry_count = o.retry_count + 1, last_error = m.error, \
+                 next_retry_at_ms = m.next_retry_at_ms, worker_id = NULL, lock_until_ms = 0, updated_at_ms = $7 \
+                 FROM UNNEST($1::BIGINT[], $2::TEXT[], $3::BIGINT[], $4::TEXT[], $5::TEXT[], $6::BIGINT[]) \
+                      AS m(id, worker_id, lock_until_ms, status, error, next_retry_at_ms) \
+                 WHERE o.id = m.id AND o.status = 'delivering' AND o.worker_id = m.worker_id AND o.lock_until_ms = m.lock_until_ms"
+            ),
+            release: format!(
+                "UPDATE {t} AS o SET status = 'pending', worker_id = NULL, lock_until_ms = 0, updated_at_ms = $4 \
+                 FROM UNNEST($1::BIGINT[], $2::TEXT[], $3::BIGINT[]) AS m(id, worker_id, lock_until_ms) \
+                 WHERE o.id = m.id AND o.status = 'delivering' AND o.worker_id = m.worker_id AND o.lock_until_ms = m.lock_until_ms"
+            ),
+        }
+    }
 
     fn param(n: usize) -> String {
         format!("${n}")
@@ -119,8 +143,7 @@ impl Dialect for PostgresDialect {
     ) -> Result<Vec<Claimed>, StoreError> {
         // One round trip: the claim function of migration 2 (its own planner settings keep
         // the pick on the claim index when statistics are stale).
-        let sql = format!("SELECT {CLAIM_COLUMNS}, was FROM {}_claim($1, $2, $3, $4)", store.table);
-        let rows = sqlx::query(&sql)
+        let rows = sqlx::query(&store.own.claim)
             .bind(worker_id)
             .bind(lock_until_ms)
             .bind(now_ms)
@@ -144,38 +167,26 @@ impl Dialect for PostgresDialect {
         if ids.is_empty() {
             return Ok(Some(0));
         }
-        let sql = format!(
-            "UPDATE {} SET status = 'delivered', last_error = NULL, worker_id = NULL, lock_until_ms = 0, \
-             updated_at_ms = $1, delivered_at_ms = $1 WHERE status <> 'delivered' AND id = ANY($2)",
-            store.table
-        );
-        let done = sqlx::query(&sql).bind(now_ms).bind(ids).execute(&store.pool).await?;
+        let done = sqlx::query(&store.own.delivered).bind(now_ms).bind(ids).execute(&store.pool).await?;
         Ok(Some(done.rows_affected()))
     }
 
     /// `retryable`/`failed` outcomes, each only under its own lease, in one statement.
     async fn mark_failed(store: &PostgresStore, marks: &[&Mark], now_ms: i64) -> Result<u64, StoreError> {
-        let t = &store.table;
         let mut changed = 0;
         let failed = FailedMarks::from(marks);
         if !failed.ids.is_empty() {
-            changed += sqlx::query(&format!(
-                "UPDATE {t} AS o SET status = m.status, retry_count = o.retry_count + 1, last_error = m.error, \
-                 next_retry_at_ms = m.next_retry_at_ms, worker_id = NULL, lock_until_ms = 0, updated_at_ms = $7 \
-                 FROM UNNEST($1::BIGINT[], $2::TEXT[], $3::BIGINT[], $4::TEXT[], $5::TEXT[], $6::BIGINT[]) \
-                      AS m(id, worker_id, lock_until_ms, status, error, next_retry_at_ms) \
-                 WHERE o.id = m.id AND o.status = 'delivering' AND o.worker_id = m.worker_id AND o.lock_until_ms = m.lock_until_ms"
-            ))
-            .bind(&failed.ids)
-            .bind(&failed.worker_ids)
-            .bind(&failed.lock_untils)
-            .bind(&failed.statuses)
-            .bind(&failed.errors)
-            .bind(&failed.next_retry_ats)
-            .bind(now_ms)
-            .execute(&store.pool)
-            .await?
-            .rows_affected();
+            changed += sqlx::query(&store.own.failed)
+                .bind(&failed.ids)
+                .bind(&failed.worker_ids)
+                .bind(&failed.lock_untils)
+                .bind(&failed.statuses)
+                .bind(&failed.errors)
+                .bind(&failed.next_retry_ats)
+                .bind(now_ms)
+                .execute(&store.pool)
+                .await?
+                .rows_affected();
         }
         Ok(changed)
     }
@@ -184,20 +195,23 @@ impl Dialect for PostgresDialect {
         let ids: Vec<i64> = rows.iter().map(|(id, _)| *id).collect();
         let workers: Vec<&str> = rows.iter().map(|(_, l)| l.worker_id.as_str()).collect();
         let locks: Vec<i64> = rows.iter().map(|(_, l)| l.lock_until_ms).collect();
-        let result = sqlx::query(&format!(
-            "UPDATE {} AS o SET status = 'pending', worker_id = NULL, lock_until_ms = 0, updated_at_ms = $4 \
-             FROM UNNEST($1::BIGINT[], $2::TEXT[], $3::BIGINT[]) AS m(id, worker_id, lock_until_ms) \
-             WHERE o.id = m.id AND o.status = 'delivering' AND o.worker_id = m.worker_id AND o.lock_until_ms = m.lock_until_ms",
-            store.table
-        ))
-        .bind(&ids)
-        .bind(&workers)
-        .bind(&locks)
-        .bind(now_ms)
-        .execute(&store.pool)
-        .await?;
+        let result = sqlx::query(&store.own.release)
+            .bind(&ids)
+            .bind(&workers)
+            .bind(&locks)
+            .bind(now_ms)
+            .execute(&store.pool)
+            .await?;
         Ok(result.rows_affected())
     }
+}
+
+/// PostgreSQL's own statements: each binds whole arrays, so one text serves every batch.
+pub struct Statements {
+    claim: String,
+    delivered: String,
+    failed: String,
+    release: String,
 }
 
 /// The `Retry` and `Fail` marks of a batch as parallel columns, for statements that write

@@ -22,6 +22,12 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// The sqlx database.
     type Db: Database;
 
+    /// The dialect's own statements, built once per store ([`Dialect::statements`]).
+    type Statements: Send + Sync + 'static;
+
+    /// Builds the dialect's own statements for `table`.
+    fn statements(table: &str) -> Self::Statements;
+
     /// The dialect's migrations (`migrations/<dialect>/`).
     fn migrator() -> &'static Migrator;
 
@@ -91,10 +97,114 @@ pub struct MigrationLock {
     pub undo: String,
 }
 
+/// The text of a statement that differs only in how many rows it carries (an `IN` list, a
+/// multi-row `VALUES`): built the first time each count is used, then reused, so the hot
+/// path formats no SQL and each text meets sqlx's prepared-statement cache.
+pub struct ByCount {
+    build: Box<dyn Fn(usize) -> String + Send + Sync>,
+    built: std::sync::Mutex<std::collections::HashMap<usize, std::sync::Arc<str>>>,
+}
+
+impl ByCount {
+    /// Counts above this are built each time rather than kept (no batch reaches it).
+    const MAX_KEPT: usize = 4_096;
+
+    /// Statements built by `build(count)`.
+    pub fn new(build: impl Fn(usize) -> String + Send + Sync + 'static) -> Self {
+        ByCount { build: Box::new(build), built: Default::default() }
+    }
+
+    /// The text for `count` rows.
+    pub fn get(&self, count: usize) -> std::sync::Arc<str> {
+        if count > Self::MAX_KEPT {
+            return (self.build)(count).into();
+        }
+        let mut built = self.built.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        built.entry(count).or_insert_with(|| (self.build)(count).into()).clone()
+    }
+}
+
+/// The statements [`SqlStore`] runs the same way on every database, with the dialect's
+/// placeholders, built once per store.
+struct SharedStatements {
+    versions: String,
+    delivered: ByCount,
+    insert: ByCount,
+    get: String,
+    stats: [String; 3],
+    last_minute: String,
+    history: String,
+    recent_failures: String,
+    purge_pick: String,
+    purge_delete: ByCount,
+    has_pending: String,
+}
+
+impl SharedStatements {
+    fn new<D: Dialect>(table: &str) -> Self {
+        let t = table.to_string();
+        let (p1, p2) = (D::param(1), D::param(2));
+        SharedStatements {
+            versions: format!("SELECT version FROM {t}_migrations"),
+            delivered: ByCount::new({
+                let t = t.clone();
+                move |n| {
+                    format!(
+                        "UPDATE {t} SET status = 'delivered', last_error = NULL, worker_id = NULL, lock_until_ms = 0, \
+                         updated_at_ms = {}, delivered_at_ms = {} WHERE status <> 'delivered' AND id IN ({})",
+                        D::param(1),
+                        D::param(2),
+                        params::<D>(3, n),
+                    )
+                }
+            }),
+            insert: ByCount::new({
+                let t = t.clone();
+                move |n| {
+                    let rows: Vec<String> = (0..n).map(|i| format!("({})", params::<D>(i * 7 + 1, 7))).collect();
+                    format!(
+                        "INSERT INTO {t} (app_code, event_id, event_type, room_id, status, envelope, created_at_ms) VALUES {}",
+                        rows.join(", ")
+                    )
+                }
+            }),
+            get: format!("SELECT {ROW_COLUMNS} FROM {t} WHERE event_id = {p1}"),
+            stats: super::stats_sql(&t),
+            last_minute: format!("SELECT COUNT(*) FROM {t} WHERE status = 'delivered' AND delivered_at_ms >= {p1}"),
+            // `x - x % 60000` floors to the minute, and COUNT is a BIGINT, in every dialect.
+            history: format!(
+                "SELECT m, COUNT(CASE WHEN k = 1 THEN 1 END), COUNT(CASE WHEN k = 2 THEN 1 END) FROM (\
+                   SELECT delivered_at_ms - delivered_at_ms % 60000 AS m, 1 AS k FROM {t} \
+                   WHERE status = 'delivered' AND delivered_at_ms >= {p1} \
+                   UNION ALL SELECT updated_at_ms - updated_at_ms % 60000 AS m, 2 AS k FROM {t} \
+                   WHERE status = 'failed' AND updated_at_ms >= {p2}) per_row GROUP BY m ORDER BY m"
+            ),
+            recent_failures: format!(
+                "SELECT {ROW_COLUMNS} FROM {t} WHERE status IN ('failed', 'retryable') \
+                 ORDER BY updated_at_ms DESC, id DESC LIMIT {p1}"
+            ),
+            // Pick the ids first, then delete them: one bounded statement each, and the same
+            // in every dialect (MySQL cannot delete from a subquery on its table).
+            purge_pick: format!(
+                "SELECT id FROM {t} WHERE status = 'delivered' AND updated_at_ms < {p1} ORDER BY id LIMIT {p2}"
+            ),
+            purge_delete: ByCount::new({
+                let t = t.clone();
+                move |n| format!("DELETE FROM {t} WHERE status = 'delivered' AND id IN ({})", params::<D>(1, n))
+            }),
+            has_pending: format!("SELECT id FROM {t} WHERE status = 'pending' LIMIT 1"),
+        }
+    }
+}
+
 /// The outbox table on database dialect `D`.
 pub struct SqlStore<D: Dialect> {
     pub(super) pool: Pool<D::Db>,
     pub(super) table: String,
+    /// The shared statements' text, built once.
+    sql: SharedStatements,
+    /// The dialect's own statements' text, built once.
+    pub(super) own: D::Statements,
     inserted: std::sync::Arc<tokio::sync::Notify>,
     writes: tokio::sync::Mutex<()>,
     dialect: PhantomData<D>,
@@ -106,6 +216,8 @@ impl<D: Dialect> SqlStore<D> {
         SqlStore {
             pool,
             table: table.to_string(),
+            sql: SharedStatements::new::<D>(table),
+            own: D::statements(table),
             inserted: Default::default(),
             writes: tokio::sync::Mutex::new(()),
             dialect: PhantomData,
@@ -172,7 +284,7 @@ where
 }
 
 /// Placeholders `first..first + count` of dialect `D`, comma-separated: `$3, $4` or `?, ?`.
-fn params<D: Dialect>(first: usize, count: usize) -> String {
+pub(super) fn params<D: Dialect>(first: usize, count: usize) -> String {
     (first..first + count).map(D::param).collect::<Vec<_>>().join(", ")
 }
 
@@ -213,8 +325,7 @@ where
 {
     async fn migrate(&self) -> Result<(), StoreError> {
         // Up to date: no DDL, so a host whose user may only read and write rows can start.
-        let sql = format!("SELECT version FROM {}_migrations", self.table);
-        let applied: Result<Vec<i64>, _> = sqlx::query_scalar(&sql).fetch_all(&self.pool).await;
+        let applied: Result<Vec<i64>, _> = sqlx::query_scalar(&self.sql.versions).fetch_all(&self.pool).await;
         if applied.is_ok_and(|v| super::migrate::up_to_date(D::migrator(), &v)) {
             return Ok(());
         }
@@ -284,14 +395,7 @@ where
         if let Some(n) = D::mark_delivered(self, &delivered, now_ms).await? {
             changed += n;
         } else if !delivered.is_empty() {
-            let sql = format!(
-                "UPDATE {} SET status = 'delivered', last_error = NULL, worker_id = NULL, lock_until_ms = 0, \
-                 updated_at_ms = {}, delivered_at_ms = {} WHERE status <> 'delivered' AND id IN ({})",
-                self.table,
-                D::param(1),
-                D::param(2),
-                params::<D>(3, delivered.len()),
-            );
+            let sql = self.sql.delivered.get(delivered.len());
             let mut q = sqlx::query(&sql).bind(now_ms).bind(now_ms);
             for id in &delivered {
                 q = q.bind(*id);
@@ -318,12 +422,7 @@ where
         let mut tx = self.pool.begin().await?;
         // Several rows per statement; a clash names the event when it can.
         for chunk in events.chunks(super::INSERT_CHUNK) {
-            let rows: Vec<String> = (0..chunk.len()).map(|i| format!("({})", params::<D>(i * 7 + 1, 7))).collect();
-            let sql = format!(
-                "INSERT INTO {} (app_code, event_id, event_type, room_id, status, envelope, created_at_ms) VALUES {}",
-                self.table,
-                rows.join(", ")
-            );
+            let sql = self.sql.insert.get(chunk.len());
             let mut q = sqlx::query(&sql);
             for e in chunk {
                 q = q
@@ -348,48 +447,28 @@ where
     }
 
     async fn get(&self, event_id: &str) -> Result<Option<Row>, StoreError> {
-        let sql = format!("SELECT {ROW_COLUMNS} FROM {} WHERE event_id = {}", self.table, D::param(1));
-        let row = sqlx::query(&sql).bind(event_id.to_string()).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(&self.sql.get).bind(event_id.to_string()).fetch_optional(&self.pool).await?;
         Ok(row.as_ref().map(decode_row).transpose()?)
     }
 
     async fn stats(&self) -> Result<Stats, StoreError> {
-        let [counts, oldest, errors] = super::stats_sql(&self.table);
-        let counts: Vec<(String, i64)> = sqlx::query_as(&counts).fetch_all(&self.pool).await?;
-        let oldest: Option<i64> = sqlx::query_scalar(&oldest).fetch_one(&self.pool).await?;
-        let errors: Vec<(String, i64)> = sqlx::query_as(&errors).fetch_all(&self.pool).await?;
-        let recent = format!(
-            "SELECT COUNT(*) FROM {} WHERE status = 'delivered' AND delivered_at_ms >= {}",
-            self.table,
-            D::param(1)
-        );
-        let last_minute: i64 = sqlx::query_scalar(&recent).bind(now_ms() - 60_000).fetch_one(&self.pool).await?;
+        let [counts, oldest, errors] = &self.sql.stats;
+        let counts: Vec<(String, i64)> = sqlx::query_as(counts).fetch_all(&self.pool).await?;
+        let oldest: Option<i64> = sqlx::query_scalar(oldest).fetch_one(&self.pool).await?;
+        let errors: Vec<(String, i64)> = sqlx::query_as(errors).fetch_all(&self.pool).await?;
+        let last_minute: i64 =
+            sqlx::query_scalar(&self.sql.last_minute).bind(now_ms() - 60_000).fetch_one(&self.pool).await?;
         Ok(super::stats_from(counts, oldest, errors, last_minute))
     }
 
     async fn history(&self, since_ms: i64) -> Result<Vec<Minute>, StoreError> {
-        let (t, p1, p2) = (&self.table, D::param(1), D::param(2));
-        // `x - x % 60000` floors to the minute, and COUNT is a BIGINT, in every dialect.
-        let sql = format!(
-            "SELECT m, COUNT(CASE WHEN k = 1 THEN 1 END), COUNT(CASE WHEN k = 2 THEN 1 END) FROM (\
-               SELECT delivered_at_ms - delivered_at_ms % 60000 AS m, 1 AS k FROM {t} \
-               WHERE status = 'delivered' AND delivered_at_ms >= {p1} \
-               UNION ALL SELECT updated_at_ms - updated_at_ms % 60000 AS m, 2 AS k FROM {t} \
-               WHERE status = 'failed' AND updated_at_ms >= {p2}) per_row GROUP BY m ORDER BY m"
-        );
         let rows: Vec<(i64, i64, i64)> =
-            sqlx::query_as(&sql).bind(since_ms).bind(since_ms).fetch_all(&self.pool).await?;
+            sqlx::query_as(&self.sql.history).bind(since_ms).bind(since_ms).fetch_all(&self.pool).await?;
         Ok(rows.into_iter().map(|(start_ms, delivered, failed)| Minute { start_ms, delivered, failed }).collect())
     }
 
     async fn recent_failures(&self, limit: u32) -> Result<Vec<Row>, StoreError> {
-        let sql = format!(
-            "SELECT {ROW_COLUMNS} FROM {} WHERE status IN ('failed', 'retryable') \
-             ORDER BY updated_at_ms DESC, id DESC LIMIT {}",
-            self.table,
-            D::param(1)
-        );
-        let rows = sqlx::query(&sql).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        let rows = sqlx::query(&self.sql.recent_failures).bind(i64::from(limit)).fetch_all(&self.pool).await?;
         Ok(rows.iter().map(decode_row).collect::<Result<_, _>>()?)
     }
 
@@ -419,21 +498,15 @@ where
     }
 
     async fn purge_delivered(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
-        // Pick the ids first, then delete them: one bounded statement each, and the same in
-        // every dialect (MySQL cannot delete from a subquery on its table).
-        let pick = format!(
-            "SELECT id FROM {} WHERE status = 'delivered' AND updated_at_ms < {} ORDER BY id LIMIT {}",
-            self.table,
-            D::param(1),
-            D::param(2)
-        );
-        let ids: Vec<i64> =
-            sqlx::query_scalar(&pick).bind(before_ms).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        let ids: Vec<i64> = sqlx::query_scalar(&self.sql.purge_pick)
+            .bind(before_ms)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
         if ids.is_empty() {
             return Ok(0);
         }
-        let delete =
-            format!("DELETE FROM {} WHERE status = 'delivered' AND id IN ({})", self.table, params::<D>(1, ids.len()));
+        let delete = self.sql.purge_delete.get(ids.len());
         let mut q = sqlx::query(&delete);
         for id in &ids {
             q = q.bind(*id);
@@ -447,8 +520,7 @@ where
     }
 
     async fn has_pending(&self) -> Result<bool, StoreError> {
-        let sql = format!("SELECT id FROM {} WHERE status = 'pending' LIMIT 1", self.table);
-        let found: Option<i64> = sqlx::query_scalar(&sql).fetch_optional(&self.pool).await?;
+        let found: Option<i64> = sqlx::query_scalar(&self.sql.has_pending).fetch_optional(&self.pool).await?;
         Ok(found.is_some())
     }
 

@@ -6,15 +6,27 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sqlx::Sqlite;
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{QueryBuilder, Sqlite};
 
-use super::sql::{Dialect, MigrationLock, SqlStore, decode_claimed};
+use super::sql::{ByCount, Dialect, MigrationLock, SqlStore, decode_claimed, params};
 use super::{CLAIM_COLUMNS, Claimed, Lease, Mark, StoreError};
 
 /// SQLite's [`Dialect`].
 pub struct SqliteDialect;
+
+/// SQLite's own statements.
+pub struct Statements {
+    /// The claim's pick, in claim order.
+    pick: String,
+    /// The claim's take of the picked ids, per count.
+    take: ByCount,
+    /// One row's failure, under its lease.
+    failed: String,
+    /// One row's hand-back, under its lease.
+    release: String,
+}
 
 /// The SQLite backend.
 pub type SqliteStore = SqlStore<SqliteDialect>;
@@ -41,6 +53,36 @@ impl SqliteStore {
 #[async_trait]
 impl Dialect for SqliteDialect {
     type Db = Sqlite;
+    type Statements = Statements;
+
+    fn statements(table: &str) -> Statements {
+        let t = table.to_string();
+        Statements {
+            pick: format!(
+                "SELECT id, status FROM {t} \
+                 WHERE status = 'pending' \
+                    OR (status = 'retryable' AND next_retry_at_ms <= ?1) \
+                    OR (status = 'delivering' AND lock_until_ms < ?1) \
+                 ORDER BY created_at_ms, id LIMIT ?2"
+            ),
+            failed: format!(
+                "UPDATE {t} SET status = ?, retry_count = retry_count + 1, last_error = ?, next_retry_at_ms = ?, \
+                 worker_id = NULL, lock_until_ms = 0, updated_at_ms = ? \
+                 WHERE id = ? AND status = 'delivering' AND worker_id = ? AND lock_until_ms = ?"
+            ),
+            release: format!(
+                "UPDATE {t} SET status = 'pending', worker_id = NULL, lock_until_ms = 0, updated_at_ms = ? \
+                 WHERE id = ? AND status = 'delivering' AND worker_id = ? AND lock_until_ms = ?"
+            ),
+            take: ByCount::new(move |n| {
+                format!(
+                    "UPDATE {t} SET status = 'delivering', worker_id = ?, lock_until_ms = ?, updated_at_ms = ? \
+                     WHERE id IN ({}) RETURNING {CLAIM_COLUMNS}",
+                    params::<SqliteDialect>(1, n)
+                )
+            }),
+        }
+    }
 
     /// Anonymous `?`, bound in order: with numbered `$N` placeholders sqlx looks each
     /// parameter up by name, which made a 500-row insert quadratic (a profile showed it
@@ -73,34 +115,20 @@ impl Dialect for SqliteDialect {
         lock_until_ms: i64,
         limit: u32,
     ) -> Result<Vec<Claimed>, StoreError> {
-        let t = &store.table;
         // BEGIN IMMEDIATE takes SQLite's write lock before reading, so two claimers
         // (threads or processes) are serialised and never pick the same row.
         let mut tx = store.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let picked: Vec<(i64, String)> = sqlx::query_as(&format!(
-            "SELECT id, status FROM {t} \
-             WHERE status = 'pending' \
-                OR (status = 'retryable' AND next_retry_at_ms <= ?1) \
-                OR (status = 'delivering' AND lock_until_ms < ?1) \
-             ORDER BY created_at_ms, id LIMIT ?2"
-        ))
-        .bind(now_ms)
-        .bind(i64::from(limit))
-        .fetch_all(&mut *tx)
-        .await?;
+        let picked: Vec<(i64, String)> =
+            sqlx::query_as(&store.own.pick).bind(now_ms).bind(i64::from(limit)).fetch_all(&mut *tx).await?;
         if picked.is_empty() {
             return Ok(Vec::new());
         }
-        let mut q: QueryBuilder<Sqlite> =
-            QueryBuilder::new(format!("UPDATE {t} SET status = 'delivering', worker_id = "));
-        q.push_bind(worker_id).push(", lock_until_ms = ").push_bind(lock_until_ms);
-        q.push(", updated_at_ms = ").push_bind(now_ms).push(" WHERE id IN (");
-        let mut ids = q.separated(", ");
+        let take = store.own.take.get(picked.len());
+        let mut q = sqlx::query(&take).bind(worker_id).bind(lock_until_ms).bind(now_ms);
         for (id, _) in &picked {
-            ids.push_bind(*id);
+            q = q.bind(*id);
         }
-        q.push(format!(") RETURNING {CLAIM_COLUMNS}"));
-        let rows = q.build().fetch_all(&mut *tx).await?;
+        let rows = q.fetch_all(&mut *tx).await?;
         tx.commit().await?;
         let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms };
         let mut claimed =
@@ -115,16 +143,10 @@ impl Dialect for SqliteDialect {
 
     /// `retryable`/`failed` outcomes, each only under its own lease, in one transaction.
     async fn mark_failed(store: &SqliteStore, marks: &[&Mark], now_ms: i64) -> Result<u64, StoreError> {
-        let t = &store.table;
         let mut changed = 0;
         let mut tx = store.pool.begin().await?;
         for m in marks {
-            let sql = format!(
-                "UPDATE {t} SET status = ?, retry_count = retry_count + 1, last_error = ?, next_retry_at_ms = ?, \
-                 worker_id = NULL, lock_until_ms = 0, updated_at_ms = ? \
-                 WHERE id = ? AND status = 'delivering' AND worker_id = ? AND lock_until_ms = ?"
-            );
-            changed += sqlx::query(&sql)
+            changed += sqlx::query(&store.own.failed)
                 .bind(m.outcome.status().as_str())
                 .bind(m.outcome.error())
                 .bind(m.outcome.next_retry_at_ms())
@@ -141,21 +163,17 @@ impl Dialect for SqliteDialect {
     }
 
     async fn release_rows(store: &SqliteStore, rows: &[(i64, Lease)], now_ms: i64) -> Result<u64, StoreError> {
-        let t = &store.table;
         let mut tx = store.pool.begin().await?;
         let mut changed = 0;
         for (id, lease) in rows {
-            changed += sqlx::query(&format!(
-                "UPDATE {t} SET status = 'pending', worker_id = NULL, lock_until_ms = 0, updated_at_ms = ? \
-                 WHERE id = ? AND status = 'delivering' AND worker_id = ? AND lock_until_ms = ?"
-            ))
-            .bind(now_ms)
-            .bind(id)
-            .bind(&lease.worker_id)
-            .bind(lease.lock_until_ms)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
+            changed += sqlx::query(&store.own.release)
+                .bind(now_ms)
+                .bind(id)
+                .bind(&lease.worker_id)
+                .bind(lease.lock_until_ms)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
         }
         tx.commit().await?;
         Ok(changed)
