@@ -423,7 +423,14 @@ fn engine_config(concurrency: u32, memory_limit: usize) -> Config {
         // (profiled). Larger values made the zeroing itself the cost; 64 KiB measured best.
         .linear_memory_keep_resident(KEEP_RESIDENT)
         .table_keep_resident(KEEP_RESIDENT)
-        .async_stack_keep_resident(KEEP_RESIDENT);
+        .async_stack_keep_resident(KEEP_RESIDENT)
+        // Where the kernel has PAGEMAP_SCAN (Linux 6.7+), reset only the pages a delivery
+        // dirtied, back to the sink's initial image, and keep them resident: no page faults
+        // on the next delivery's stack and heap. The same fresh state, at a quarter of the
+        // cost (bench: median 60 → 16 µs per delivery, the guest's call 27 → 3 µs).
+        // Elsewhere `Auto` falls back to the settings above. Batching decommits measured
+        // slower.
+        .pagemap_scan(wasmtime::Enabled::Auto);
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     config
 }
