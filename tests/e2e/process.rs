@@ -212,6 +212,13 @@ async fn sigterm_during_a_database_outage_is_bounded(db: crate::support::TestDb)
         .set(&["database", "url"], &proxied);
     let child = spawn_host(&world, &config.yaml());
     wait_table(&world, "the claim", |s| s.count(Status::Delivering) == 1).await;
+    // A claimed row may still wait in the buffer (and would be handed back): cut only once
+    // the sink has the event, so the delivery is really in flight.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while world.collector.attempts_of(&id).is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "the delivery never started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     proxy.cut();
     signal(&child, "TERM");
     let output = crate::binary::wait_exit_within(child, Duration::from_secs(20)).await;

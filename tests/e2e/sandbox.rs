@@ -192,6 +192,23 @@ async fn a_planted_cache_entry_is_not_run() {
     );
 }
 
+/// Every delivery starts from the sink's initial memory, whatever the pool reuses: a
+/// counter in the guest's data segment and a list on its heap never see a previous
+/// delivery, over more deliveries than the pool has slots.
+#[tokio::test]
+async fn no_state_crosses_deliveries() {
+    use outbox_host::sandbox::{Delivered, SinkRuntime};
+
+    let world = World::new().await;
+    let sink = world.setup("", "default: remember").parse().sink.unwrap();
+    let runtime = SinkRuntime::load(&sink, 1).unwrap();
+    let event = sample_event();
+    for _ in 0..50 {
+        let outcome = runtime.deliver(&event, std::time::Duration::from_secs(2)).await;
+        assert_eq!(outcome, Ok(Delivered::Skipped("seen 1, heap 1".into())), "state crossed deliveries");
+    }
+}
+
 /// A cache directory other users can write is refused at start, naming the key.
 #[tokio::test]
 async fn a_cache_directory_others_can_write_is_refused() {

@@ -3,7 +3,9 @@
 //! - `room.<room_id>`, else `type.<event_type>`, else `default` (else `ok`) names a behaviour:
 //!   `ok`, `skip`, `retryable`, `permanent`, `fail-then-ok:N` (retryable while the attempt is
 //!   at most N), `retry-after:MS` (retryable with that hint), `trap`, `loop`, `oom`,
-//!   `sleep:MS` (then ok), `http:URL` (GET through the host; ok on 2xx), `log` (log a line, ok).
+//!   `sleep:MS` (then ok), `http:URL` (GET through the host; ok on 2xx), `log` (log a line, ok),
+//!   `remember` (skipped, saying how many deliveries this instance's static counter and heap
+//!   have seen: 1 in a fresh instance).
 //! - Hostile ones, for the host's hardening tests: `log-flood` (log without end),
 //!   `log-flood:N` (N lines, then ok), `log-big:BYTES` (one huge line, ok), `log-forge` (a line
 //!   with a newline, ESC, NUL and U+202E, ok), `print:BYTES` (that much to stdout, ok),
@@ -43,6 +45,7 @@ const BEHAVIOURS: &[&str] = &[
     "sleep",
     "http",
     "log",
+    "remember",
     "log-flood",
     "log-big",
     "log-forge",
@@ -131,6 +134,16 @@ fn run(behaviour: &str, event: &Event) -> Result<Outcome, Failure> {
             Ok(resp) => Err(retryable(format!("http: status {}", resp.status), None)),
             Err(e) => Err(retryable(format!("http: {}", describe(&e)), None)),
         },
+        "remember" => {
+            // A counter in the data segment and a list on the heap: both start empty in a
+            // fresh instance, so anything above 1 means state crossed deliveries.
+            static SEEN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            static HEAP: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+            let seen = SEEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            let mut heap = HEAP.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            heap.push(event.event_id.clone());
+            Ok(Outcome::Skipped(format!("seen {seen}, heap {}", heap.len())))
+        }
         "log" => {
             log::log(Level::Info, &format!("fake sink got {} for room {}", event.event_type, event.room_id));
             Ok(Outcome::Delivered)
