@@ -9,7 +9,7 @@ use sqlx::MySql;
 use sqlx::migrate::Migrator;
 use sqlx::mysql::MySqlPoolOptions;
 
-use super::sql::{ByCount, Dialect, MigrationLock, SqlStore};
+use super::sql::{ByCount, Dialect, MigrationLock, SqlStore, decode_routine_claimed};
 use super::{Claimed, Lease, Mark, StoreError};
 
 /// MySQL's and MariaDB's [`Dialect`].
@@ -114,25 +114,7 @@ impl Dialect for MysqlDialect {
             .fetch_all(&store.pool)
             .await?;
         let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms };
-        // A `CALL`'s prepared statement describes no columns, so sqlx finds none by name:
-        // the procedure's result is read by position (CLAIM_COLUMNS, then `was`).
-        let decode = |r: &sqlx::mysql::MySqlRow| -> Result<Claimed, sqlx::Error> {
-            use sqlx::Row as _;
-            let was: String = r.try_get(8)?;
-            Ok(Claimed {
-                id: r.try_get(0)?,
-                app_code: r.try_get(1)?,
-                event_id: r.try_get(2)?,
-                event_type: r.try_get(3)?,
-                room_id: r.try_get(4)?,
-                envelope: r.try_get(5)?,
-                created_at_ms: r.try_get(6)?,
-                retry_count: r.try_get(7)?,
-                lease: lease.clone(),
-                rescued: was == "delivering",
-            })
-        };
-        Ok(rows.iter().map(decode).collect::<Result<_, _>>()?)
+        Ok(rows.iter().map(|r| decode_routine_claimed(r, lease.clone())).collect::<Result<_, _>>()?)
     }
 
     /// `retryable`/`failed` outcomes, each only under its own lease, in one statement.

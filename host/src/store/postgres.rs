@@ -15,7 +15,7 @@ use sqlx::postgres::PgPoolOptions;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::sql::{Dialect, MigrationLock, SqlStore, decode_claimed};
+use super::sql::{Dialect, MigrationLock, SqlStore, decode_routine_claimed};
 use super::{CLAIM_COLUMNS, Claimed, Lease, Mark, StoreError};
 
 /// The longest wait between attempts to listen again.
@@ -151,14 +151,8 @@ impl Dialect for PostgresDialect {
             .fetch_all(&store.pool)
             .await?;
         let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms };
-        let mut claimed = rows
-            .iter()
-            .map(|r| {
-                use sqlx::Row as _;
-                let was: String = r.try_get("was")?;
-                decode_claimed(r, lease.clone(), was == "delivering")
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut claimed =
+            rows.iter().map(|r| decode_routine_claimed(r, lease.clone())).collect::<Result<Vec<_>, _>>()?;
         claimed.sort_by_key(|c| (c.created_at_ms, c.id));
         Ok(claimed)
     }

@@ -260,27 +260,43 @@ where
     })
 }
 
-/// Decodes a claimed row (see [`super::CLAIM_COLUMNS`]) held under `lease`.
+/// Decodes a claimed row held under `lease`, by position: [`super::CLAIM_COLUMNS`] in
+/// their order (a `CALL`'s prepared statement on MySQL describes no columns, so names
+/// would find none). `rescued` says the row was taken over from an expired lease.
 pub(super) fn decode_claimed<R: sqlx::Row>(r: &R, lease: Lease, rescued: bool) -> Result<Claimed, sqlx::Error>
 where
-    for<'a> &'a str: ColumnIndex<R>,
+    usize: ColumnIndex<R>,
     for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> i32: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
     for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
 {
     Ok(Claimed {
-        id: r.try_get("id")?,
-        app_code: r.try_get("app_code")?,
-        event_id: r.try_get("event_id")?,
-        event_type: r.try_get("event_type")?,
-        room_id: r.try_get("room_id")?,
-        envelope: r.try_get("envelope")?,
-        created_at_ms: r.try_get("created_at_ms")?,
-        retry_count: r.try_get("retry_count")?,
+        id: r.try_get(0)?,
+        app_code: r.try_get(1)?,
+        event_id: r.try_get(2)?,
+        event_type: r.try_get(3)?,
+        room_id: r.try_get(4)?,
+        envelope: r.try_get(5)?,
+        created_at_ms: r.try_get(6)?,
+        retry_count: r.try_get(7)?,
         lease,
         rescued,
     })
+}
+
+/// Decodes a row of a claim routine (PostgreSQL's function, MySQL's procedure):
+/// [`super::CLAIM_COLUMNS`], then `was`, the status the row had before the claim.
+pub(super) fn decode_routine_claimed<R: sqlx::Row>(r: &R, lease: Lease) -> Result<Claimed, sqlx::Error>
+where
+    usize: ColumnIndex<R>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i32: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let was: String = r.try_get(8)?;
+    decode_claimed(r, lease, was == "delivering")
 }
 
 /// Placeholders `first..first + count` of dialect `D`, comma-separated: `$3, $4` or `?, ?`.

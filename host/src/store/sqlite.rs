@@ -133,8 +133,10 @@ impl Dialect for SqliteDialect {
         let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms };
         let mut claimed =
             rows.iter().map(|r| decode_claimed(r, lease.clone(), false)).collect::<Result<Vec<_>, _>>()?;
+        // Rescues are rare: look up only among the picked rows that were `delivering`.
+        let rescued: Vec<i64> = picked.iter().filter(|(_, was)| was == "delivering").map(|(id, _)| *id).collect();
         for c in &mut claimed {
-            c.rescued = picked.iter().any(|(id, was)| *id == c.id && was == "delivering");
+            c.rescued = rescued.contains(&c.id);
         }
         // RETURNING does not promise an order.
         claimed.sort_by_key(|c| (c.created_at_ms, c.id));
