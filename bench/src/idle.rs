@@ -10,7 +10,8 @@ use outbox_host::engine::Worker;
 use outbox_host::engine::settings::WorkerConfig;
 use outbox_host::ops::metrics::Metrics;
 use outbox_host::sandbox::Deliver;
-use outbox_host::store::{Claimed, Lease, Mark, Minute, NewEvent, RetryFilter, Row, Stats, Store, StoreError};
+use outbox_host::store::schema::TableInfo;
+use outbox_host::store::{Backend, Claimed, Held, Mark, Minute, NewEvent, RetryFilter, Row, Stats, Store, StoreError};
 use tokio_util::sync::CancellationToken;
 
 use crate::db::Db;
@@ -33,6 +34,16 @@ impl Store for Counting {
         self.count();
         self.inner.migrate().await
     }
+    fn backend(&self) -> Backend {
+        self.inner.backend()
+    }
+    fn table(&self) -> &str {
+        self.inner.table()
+    }
+    async fn describe(&self) -> Result<Option<TableInfo>, StoreError> {
+        self.count();
+        self.inner.describe().await
+    }
     async fn claim(&self, w: &str, now: i64, until: i64, limit: u32) -> Result<Vec<Claimed>, StoreError> {
         self.count();
         self.inner.claim(w, now, until, limit).await
@@ -41,7 +52,7 @@ impl Store for Counting {
         self.count();
         self.inner.mark(marks, now).await
     }
-    async fn release(&self, rows: &[(i64, Lease)], now: i64) -> Result<u64, StoreError> {
+    async fn release(&self, rows: &[Held], now: i64) -> Result<u64, StoreError> {
         self.count();
         self.inner.release(rows, now).await
     }

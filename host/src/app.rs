@@ -42,6 +42,11 @@ impl Host {
         let sink_config = config.require_sink("run")?.clone();
         let store = open_store(&config).await?;
         store.migrate().await.context("applying migrations")?;
+        // Opened again: the store writes to the table as it is after migrating (a table
+        // adopted from elsewhere may name rows by event_id, or take '' for "nothing").
+        store.close().await;
+        let store = open_store(&config).await?;
+        check_schema(store.as_ref(), &config.node_id).await?;
         let metrics = Arc::new(Metrics::new(&sink_config.name));
         let worker = if config.worker.enabled {
             let sink = SinkRuntime::load_checked(
@@ -96,6 +101,7 @@ impl Host {
             node_id: self.config.node_id.clone(),
             sink: self.config.sink.as_ref().map(|s| s.name.clone()).unwrap_or_default(),
             guard: admin::Guard::new(&self.config.admin),
+            unready_after_db_failures: self.config.admin.unready_after_db_failures,
         });
         let admin_stop = CancellationToken::new();
         let admin = self.admin.map(|listener| {
@@ -148,6 +154,23 @@ impl Host {
     }
 }
 
+/// Refuses to start, listing every problem at once, when the table lacks a column, a type
+/// or the index the host relies on (say, a column dropped or narrowed after `migrate`).
+async fn check_schema(store: &dyn Store, node_id: &str) -> anyhow::Result<()> {
+    let worker_id_chars = crate::engine::worker_id_len(node_id);
+    let problems = match store.review(Some(worker_id_chars)).await.context("reading the table's columns")? {
+        None => vec![format!("table {} does not exist: run `outbox-host migrate`", store.table())],
+        Some(review) => {
+            let missing = review.additions.iter().map(|a| format!("{a} is missing: run `outbox-host migrate`"));
+            review.problems.into_iter().chain(missing).collect()
+        }
+    };
+    if problems.is_empty() {
+        return Ok(());
+    }
+    anyhow::bail!("the table {} cannot be used as it is:\n  - {}", store.table(), problems.join("\n  - "))
+}
+
 /// Refreshes the metrics' table counts every `interval` until `stop`.
 async fn refresh_stats(
     store: Arc<dyn Store>,
@@ -159,7 +182,7 @@ async fn refresh_stats(
         match store.stats().await {
             Ok(stats) => metrics.set_stats(&stats, crate::store::now_ms()),
             Err(e) => {
-                metrics.db_error("stats");
+                metrics.db_error("stats", &e);
                 tracing::warn!(error = %e, "could not read the table counts for the metrics");
             }
         }

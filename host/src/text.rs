@@ -56,6 +56,18 @@ pub fn short_error(message: &str) -> String {
     printable(&one_line, MAX)
 }
 
+/// `text` cut to at most `max_chars` characters, the last of them `…` when it was cut (a
+/// `last_error` column declared shorter than the host's errors).
+pub fn clip_chars(text: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().nth(max_chars) {
+        None => std::borrow::Cow::Borrowed(text),
+        Some(_) => {
+            let keep = text.char_indices().nth(max_chars.saturating_sub(1)).map_or(text.len(), |(at, _)| at);
+            std::borrow::Cow::Owned(format!("{}…", &text[..keep]))
+        }
+    }
+}
+
 /// A database URL with its password replaced by `***`, safe for logs and errors.
 pub fn redact_url(url: &str) -> String {
     match url.split_once("://") {
@@ -95,6 +107,13 @@ pub fn json_for_terminal(json: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clip_chars_counts_characters_and_marks_the_cut() {
+        assert_eq!(clip_chars("héllo", 5), "héllo");
+        assert_eq!(clip_chars("héllo wörld", 5), "héll…");
+        assert_eq!(clip_chars("héllo wörld", 5).chars().count(), 5);
+    }
 
     #[test]
     fn newlines_and_controls_become_visible_escapes() {

@@ -39,5 +39,8 @@ AS $$
        SET status = 'delivering', worker_id = p_worker_id, lock_until_ms = p_lock_until_ms, updated_at_ms = p_now_ms
       FROM picked
      WHERE o.id = picked.id
-    RETURNING o.id, o.app_code, o.event_id, o.event_type, o.room_id, o.envelope, o.created_at_ms, o.retry_count, picked.was;
+    -- The casts let a table made elsewhere (TEXT strings, a BIGINT counter) return the
+    -- declared result types; on the host's own table they change nothing.
+    RETURNING o.id, o.app_code::VARCHAR, o.event_id::VARCHAR, o.event_type::VARCHAR, o.room_id::VARCHAR, o.envelope,
+              o.created_at_ms, o.retry_count::INTEGER, picked.was::VARCHAR;
 $$;

@@ -5,7 +5,7 @@ use std::time::Duration;
 use outbox_host::engine::Signal;
 use outbox_host::store::Status;
 
-use crate::support::{Running, World};
+use crate::support::{Running, World, per_backend};
 
 async fn get(url: &str) -> (u16, String) {
     let response = reqwest::get(url).await.expect("admin listener answers");
@@ -52,6 +52,50 @@ async fn a_failing_sink_keeps_the_host_ready() {
     host.wait_status(&world, &[&id], Status::Retryable).await;
     let base = format!("http://{}", host.admin.unwrap());
     assert_eq!(get(&format!("{base}/readyz")).await, (200, "ready\n".into()));
+    host.stop().await;
+}
+
+per_backend!(readiness_turns_503_while_claims_fail_and_200_once_fixed);
+
+/// `SELECT 1` keeps answering while every claim fails (here a column the claim needs is
+/// renamed away, as a botched migration would): readiness must still say the host cannot
+/// work, with the database's reason, and recover by itself once the table is fixed.
+async fn readiness_turns_503_while_claims_fail_and_200_once_fixed(world: World) {
+    let config = world.setup("poll_interval: 50ms\nwake_up: poll", "").with_admin();
+    let mut host = Running::start(config.parse()).await;
+    let base = format!("http://{}", host.admin.expect("admin listener on"));
+    assert_eq!(get(&format!("{base}/readyz")).await, (200, "ready\n".into()));
+
+    world.db.execute("ALTER TABLE room_outbox RENAME COLUMN lock_until_ms TO lock_until_ms_gone").await.unwrap();
+    let mut readiness = (0, String::new());
+    for _ in 0..300 {
+        readiness = get(&format!("{base}/readyz")).await;
+        if readiness.0 == 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(readiness.0, 503, "claims fail but the host says it is ready: {readiness:?}");
+    assert!(
+        readiness.1.starts_with("database: the last ")
+            && readiness.1.contains("(claim)")
+            && readiness.1.contains("lock_until_ms"),
+        "the reason names the failing operation and the database's error: {:?}",
+        readiness.1
+    );
+    let status: serde_json::Value = serde_json::from_str(&get(&format!("{base}/api/status")).await.1).unwrap();
+    assert!(status["db_failures_in_a_row"].as_u64().unwrap() >= 3, "{status}");
+    assert_eq!(status["last_db_error"]["operation"], "claim");
+
+    world.db.execute("ALTER TABLE room_outbox RENAME COLUMN lock_until_ms_gone TO lock_until_ms").await.unwrap();
+    let id = world.produce("RoomGiftSent", "room-1", Status::Pending).await;
+    host.wait_status(&world, &[&id], Status::Delivered).await;
+    assert_eq!(get(&format!("{base}/readyz")).await, (200, "ready\n".into()), "ready again once claims work");
+    let page = get(&format!("{base}/")).await.1;
+    assert!(
+        page.contains("id=\"db-error\">Last database error (claim"),
+        "the page shows the last database error, also after recovery"
+    );
     host.stop().await;
 }
 

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use outbox_host::store::{Lease, Mark, Outcome, RetryFilter, Status, Store, StoreError, now_ms};
+use outbox_host::store::{Held, Lease, Mark, Outcome, RetryFilter, Status, Store, StoreError, now_ms};
 
 use crate::support::{World, per_backend};
 
@@ -72,14 +72,26 @@ async fn stale_failure_does_not_overwrite_delivered(world: World) {
     let now = now_ms();
     let a = store.claim("worker-a", now, now + 1_000, 10).await.unwrap().remove(0);
     let b = store.claim("worker-b", now + 2_000, now + 60_000, 10).await.unwrap().remove(0);
-    store.mark(&[Mark { id: b.id, lease: b.lease, outcome: Outcome::Delivered }], now + 2_100).await.unwrap();
+    store
+        .mark(
+            &[Mark { id: b.id, event_id: b.event_id.clone(), lease: b.lease, outcome: Outcome::Delivered }],
+            now + 2_100,
+        )
+        .await
+        .unwrap();
 
     let late_retry = Mark {
         id: a.id,
+        event_id: a.event_id.clone(),
         lease: a.lease.clone(),
         outcome: Outcome::Retry { error: "late".into(), next_retry_at_ms: now },
     };
-    let late_fail = Mark { id: a.id, lease: a.lease, outcome: Outcome::Fail { error: "late".into() } };
+    let late_fail = Mark {
+        id: a.id,
+        event_id: a.event_id.clone(),
+        lease: a.lease,
+        outcome: Outcome::Fail { error: "late".into() },
+    };
     assert_eq!(store.mark(&[late_retry], now + 2_200).await.unwrap(), 0);
     assert_eq!(store.mark(&[late_fail], now + 2_300).await.unwrap(), 0);
     let row = world.row(&id).await;
@@ -92,7 +104,12 @@ async fn stale_failure_does_not_touch_a_newer_lease(world: World) {
     let now = now_ms();
     let a = store.claim("worker-a", now, now + 1_000, 10).await.unwrap().remove(0);
     store.claim("worker-b", now + 2_000, now + 60_000, 10).await.unwrap();
-    let late = Mark { id: a.id, lease: a.lease, outcome: Outcome::Fail { error: "late".into() } };
+    let late = Mark {
+        id: a.id,
+        event_id: a.event_id.clone(),
+        lease: a.lease,
+        outcome: Outcome::Fail { error: "late".into() },
+    };
     assert_eq!(store.mark(&[late], now + 2_100).await.unwrap(), 0);
     let row = world.row(&id).await;
     assert_eq!((row.status, row.worker_id.as_deref(), row.retry_count), (Status::Delivering, Some("worker-b"), 0));
@@ -105,9 +122,20 @@ async fn delivered_wins_even_from_a_stale_lease(world: World) {
     let now = now_ms();
     let a = store.claim("worker-a", now, now + 1_000, 10).await.unwrap().remove(0);
     let b = store.claim("worker-b", now + 2_000, now + 60_000, 10).await.unwrap().remove(0);
-    let fail = Mark { id: b.id, lease: b.lease, outcome: Outcome::Fail { error: "permanent".into() } };
+    let fail = Mark {
+        id: b.id,
+        event_id: b.event_id.clone(),
+        lease: b.lease,
+        outcome: Outcome::Fail { error: "permanent".into() },
+    };
     store.mark(&[fail], now + 2_100).await.unwrap();
-    store.mark(&[Mark { id: a.id, lease: a.lease, outcome: Outcome::Delivered }], now + 2_200).await.unwrap();
+    store
+        .mark(
+            &[Mark { id: a.id, event_id: a.event_id.clone(), lease: a.lease, outcome: Outcome::Delivered }],
+            now + 2_200,
+        )
+        .await
+        .unwrap();
     let row = world.row(&id).await;
     assert_eq!((row.status, row.last_error, row.delivered_at_ms), (Status::Delivered, None, Some(now + 2_200)));
 }
@@ -118,7 +146,13 @@ async fn retryable_rows_wait_for_next_retry_at(world: World) {
     let now = now_ms();
     let a = store.claim("w", now, now + 60_000, 10).await.unwrap().remove(0);
     let retry = Outcome::Retry { error: "busy".into(), next_retry_at_ms: now + 5_000 };
-    assert_eq!(store.mark(&[Mark { id: a.id, lease: a.lease, outcome: retry }], now).await.unwrap(), 1);
+    assert_eq!(
+        store
+            .mark(&[Mark { id: a.id, event_id: a.event_id.clone(), lease: a.lease, outcome: retry }], now)
+            .await
+            .unwrap(),
+        1
+    );
     let row = world.row(&id).await;
     assert_eq!((row.status, row.retry_count, row.last_error.as_deref()), (Status::Retryable, 1, Some("busy")));
     assert_eq!((row.worker_id, row.lock_until_ms, row.next_retry_at_ms), (None, 0, now + 5_000));
@@ -137,7 +171,15 @@ async fn failed_rows_are_never_claimed(world: World) {
     let now = now_ms();
     let a = store.claim("w", now, now + 60_000, 10).await.unwrap().remove(0);
     store
-        .mark(&[Mark { id: a.id, lease: a.lease, outcome: Outcome::Fail { error: "bad group".into() } }], now)
+        .mark(
+            &[Mark {
+                id: a.id,
+                event_id: a.event_id.clone(),
+                lease: a.lease,
+                outcome: Outcome::Fail { error: "bad group".into() },
+            }],
+            now,
+        )
         .await
         .unwrap();
     assert!(store.claim("w", now + 86_400_000, now + 86_460_000, 10).await.unwrap().is_empty());
@@ -159,8 +201,8 @@ async fn release_hands_rows_back_at_once_only_under_the_same_lease(world: World)
     let now = now_ms();
     let a = store.claim("worker-a", now, now + 60_000, 10).await.unwrap().remove(0);
     let wrong = Lease { worker_id: "worker-x".into(), lock_until_ms: a.lease.lock_until_ms };
-    assert_eq!(store.release(&[(a.id, wrong)], now).await.unwrap(), 0);
-    assert_eq!(store.release(&[(a.id, a.lease)], now).await.unwrap(), 1);
+    assert_eq!(store.release(&[Held { id: a.id, event_id: a.event_id.clone(), lease: wrong }], now).await.unwrap(), 0);
+    assert_eq!(store.release(&[Held::from(&a)], now).await.unwrap(), 1);
     let row = world.row(&id).await;
     assert_eq!((row.status, row.worker_id, row.lock_until_ms, row.retry_count), (Status::Pending, None, 0, 0));
     assert_eq!(store.claim("worker-b", now, now + 60_000, 10).await.unwrap().len(), 1, "not claimable at once");
@@ -178,6 +220,7 @@ async fn one_mark_call_writes_every_kind_of_outcome(world: World) {
         .enumerate()
         .map(|(i, c)| Mark {
             id: c.id,
+            event_id: c.event_id.clone(),
             lease: c.lease.clone(),
             outcome: match i % 3 {
                 0 => Outcome::Delivered,
@@ -243,7 +286,12 @@ async fn stats_count_statuses_age_and_errors(world: World) {
     let claimed = store.claim("w", now, now + 60_000, 3).await.unwrap();
     let marks: Vec<Mark> = claimed
         .iter()
-        .map(|c| Mark { id: c.id, lease: c.lease.clone(), outcome: Outcome::Fail { error: "group not found".into() } })
+        .map(|c| Mark {
+            id: c.id,
+            event_id: c.event_id.clone(),
+            lease: c.lease.clone(),
+            outcome: Outcome::Fail { error: "group not found".into() },
+        })
         .take(2)
         .collect();
     store.mark(&marks, now).await.unwrap();
@@ -385,7 +433,14 @@ async fn history_and_recent_failures_describe_the_last_hour(world: World) {
 async fn settle(world: &World, outcome_of: impl Fn(&str) -> Outcome) {
     let now = now_ms();
     let claimed = world.producer.claim("w", now, now + 60_000, 100).await.unwrap();
-    let marks: Vec<Mark> =
-        claimed.iter().map(|c| Mark { id: c.id, lease: c.lease.clone(), outcome: outcome_of(&c.room_id) }).collect();
+    let marks: Vec<Mark> = claimed
+        .iter()
+        .map(|c| Mark {
+            id: c.id,
+            event_id: c.event_id.clone(),
+            lease: c.lease.clone(),
+            outcome: outcome_of(&c.room_id),
+        })
+        .collect();
     world.producer.mark(&marks, now).await.unwrap();
 }

@@ -3,6 +3,7 @@
 
 mod acceptance;
 mod admin;
+mod adoption;
 mod binary;
 mod browser;
 mod claims;
@@ -14,6 +15,7 @@ mod operations;
 mod permissions;
 mod pipeline;
 mod process;
+mod producer;
 mod sandbox;
 mod scale;
 mod support;

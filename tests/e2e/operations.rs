@@ -154,6 +154,7 @@ async fn admin_commands_show_retry_and_purge() {
         .iter()
         .map(|c| outbox_host::store::Mark {
             id: c.id,
+            event_id: c.event_id.clone(),
             lease: c.lease.clone(),
             outcome: outbox_host::store::Outcome::Fail {
                 error: format!("Tencent IM error 10010: group {} gone", c.room_id),

@@ -313,6 +313,20 @@ impl Running {
         .await;
     }
 
+    /// Waits for `status` on every listed event of `store`'s table.
+    pub async fn wait_status_in(&mut self, store: &dyn Store, event_ids: &[&str], status: Status) {
+        let what = format!("{event_ids:?} to be {status}");
+        self.wait_for(&what, || async {
+            for id in event_ids {
+                if store.get(id).await.unwrap().map(|r| r.status) != Some(status) {
+                    return false;
+                }
+            }
+            true
+        })
+        .await;
+    }
+
     /// Shuts down as on SIGTERM and waits for the host to finish.
     pub async fn stop(self) {
         self.shutdown.cancel();

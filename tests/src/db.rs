@@ -54,6 +54,22 @@ impl TestDb {
         Some(TestDb { url: url.to_string(), name: database, _dir: None })
     }
 
+    /// Runs one statement on this database over a connection of its own, as an operator or
+    /// another service would; returns the rows it affected.
+    pub async fn execute(&self, sql: &str) -> Result<u64, sqlx::Error> {
+        use sqlx::Connection as _;
+        if self.url.starts_with("sqlite:") {
+            let mut c = sqlx::SqliteConnection::connect(&self.url).await?;
+            Ok(sqlx::raw_sql(sql).execute(&mut c).await?.rows_affected())
+        } else if self.url.starts_with("postgres") {
+            let mut c = sqlx::PgConnection::connect(&self.url).await?;
+            Ok(sqlx::raw_sql(sql).execute(&mut c).await?.rows_affected())
+        } else {
+            let mut c = sqlx::MySqlConnection::connect(&self.url).await?;
+            Ok(sqlx::raw_sql(sql).execute(&mut c).await?.rows_affected())
+        }
+    }
+
     /// The schema (PostgreSQL) or database (MySQL) name.
     pub fn name(&self) -> &str {
         &self.name

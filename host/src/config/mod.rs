@@ -214,6 +214,8 @@ fn identifier_limit(backend: crate::store::Backend) -> Option<usize> {
 
 fn read_admin(f: &mut Fields<'_>, notes: &mut Vec<String>) -> AdminConfig {
     let stats_interval = positive_duration(f, "stats_interval", DEFAULT_STATS_INTERVAL, notes);
+    let unready_after_db_failures =
+        positive_count(f, "unready_after_db_failures", DEFAULT_UNREADY_AFTER_DB_FAILURES, notes);
     let text = f.take::<String>("listen").unwrap_or_else(|| DEFAULT_ADMIN_LISTEN.into());
     let listen = if text.is_empty() {
         None
@@ -242,7 +244,7 @@ fn read_admin(f: &mut Fields<'_>, notes: &mut Vec<String>) -> AdminConfig {
         }
     }
     let allowed_hosts = allowed_hosts.into_iter().map(|h| h.to_ascii_lowercase()).collect();
-    AdminConfig { listen, stats_interval, token, allowed_hosts }
+    AdminConfig { listen, stats_interval, unready_after_db_failures, token, allowed_hosts }
 }
 
 /// Reads a duration key; non-positive values fall back to `default` with a note.

@@ -23,7 +23,7 @@ mod retry;
 use buffer::{Buffer, RoomKey, room_of};
 
 use crate::sandbox::{Deliver, FailureClass};
-use crate::store::{Claimed, Lease, Mark, Outcome, Store, now_ms};
+use crate::store::{Claimed, Held, Mark, Outcome, Store, now_ms};
 use crate::text::printable;
 use crate::text::short_error;
 pub use retry::after_failure;
@@ -52,11 +52,16 @@ pub enum Signal {
     Stopped,
 }
 
-/// An outcome on its way to the writer, with the event id to name it by if it cannot be
-/// written before shutdown gives up.
+/// How long this process's worker ids are on `node_id` (`<node_id>-<pid>-<8 hex digits>`),
+/// for the check that the table's `worker_id` column holds them.
+pub fn worker_id_len(node_id: &str) -> usize {
+    node_id.len() + 1 + std::process::id().to_string().len() + 1 + 8
+}
+
+/// An outcome on its way to the writer (its event id names it if it cannot be written
+/// before shutdown gives up).
 struct Pending {
     mark: Mark,
-    event_id: String,
 }
 
 /// The `room_outbox` worker (room-service's compensation worker, as a product), for one sink.
@@ -82,6 +87,7 @@ impl Worker {
     ) -> Arc<Worker> {
         let random = crate::clock::random_u64();
         let worker_id = format!("{node_id}-{}-{:08x}", std::process::id(), random as u32);
+        debug_assert_eq!(worker_id.len(), worker_id_len(node_id));
         let (signals, _) = broadcast::channel(1024);
         Arc::new(Worker { store, sink, config, node_id: node_id.to_string(), worker_id, signals, metrics })
     }
@@ -177,7 +183,7 @@ impl Worker {
         };
         give_up_later.abort();
         if !unwritten.is_empty() {
-            let ids: Vec<&str> = unwritten.iter().map(|p| p.event_id.as_str()).collect();
+            let ids: Vec<&str> = unwritten.iter().map(|p| p.mark.event_id.as_str()).collect();
             tracing::error!(
                 worker = "room_outbox",
                 node_id = %self.node_id,
@@ -238,7 +244,7 @@ impl Worker {
             let rows = match rows {
                 Ok(rows) => rows,
                 Err(e) => {
-                    self.metrics.db_error("claim");
+                    self.metrics.db_error("claim", &e);
                     tracing::warn!(worker = "room_outbox", node_id = %self.node_id, error = %e, retry_in_ms = backoff.as_millis() as u64, "claim failed; will retry");
                     sleep_or_cancel(backoff, &shutdown).await;
                     backoff = (backoff * 2).min(MAX_DB_BACKOFF);
@@ -246,6 +252,7 @@ impl Worker {
                 }
             };
             backoff = Duration::from_millis(100);
+            self.metrics.db_ok();
             if rows.is_empty() {
                 self.signal(Signal::Idle);
                 self.idle_wait(&wake, probing, &shutdown).await;
@@ -313,7 +320,7 @@ impl Worker {
                     Err(panic) => this.after_panic(&row, panic),
                 };
                 let Claimed { id, lease, event_id, .. } = row;
-                (key, Pending { mark: Mark { id, lease, outcome }, event_id })
+                (key, Pending { mark: Mark { id, event_id, lease, outcome } })
             });
         }
         if !late.is_empty() {
@@ -365,7 +372,7 @@ impl Worker {
         if rows.is_empty() {
             return;
         }
-        let rows: Vec<(i64, Lease)> = rows.iter().map(|r| (r.id, r.lease.clone())).collect();
+        let rows: Vec<Held> = rows.iter().map(Held::from).collect();
         let rows = rows.as_slice();
         let released = tokio::time::timeout(self.config.shutdown_grace, self.store.release(rows, now_ms()))
             .await
@@ -378,7 +385,7 @@ impl Worker {
             }
             // Not fatal: the leases expire and any worker claims the rows again.
             Err(e) => {
-                self.metrics.db_error("release");
+                self.metrics.db_error("release", &e);
                 tracing::warn!(worker = "room_outbox", node_id = %self.node_id, error = %e, rows = rows.len(), "could not hand back rows; they become claimable when their lease expires")
             }
         }
@@ -415,7 +422,10 @@ impl Worker {
                     () = give_up.cancelled() => Err(crate::store::StoreError::Unavailable("shutdown grace ran out".into())),
                 };
                 match written {
-                    Ok(_) => break,
+                    Ok(_) => {
+                        self.metrics.db_ok();
+                        break;
+                    }
                     Err(_) if give_up.is_cancelled() => {
                         rx.close();
                         while let Ok(pending) = rx.try_recv() {
@@ -424,7 +434,7 @@ impl Worker {
                         return batch;
                     }
                     Err(e) => {
-                        self.metrics.db_error("mark");
+                        self.metrics.db_error("mark", &e);
                         tracing::warn!(worker = "room_outbox", node_id = %self.node_id, error = %e, outcomes = batch.len(), "could not record outcomes; will retry");
                         tokio::select! {
                             () = tokio::time::sleep(backoff) => {}

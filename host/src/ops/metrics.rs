@@ -17,6 +17,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::ops::health::DbHealth;
 use crate::store::{Stats, Status};
 
 /// Upper bounds of the latency buckets, in milliseconds.
@@ -88,6 +89,7 @@ pub struct Metrics {
     oldest_waiting_age_ms: Gauge,
     stats_up: Gauge,
     delivered_total: AtomicU64,
+    db_health: DbHealth,
 }
 
 impl Metrics {
@@ -113,6 +115,7 @@ impl Metrics {
             oldest_waiting_age_ms: Gauge::default(),
             stats_up: Gauge::default(),
             delivered_total: AtomicU64::new(0),
+            db_health: DbHealth::default(),
         };
         m.register();
         // Series that should read 0 rather than be missing before anything happens.
@@ -240,9 +243,20 @@ impl Metrics {
         self.panics.get_or_create(&self.sink_label()).inc();
     }
 
-    /// A database operation failed.
-    pub fn db_error(&self, operation: &'static str) {
+    /// A database operation failed: counted, and remembered for readiness and the page.
+    pub fn db_error(&self, operation: &'static str, error: &dyn std::fmt::Display) {
         self.db_errors.get_or_create(&OpLabel { op: operation.into() }).inc();
+        self.db_health.failed(operation, error, crate::clock::now_ms());
+    }
+
+    /// A claim or an outcome write succeeded: ends a run of failures.
+    pub fn db_ok(&self) {
+        self.db_health.succeeded();
+    }
+
+    /// The run of failed claims and writes, and the last database error.
+    pub fn db_health(&self) -> &DbHealth {
+        &self.db_health
     }
 
     /// The latest table counts (from the periodic refresh).

@@ -3,6 +3,7 @@
 
 pub mod actions;
 pub mod admin;
+pub mod health;
 pub mod metrics;
 pub mod page;
 pub mod report;

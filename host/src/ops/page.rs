@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use crate::ops::health::DbFailure;
 use crate::store::{Minute, Row, Stats, Status};
 use crate::units::format_duration;
 
@@ -26,6 +27,8 @@ pub struct PageData<'a> {
     pub flash: Option<&'a str>,
     /// The form token when retrying from the page is possible (`admin.token` is set).
     pub form_token: Option<String>,
+    /// The worker's last database error since start.
+    pub db_failure: Option<DbFailure>,
 }
 
 /// Text from the table shown on the page: control and reordering characters made visible,
@@ -56,6 +59,15 @@ pub fn render(d: &PageData<'_>) -> String {
     );
     if let Some(flash) = d.flash {
         let _ = write!(h, "<p class=\"flash\" id=\"flash\">{}</p>", esc(flash));
+    }
+    if let Some(f) = &d.db_failure {
+        let _ = write!(
+            h,
+            "<p class=\"dberror\" id=\"db-error\">Last database error ({op}, {ago} ago): <code>{error}</code></p>",
+            op = f.operation,
+            ago = age(d.now_ms - f.at_ms),
+            error = show(&f.error),
+        );
     }
 
     h.push_str("<section><h2>Rows</h2><table id=\"counts\"><tr>");
@@ -200,13 +212,17 @@ table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding
 td.failed{color:#b00}td.retryable{color:#a60}td.delivered{color:#070}code{font-size:12px}\
 .flash{background:#eef6ee;border:1px solid #9c9;padding:.5em}svg .delivered,.legend .delivered{fill:#2a2;color:#2a2}\
 svg .failed,.legend .failed{fill:#c22;color:#c22}svg .axis{stroke:#999}form{margin:0}button{cursor:pointer}\
-.note{color:#555}";
+.note{color:#555}.dberror{background:#fde8e8;padding:.4em .6em;border-left:4px solid #c62828}";
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn page(stats: &Stats, failures: &[Row], form_token: Option<&str>) -> String {
+        page_with(stats, failures, form_token, None)
+    }
+
+    fn page_with(stats: &Stats, failures: &[Row], form_token: Option<&str>, db_failure: Option<DbFailure>) -> String {
         render(&PageData {
             table: "room_outbox",
             node_id: "n",
@@ -217,6 +233,7 @@ mod tests {
             now_ms: 0,
             flash: None,
             form_token: form_token.map(str::to_string),
+            db_failure,
         })
     }
 
@@ -254,5 +271,13 @@ mod tests {
         assert!(!html.contains('\u{202E}') && !html.contains('\u{1b}'));
         assert!(html.contains("id=\"retry-off\""), "no token: the page says retrying is off");
         assert!(!html.contains("<button"), "no token: no buttons");
+    }
+
+    #[test]
+    fn the_last_database_error_is_shown_escaped() {
+        let failure = DbFailure { operation: "claim", error: "Unknown column '<b>x</b>'".into(), at_ms: -5_000 };
+        let html = page_with(&Stats::default(), &[], None, Some(failure));
+        assert!(html.contains("id=\"db-error\">Last database error (claim, 5s ago): <code>Unknown column &#39;&lt;b&gt;x&lt;/b&gt;&#39;</code>"), "{html}");
+        assert!(!page(&Stats::default(), &[], None).contains("db-error"), "no error, no line");
     }
 }

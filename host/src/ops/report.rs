@@ -8,10 +8,17 @@ use crate::units::format_duration;
 /// Renders counts per status, the oldest waiting age and the top errors.
 pub fn status(table: &str, stats: &Stats, now_ms: i64) -> String {
     let mut out = String::new();
-    let total: i64 = stats.counts.iter().map(|(_, n)| n).sum();
+    let total: i64 = stats.counts.iter().map(|(_, n)| n).chain(stats.unknown_statuses.iter().map(|(_, n)| n)).sum();
     let _ = writeln!(out, "{table}: {total} rows");
     for status in Status::ALL {
         let _ = writeln!(out, "  {:<11} {:>10}", status.as_str(), stats.count(status));
+    }
+    for (status, n) in &stats.unknown_statuses {
+        let _ = writeln!(
+            out,
+            "  {:<11} {n:>10}  (not a status the host knows: never claimed; move these rows yourself)",
+            crate::text::printable(status, 40)
+        );
     }
     match stats.oldest_waiting_created_at_ms {
         Some(created) => {

@@ -4,6 +4,7 @@
 pub mod migrate;
 mod mysql;
 mod postgres;
+pub mod schema;
 mod sql;
 mod sqlite;
 
@@ -15,12 +16,32 @@ pub use postgres::PostgresStore;
 pub use sql::{Dialect, SqlStore};
 pub use sqlite::SqliteStore;
 
-/// The columns of a whole [`Row`].
-const ROW_COLUMNS: &str = "id, app_code, event_id, event_type, room_id, status, envelope, created_at_ms, \
+/// The columns of a whole [`Row`] after its key (see [`row_columns`]).
+const ROW_COLUMNS: &str = "app_code, event_id, event_type, room_id, status, envelope, created_at_ms, \
      retry_count, last_error, worker_id, lock_until_ms, next_retry_at_ms, updated_at_ms, delivered_at_ms";
 
-/// The columns a claim returns.
-const CLAIM_COLUMNS: &str = "id, app_code, event_id, event_type, room_id, envelope, created_at_ms, retry_count";
+/// The columns a claim returns after its key (see [`claim_columns`]).
+const CLAIM_COLUMNS: &str = "app_code, event_id, event_type, room_id, envelope, created_at_ms, retry_count";
+
+/// The key as the first selected column, `id`: the row's id, SQLite's rowid, or 0 where the
+/// table names rows by `event_id`.
+fn key_as_id(key: schema::Key) -> &'static str {
+    match key {
+        schema::Key::Id => "id",
+        schema::Key::RowId => "rowid AS id",
+        schema::Key::EventId => "0 AS id",
+    }
+}
+
+/// The columns of a whole [`Row`], in [`sql::decode_row`]'s order.
+fn row_columns(key: schema::Key) -> String {
+    format!("{}, {ROW_COLUMNS}", key_as_id(key))
+}
+
+/// The columns a claim returns, in [`sql::decode_claimed`]'s order.
+fn claim_columns(key: schema::Key) -> String {
+    format!("{}, {CLAIM_COLUMNS}", key_as_id(key))
+}
 
 /// The delivery state of one outbox row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -178,10 +199,29 @@ impl Outcome {
 pub struct Mark {
     /// Row id.
     pub id: i64,
+    /// The event, which names the row where the table has no `id` (see [`schema::Key`]).
+    pub event_id: String,
     /// The lease it was claimed under.
     pub lease: Lease,
     /// What happened.
     pub outcome: Outcome,
+}
+
+/// A claimed row to hand back, and the lease it is held under.
+#[derive(Debug, Clone)]
+pub struct Held {
+    /// Row id.
+    pub id: i64,
+    /// The event, which names the row where the table has no `id`.
+    pub event_id: String,
+    /// The lease it was claimed under.
+    pub lease: Lease,
+}
+
+impl From<&Claimed> for Held {
+    fn from(c: &Claimed) -> Self {
+        Held { id: c.id, event_id: c.event_id.clone(), lease: c.lease.clone() }
+    }
 }
 
 /// One whole row, for `status`, tests and operators.
@@ -230,6 +270,9 @@ pub struct Stats {
     pub top_errors: Vec<(String, i64)>,
     /// Rows the worker delivered in the last minute.
     pub delivered_last_minute: i64,
+    /// Rows in a status the host does not know (an older producer's `published`): never
+    /// claimed, shown so that someone decides what they are.
+    pub unknown_statuses: Vec<(String, i64)>,
 }
 
 /// Which `failed` rows an operator's retry moves back to `pending`.
@@ -301,8 +344,28 @@ impl From<sqlx::Error> for StoreError {
 /// The outbox table operations the worker and the admin commands need.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
-    /// Creates or upgrades the table and its indexes.
+    /// Creates or upgrades the table and its indexes. A table that exists but was not made
+    /// by the host (room-service's own) is adopted: what the host needs is added as online
+    /// steps, or, when a column cannot work as declared, nothing is changed and the error
+    /// lists every such column with the statement that would fix it.
     async fn migrate(&self) -> Result<(), StoreError>;
+
+    /// The database this store is on.
+    fn backend(&self) -> Backend;
+
+    /// The table's columns and indexes as the database describes them; `None` when there
+    /// is no such table.
+    async fn describe(&self) -> Result<Option<schema::TableInfo>, StoreError>;
+
+    /// What the host needs of the table and does not find, for a host whose worker ids are
+    /// `worker_id_chars` long; `None` when there is no such table.
+    async fn review(&self, worker_id_chars: Option<usize>) -> Result<Option<schema::Review>, StoreError> {
+        let table = self.table().to_string();
+        Ok(self.describe().await?.map(|info| schema::review(self.backend(), &table, &info, worker_id_chars)))
+    }
+
+    /// The outbox table's name.
+    fn table(&self) -> &str;
 
     /// Claims up to `limit` claimable rows (pending; retryable whose `next_retry_at_ms`
     /// has passed; delivering whose lease expired) in `created_at_ms, id` order, moving
@@ -323,7 +386,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Hands back rows that were claimed but never started: `pending` at once, lease
     /// cleared, only while still held under the same lease. Returns how many.
-    async fn release(&self, rows: &[(i64, Lease)], now_ms: i64) -> Result<u64, StoreError>;
+    async fn release(&self, rows: &[Held], now_ms: i64) -> Result<u64, StoreError>;
 
     /// Inserts rows as a producer would (the enqueue command and tests).
     async fn insert(&self, events: &[NewEvent]) -> Result<(), StoreError>;
@@ -403,9 +466,9 @@ impl Backend {
 /// the host (never the password).
 pub async fn open(url: &str, max_connections: u32, table: &str) -> Result<Arc<dyn Store>, StoreError> {
     Ok(match Backend::from_url(url).map_err(StoreError::Query)? {
-        Backend::Sqlite => Arc::new(SqliteStore::connect(url, max_connections, table).await?),
-        Backend::Postgres => Arc::new(PostgresStore::connect(url, max_connections, table).await?),
-        Backend::Mysql => Arc::new(MysqlStore::connect(url, max_connections, table).await?),
+        Backend::Sqlite => Arc::new(SqliteStore::connect(url, max_connections, table).await?.profiled().await?),
+        Backend::Postgres => Arc::new(PostgresStore::connect(url, max_connections, table).await?.profiled().await?),
+        Backend::Mysql => Arc::new(MysqlStore::connect(url, max_connections, table).await?.profiled().await?),
     })
 }
 
@@ -433,11 +496,18 @@ fn stats_from(
     top_errors: Vec<(String, i64)>,
     last_minute: i64,
 ) -> Stats {
+    let unknown_statuses = counts.iter().filter(|(name, _)| Status::parse(name).is_none()).cloned().collect();
     let counts = Status::ALL
         .into_iter()
         .map(|s| (s, counts.iter().find(|(name, _)| name == s.as_str()).map_or(0, |(_, n)| *n)))
         .collect();
-    Stats { counts, oldest_waiting_created_at_ms: oldest, top_errors, delivered_last_minute: last_minute }
+    Stats {
+        counts,
+        oldest_waiting_created_at_ms: oldest,
+        top_errors,
+        delivered_last_minute: last_minute,
+        unknown_statuses,
+    }
 }
 
 /// `LIKE` pattern matching `text` anywhere, with `!` escaping the wildcards (`ESCAPE '!'`
@@ -456,7 +526,7 @@ fn stats_sql(table: &str) -> [String; 3] {
         format!("SELECT MIN(created_at_ms) FROM {table} WHERE status IN ('pending', 'retryable')"),
         format!(
             "SELECT last_error, COUNT(*) AS n FROM {table} \
-             WHERE status IN ('retryable', 'failed') AND last_error IS NOT NULL \
+             WHERE status IN ('retryable', 'failed') AND last_error IS NOT NULL AND last_error <> '' \
              GROUP BY last_error ORDER BY n DESC, last_error LIMIT 5"
         ),
     ]

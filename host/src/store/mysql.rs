@@ -9,8 +9,12 @@ use sqlx::MySql;
 use sqlx::migrate::Migrator;
 use sqlx::mysql::MySqlPoolOptions;
 
+use sqlx::Row as _;
+use sqlx::mysql::MySqlRow;
+
+use super::schema::{Key, Profile};
 use super::sql::{ByCount, Dialect, MigrationLock, SqlStore, decode_routine_claimed};
-use super::{Claimed, Lease, Mark, StoreError};
+use super::{Backend, Claimed, Held, Lease, Mark, StoreError};
 
 /// MySQL's and MariaDB's [`Dialect`].
 pub struct MysqlDialect;
@@ -48,29 +52,101 @@ impl Dialect for MysqlDialect {
     type Db = MySql;
     type Statements = Statements;
 
-    fn statements(table: &str) -> Statements {
+    const BACKEND: Backend = Backend::Mysql;
+
+    fn statements(table: &str, profile: &Profile) -> Statements {
         let (failed_table, release_table) = (table.to_string(), table.to_string());
+        let (key, no_worker) = (profile.key.column(), profile.no_worker);
         Statements {
             claim: format!("CALL {table}_claim(?, ?, ?, ?)"),
             failed: ByCount::new(move |n| {
-                let case = |column: &str| format!("{column} = CASE id{} END", " WHEN ? THEN ?".repeat(n));
+                let case = |column: &str| format!("{column} = CASE {key}{} END", " WHEN ? THEN ?".repeat(n));
                 format!(
-                    "UPDATE {failed_table} SET {}, {}, {}, retry_count = retry_count + 1, worker_id = NULL, \
+                    "UPDATE {failed_table} SET {}, {}, {}, retry_count = retry_count + 1, worker_id = {no_worker}, \
                      lock_until_ms = 0, updated_at_ms = ? WHERE 1 = 1{}",
                     case("status"),
                     case("last_error"),
                     case("next_retry_at_ms"),
-                    lease_filter(n)
+                    lease_filter(key, n)
                 )
             }),
             release: ByCount::new(move |n| {
                 format!(
-                    "UPDATE {release_table} SET status = 'pending', worker_id = NULL, lock_until_ms = 0, \
+                    "UPDATE {release_table} SET status = 'pending', worker_id = {no_worker}, lock_until_ms = 0, \
                      updated_at_ms = ? WHERE 1 = 1{}",
-                    lease_filter(n)
+                    lease_filter(key, n)
                 )
             }),
         }
+    }
+
+    fn describe_sql(table: &str) -> [String; 2] {
+        [
+            format!(
+                "SELECT column_name, column_type, CASE WHEN is_nullable = 'YES' THEN 1 ELSE 0 END \
+                 FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = '{table}' \
+                 ORDER BY ordinal_position"
+            ),
+            format!(
+                "SELECT index_name, CASE WHEN non_unique = 0 THEN 1 ELSE 0 END, column_name \
+                 FROM information_schema.statistics WHERE table_schema = DATABASE() AND table_name = '{table}' \
+                 ORDER BY index_name, seq_in_index"
+            ),
+        ]
+    }
+
+    /// The claim procedure (version 3) of a table without `id` picks in `event_id` order,
+    /// carries the event ids (as text, so that a binary column reads the same in JSON),
+    /// and returns 0 for `id`.
+    fn adapt_migration(version: i64, sql: String, key: Key) -> Result<String, String> {
+        if version != 3 || key != Key::EventId {
+            return Ok(sql);
+        }
+        super::sql::replace_all(
+            sql,
+            &[
+                (
+                    "SELECT id, status, created_at_ms FROM",
+                    "SELECT CONVERT(event_id USING utf8mb4) AS id, status, created_at_ms, event_id AS k FROM",
+                ),
+                (
+                    "ORDER BY created_at_ms, id LIMIT p_limit FOR UPDATE",
+                    "ORDER BY created_at_ms, event_id LIMIT p_limit FOR UPDATE",
+                ),
+                ("ORDER BY created_at_ms, id LIMIT p_limit\n", "ORDER BY created_at_ms, k LIMIT p_limit\n"),
+                (
+                    "(id BIGINT PATH '$[0]')) AS p ON o.id = p.id",
+                    "(id VARCHAR(255) PATH '$[0]')) AS p ON o.event_id = p.id",
+                ),
+                ("SELECT o.id, o.app_code", "SELECT 0, o.app_code"),
+                ("COLUMNS (id BIGINT PATH '$[0]', was", "COLUMNS (id VARCHAR(255) PATH '$[0]', was"),
+                ("AS o ON o.id = p.id\n", "AS o ON o.event_id = p.id\n"),
+                ("ORDER BY o.created_at_ms, o.id;", "ORDER BY o.created_at_ms, o.event_id;"),
+            ],
+        )
+    }
+
+    // Unchecked: the value is read as the column's bytes say (any integer width, signed or
+    // not; any string collation, binary included); sqlx's type check would refuse
+    // `BIGINT UNSIGNED` and `VARBINARY` outright.
+    fn int(row: &MySqlRow, i: usize) -> Result<i64, sqlx::Error> {
+        row.try_get_unchecked(i)
+    }
+
+    fn opt_int(row: &MySqlRow, i: usize) -> Result<Option<i64>, sqlx::Error> {
+        row.try_get_unchecked(i)
+    }
+
+    fn text(row: &MySqlRow, i: usize) -> Result<String, sqlx::Error> {
+        row.try_get_unchecked(i)
+    }
+
+    fn opt_text(row: &MySqlRow, i: usize) -> Result<Option<String>, sqlx::Error> {
+        Ok(row.try_get_unchecked::<Option<String>, _>(i)?.filter(|t| !t.is_empty()))
+    }
+
+    fn bytes(row: &MySqlRow, i: usize) -> Result<Vec<u8>, sqlx::Error> {
+        row.try_get_unchecked(i)
     }
 
     fn param(n: usize) -> String {
@@ -114,36 +190,43 @@ impl Dialect for MysqlDialect {
             .fetch_all(&store.pool)
             .await?;
         let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms };
-        Ok(rows.iter().map(|r| decode_routine_claimed(r, lease.clone())).collect::<Result<_, _>>()?)
+        Ok(rows.iter().map(|r| decode_routine_claimed::<Self>(r, lease.clone())).collect::<Result<_, _>>()?)
     }
 
     /// `retryable`/`failed` outcomes, each only under its own lease, in one statement.
     async fn mark_failed(store: &MysqlStore, marks: &[&Mark], now_ms: i64) -> Result<u64, StoreError> {
         let sql = store.own.failed.get(marks.len());
         let mut q = sqlx::query(&sql);
-        // Bound in the order of the text: (id, status) …, (id, error) …, (id, next retry) …,
-        // then the time, then the leases.
-        for m in marks {
-            q = q.bind(m.id).bind(m.outcome.status().as_str());
+        let by_event = store.profile.key.is_text();
+        // Bound in the order of the text: (key, status) …, (key, error) …, (key, next
+        // retry) …, then the time, then the leases.
+        macro_rules! key {
+            ($q:expr, $m:expr) => {
+                if by_event { $q.bind($m.event_id.as_str()) } else { $q.bind($m.id) }
+            };
         }
         for m in marks {
-            q = q.bind(m.id).bind(m.outcome.error());
+            q = key!(q, m).bind(m.outcome.status().as_str());
         }
         for m in marks {
-            q = q.bind(m.id).bind(m.outcome.next_retry_at_ms());
+            q = key!(q, m).bind(m.outcome.error().map(|e| store.fit_error(e).into_owned()));
+        }
+        for m in marks {
+            q = key!(q, m).bind(m.outcome.next_retry_at_ms());
         }
         q = q.bind(now_ms);
         for m in marks {
-            q = q.bind(m.id).bind(m.lease.worker_id.as_str()).bind(m.lease.lock_until_ms);
+            q = key!(q, m).bind(m.lease.worker_id.as_str()).bind(m.lease.lock_until_ms);
         }
         Ok(q.execute(&store.pool).await?.rows_affected())
     }
 
-    async fn release_rows(store: &MysqlStore, rows: &[(i64, Lease)], now_ms: i64) -> Result<u64, StoreError> {
+    async fn release_rows(store: &MysqlStore, rows: &[Held], now_ms: i64) -> Result<u64, StoreError> {
         let sql = store.own.release.get(rows.len());
         let mut q = sqlx::query(&sql).bind(now_ms);
-        for (id, lease) in rows {
-            q = q.bind(*id).bind(lease.worker_id.as_str()).bind(lease.lock_until_ms);
+        for r in rows {
+            q = if store.profile.key.is_text() { q.bind(r.event_id.as_str()) } else { q.bind(r.id) };
+            q = q.bind(r.lease.worker_id.as_str()).bind(r.lease.lock_until_ms);
         }
         Ok(q.execute(&store.pool).await?.rows_affected())
     }
@@ -159,11 +242,11 @@ pub struct Statements {
     release: ByCount,
 }
 
-/// ` AND status = 'delivering' AND (id, worker_id, lock_until_ms) IN ((?, ?, ?), …)` for
+/// ` AND status = 'delivering' AND (key, worker_id, lock_until_ms) IN ((?, ?, ?), …)` for
 /// `count` rows: only rows still held under the same lease.
-fn lease_filter(count: usize) -> String {
+fn lease_filter(key: &str, count: usize) -> String {
     format!(
-        " AND status = 'delivering' AND (id, worker_id, lock_until_ms) IN ({})",
+        " AND status = 'delivering' AND ({key}, worker_id, lock_until_ms) IN ({})",
         vec!["(?, ?, ?)"; count].join(", ")
     )
 }

@@ -15,8 +15,12 @@ use sqlx::postgres::PgPoolOptions;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use sqlx::postgres::PgRow;
+use sqlx::{Column as _, Row as _, TypeInfo as _};
+
+use super::schema::{Key, Profile};
 use super::sql::{Dialect, MigrationLock, SqlStore, decode_routine_claimed};
-use super::{CLAIM_COLUMNS, Claimed, Lease, Mark, StoreError};
+use super::{Backend, CLAIM_COLUMNS, Claimed, Held, Lease, Mark, StoreError};
 
 /// The longest wait between attempts to listen again.
 const MAX_LISTEN_BACKOFF: Duration = Duration::from_secs(5);
@@ -45,27 +49,93 @@ impl Dialect for PostgresDialect {
     type Db = Postgres;
     type Statements = Statements;
 
-    fn statements(table: &str) -> Statements {
+    const BACKEND: Backend = Backend::Postgres;
+
+    fn statements(table: &str, profile: &Profile) -> Statements {
         let t = table;
+        let (key, no_worker, no_error) = (profile.key.column(), profile.no_worker, profile.no_error);
+        let keys = if profile.key.is_text() { "TEXT[]" } else { "BIGINT[]" };
         Statements {
-            claim: format!("SELECT {CLAIM_COLUMNS}, was FROM {t}_claim($1, $2, $3, $4)"),
+            claim: format!("SELECT id, {CLAIM_COLUMNS}, was FROM {t}_claim($1, $2, $3, $4)"),
             delivered: format!(
-                "UPDATE {t} SET status = 'delivered', last_error = NULL, worker_id = NULL, lock_until_ms = 0, \
-                 updated_at_ms = $1, delivered_at_ms = $1 WHERE status <> 'delivered' AND id = ANY($2)"
+                "UPDATE {t} SET status = 'delivered', last_error = {no_error}, worker_id = {no_worker}, lock_until_ms = 0, \
+                 updated_at_ms = $1, delivered_at_ms = $1 WHERE status <> 'delivered' AND {key} = ANY($2::{keys})"
             ),
             failed: format!(
                 "UPDATE {t} AS o SET status = m.status, retry_count = o.retry_count + 1, last_error = m.error, \
-                 next_retry_at_ms = m.next_retry_at_ms, worker_id = NULL, lock_until_ms = 0, updated_at_ms = $7 \
-                 FROM UNNEST($1::BIGINT[], $2::TEXT[], $3::BIGINT[], $4::TEXT[], $5::TEXT[], $6::BIGINT[]) \
-                      AS m(id, worker_id, lock_until_ms, status, error, next_retry_at_ms) \
-                 WHERE o.id = m.id AND o.status = 'delivering' AND o.worker_id = m.worker_id AND o.lock_until_ms = m.lock_until_ms"
+                 next_retry_at_ms = m.next_retry_at_ms, worker_id = {no_worker}, lock_until_ms = 0, updated_at_ms = $7 \
+                 FROM UNNEST($1::{keys}, $2::TEXT[], $3::BIGINT[], $4::TEXT[], $5::TEXT[], $6::BIGINT[]) \
+                      AS m(k, worker_id, lock_until_ms, status, error, next_retry_at_ms) \
+                 WHERE o.{key} = m.k AND o.status = 'delivering' AND o.worker_id = m.worker_id AND o.lock_until_ms = m.lock_until_ms"
             ),
             release: format!(
-                "UPDATE {t} AS o SET status = 'pending', worker_id = NULL, lock_until_ms = 0, updated_at_ms = $4 \
-                 FROM UNNEST($1::BIGINT[], $2::TEXT[], $3::BIGINT[]) AS m(id, worker_id, lock_until_ms) \
-                 WHERE o.id = m.id AND o.status = 'delivering' AND o.worker_id = m.worker_id AND o.lock_until_ms = m.lock_until_ms"
+                "UPDATE {t} AS o SET status = 'pending', worker_id = {no_worker}, lock_until_ms = 0, updated_at_ms = $4 \
+                 FROM UNNEST($1::{keys}, $2::TEXT[], $3::BIGINT[]) AS m(k, worker_id, lock_until_ms) \
+                 WHERE o.{key} = m.k AND o.status = 'delivering' AND o.worker_id = m.worker_id AND o.lock_until_ms = m.lock_until_ms"
             ),
         }
+    }
+
+    fn describe_sql(table: &str) -> [String; 2] {
+        [
+            format!(
+                "SELECT a.attname::TEXT, format_type(a.atttypid, a.atttypmod), CASE WHEN a.attnotnull THEN 0 ELSE 1 END::INT8 \
+                 FROM pg_attribute a WHERE a.attrelid = to_regclass('{table}') AND a.attnum > 0 AND NOT a.attisdropped \
+                 ORDER BY a.attnum"
+            ),
+            format!(
+                "SELECT i.relname::TEXT, CASE WHEN x.indisunique THEN 1 ELSE 0 END::INT8, a.attname::TEXT \
+                 FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid \
+                 CROSS JOIN LATERAL unnest(x.indkey::INT2[]) WITH ORDINALITY AS k(attnum, n) \
+                 JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum \
+                 WHERE x.indrelid = to_regclass('{table}') ORDER BY i.relname, k.n"
+            ),
+        ]
+    }
+
+    /// The claim function (version 2) of a table without `id` picks, leases and returns its
+    /// rows by `event_id`, and returns 0 for `id`.
+    fn adapt_migration(version: i64, sql: String, key: Key) -> Result<String, String> {
+        if version != 2 || key != Key::EventId {
+            return Ok(sql);
+        }
+        super::sql::replace_all(
+            sql,
+            &[
+                ("SELECT c.id, c.status AS was FROM", "SELECT c.event_id AS id, c.status AS was FROM"),
+                ("ORDER BY c.created_at_ms, c.id", "ORDER BY c.created_at_ms, c.event_id"),
+                ("WHERE o.id = picked.id", "WHERE o.event_id = picked.id"),
+                ("RETURNING o.id,", "RETURNING 0::BIGINT,"),
+            ],
+        )
+    }
+
+    fn int(row: &PgRow, i: usize) -> Result<i64, sqlx::Error> {
+        match row.try_column(i)?.type_info().name() {
+            "INT4" => row.try_get::<i32, _>(i).map(i64::from),
+            "INT2" => row.try_get::<i16, _>(i).map(i64::from),
+            _ => row.try_get(i),
+        }
+    }
+
+    fn opt_int(row: &PgRow, i: usize) -> Result<Option<i64>, sqlx::Error> {
+        match row.try_column(i)?.type_info().name() {
+            "INT4" => row.try_get::<Option<i32>, _>(i).map(|n| n.map(i64::from)),
+            "INT2" => row.try_get::<Option<i16>, _>(i).map(|n| n.map(i64::from)),
+            _ => row.try_get(i),
+        }
+    }
+
+    fn text(row: &PgRow, i: usize) -> Result<String, sqlx::Error> {
+        row.try_get(i)
+    }
+
+    fn opt_text(row: &PgRow, i: usize) -> Result<Option<String>, sqlx::Error> {
+        Ok(row.try_get::<Option<String>, _>(i)?.filter(|t| !t.is_empty()))
+    }
+
+    fn bytes(row: &PgRow, i: usize) -> Result<Vec<u8>, sqlx::Error> {
+        row.try_get(i)
     }
 
     fn param(n: usize) -> String {
@@ -125,12 +195,15 @@ impl Dialect for PostgresDialect {
     }
 
     fn migration_lock(table: &str) -> MigrationLock {
-        // Serialise concurrent starters on this table's migrations, for the transaction.
+        // Serialise concurrent starters on this table's migrations. A session lock, not a
+        // transaction: adopting a table builds its index CONCURRENTLY, which no transaction
+        // may hold; each migration file is still one implicit transaction of its own.
+        let lock = format!("hashtext('{table}_migrations')");
         MigrationLock {
-            take: format!("BEGIN; SELECT pg_advisory_xact_lock(hashtext('{table}_migrations'))"),
+            take: format!("SELECT pg_advisory_lock({lock})"),
             checked: false,
-            keep: "COMMIT".into(),
-            undo: "ROLLBACK".into(),
+            keep: format!("SELECT pg_advisory_unlock({lock})"),
+            undo: format!("SELECT pg_advisory_unlock({lock})"),
         }
     }
 
@@ -152,17 +225,22 @@ impl Dialect for PostgresDialect {
             .await?;
         let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms };
         let mut claimed =
-            rows.iter().map(|r| decode_routine_claimed(r, lease.clone())).collect::<Result<Vec<_>, _>>()?;
+            rows.iter().map(|r| decode_routine_claimed::<Self>(r, lease.clone())).collect::<Result<Vec<_>, _>>()?;
         claimed.sort_by_key(|c| (c.created_at_ms, c.id));
         Ok(claimed)
     }
 
-    async fn mark_delivered(store: &PostgresStore, ids: &[i64], now_ms: i64) -> Result<Option<u64>, StoreError> {
-        if ids.is_empty() {
+    async fn mark_delivered(store: &PostgresStore, marks: &[&Mark], now_ms: i64) -> Result<Option<u64>, StoreError> {
+        if marks.is_empty() {
             return Ok(Some(0));
         }
-        let done = sqlx::query(&store.own.delivered).bind(now_ms).bind(ids).execute(&store.pool).await?;
-        Ok(Some(done.rows_affected()))
+        let q = sqlx::query(&store.own.delivered).bind(now_ms);
+        let q = if store.profile.key.is_text() {
+            q.bind(marks.iter().map(|m| m.event_id.as_str()).collect::<Vec<_>>())
+        } else {
+            q.bind(marks.iter().map(|m| m.id).collect::<Vec<_>>())
+        };
+        Ok(Some(q.execute(&store.pool).await?.rows_affected()))
     }
 
     /// `retryable`/`failed` outcomes, each only under its own lease, in one statement.
@@ -170,12 +248,14 @@ impl Dialect for PostgresDialect {
         let mut changed = 0;
         let failed = FailedMarks::from(marks);
         if !failed.ids.is_empty() {
-            changed += sqlx::query(&store.own.failed)
-                .bind(&failed.ids)
+            let errors: Vec<std::borrow::Cow<'_, str>> = failed.errors.iter().map(|e| store.fit_error(e)).collect();
+            let q = sqlx::query(&store.own.failed);
+            let q = if store.profile.key.is_text() { q.bind(&failed.event_ids) } else { q.bind(&failed.ids) };
+            changed += q
                 .bind(&failed.worker_ids)
                 .bind(&failed.lock_untils)
                 .bind(&failed.statuses)
-                .bind(&failed.errors)
+                .bind(errors.iter().map(|e| e.as_ref()).collect::<Vec<&str>>())
                 .bind(&failed.next_retry_ats)
                 .bind(now_ms)
                 .execute(&store.pool)
@@ -185,17 +265,16 @@ impl Dialect for PostgresDialect {
         Ok(changed)
     }
 
-    async fn release_rows(store: &PostgresStore, rows: &[(i64, Lease)], now_ms: i64) -> Result<u64, StoreError> {
-        let ids: Vec<i64> = rows.iter().map(|(id, _)| *id).collect();
-        let workers: Vec<&str> = rows.iter().map(|(_, l)| l.worker_id.as_str()).collect();
-        let locks: Vec<i64> = rows.iter().map(|(_, l)| l.lock_until_ms).collect();
-        let result = sqlx::query(&store.own.release)
-            .bind(&ids)
-            .bind(&workers)
-            .bind(&locks)
-            .bind(now_ms)
-            .execute(&store.pool)
-            .await?;
+    async fn release_rows(store: &PostgresStore, rows: &[Held], now_ms: i64) -> Result<u64, StoreError> {
+        let workers: Vec<&str> = rows.iter().map(|r| r.lease.worker_id.as_str()).collect();
+        let locks: Vec<i64> = rows.iter().map(|r| r.lease.lock_until_ms).collect();
+        let q = sqlx::query(&store.own.release);
+        let q = if store.profile.key.is_text() {
+            q.bind(rows.iter().map(|r| r.event_id.as_str()).collect::<Vec<_>>())
+        } else {
+            q.bind(rows.iter().map(|r| r.id).collect::<Vec<_>>())
+        };
+        let result = q.bind(&workers).bind(&locks).bind(now_ms).execute(&store.pool).await?;
         Ok(result.rows_affected())
     }
 }
@@ -212,6 +291,7 @@ pub struct Statements {
 /// them all at once.
 struct FailedMarks<'a> {
     ids: Vec<i64>,
+    event_ids: Vec<&'a str>,
     worker_ids: Vec<&'a str>,
     lock_untils: Vec<i64>,
     statuses: Vec<&'static str>,
@@ -223,6 +303,7 @@ impl<'a> From<&[&'a Mark]> for FailedMarks<'a> {
     fn from(marks: &[&'a Mark]) -> Self {
         let mut out = FailedMarks {
             ids: vec![],
+            event_ids: vec![],
             worker_ids: vec![],
             lock_untils: vec![],
             statuses: vec![],
@@ -232,6 +313,7 @@ impl<'a> From<&[&'a Mark]> for FailedMarks<'a> {
         for m in marks {
             let Some(error) = m.outcome.error() else { continue };
             out.ids.push(m.id);
+            out.event_ids.push(&m.event_id);
             out.worker_ids.push(&m.lease.worker_id);
             out.lock_untils.push(m.lease.lock_until_ms);
             out.statuses.push(m.outcome.status().as_str());

@@ -9,10 +9,11 @@ use std::marker::PhantomData;
 
 use async_trait::async_trait;
 use sqlx::migrate::Migrator;
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Pool, Type};
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
 
+use super::schema::{self, Key, Profile, TableInfo};
 use super::{
-    Claimed, Lease, Mark, Minute, NewEvent, Outcome, ROW_COLUMNS, RetryFilter, Row, Stats, Status, Store, StoreError,
+    Backend, Claimed, Held, Lease, Mark, Minute, NewEvent, Outcome, RetryFilter, Row, Stats, Status, Store, StoreError,
     now_ms,
 };
 
@@ -22,11 +23,41 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// The sqlx database.
     type Db: Database;
 
+    /// Which database this is.
+    const BACKEND: Backend;
+
     /// The dialect's own statements, built once per store ([`Dialect::statements`]).
     type Statements: Send + Sync + 'static;
 
-    /// Builds the dialect's own statements for `table`.
-    fn statements(table: &str) -> Self::Statements;
+    /// Builds the dialect's own statements for `table`, written as `profile` says.
+    fn statements(table: &str, profile: &Profile) -> Self::Statements;
+
+    /// The two queries that describe `table`: its columns (name, declared type, nullable as
+    /// 0/1) in table order, and its indexes (name, unique as 0/1, column), one row per
+    /// indexed column in index order. No rows: no such table.
+    fn describe_sql(table: &str) -> [String; 2];
+
+    /// Migration `sql` (version `version`) for a table whose rows are named by `key`: the
+    /// claim routines name rows by `id`, which a table made elsewhere may not have.
+    fn adapt_migration(_version: i64, sql: String, _key: Key) -> Result<String, String> {
+        Ok(sql)
+    }
+
+    /// Column `i` of `row` as an integer, whatever its width and signedness.
+    fn int(row: &<Self::Db as Database>::Row, i: usize) -> Result<i64, sqlx::Error>;
+
+    /// Column `i` of `row` as an integer or `NULL`.
+    fn opt_int(row: &<Self::Db as Database>::Row, i: usize) -> Result<Option<i64>, sqlx::Error>;
+
+    /// Column `i` of `row` as text, whatever its collation (binary included).
+    fn text(row: &<Self::Db as Database>::Row, i: usize) -> Result<String, sqlx::Error>;
+
+    /// Column `i` of `row` as text or `NULL`; an empty string (a `NOT NULL DEFAULT ''`
+    /// column's "nothing") reads as `NULL`.
+    fn opt_text(row: &<Self::Db as Database>::Row, i: usize) -> Result<Option<String>, sqlx::Error>;
+
+    /// Column `i` of `row` as bytes.
+    fn bytes(row: &<Self::Db as Database>::Row, i: usize) -> Result<Vec<u8>, sqlx::Error>;
 
     /// The dialect's migrations (`migrations/<dialect>/`).
     fn migrator() -> &'static Migrator;
@@ -72,7 +103,11 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// Writes `delivered` for these rows in one statement of the dialect's own, if it has a
     /// better one than the shared `IN` list (PostgreSQL binds one array, so the statement's
     /// text, and its prepared plan, never change); `None` to use the shared one.
-    async fn mark_delivered(_store: &SqlStore<Self>, _ids: &[i64], _now_ms: i64) -> Result<Option<u64>, StoreError> {
+    async fn mark_delivered(
+        _store: &SqlStore<Self>,
+        _marks: &[&Mark],
+        _now_ms: i64,
+    ) -> Result<Option<u64>, StoreError> {
         Ok(None)
     }
 
@@ -81,7 +116,7 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     async fn mark_failed(store: &SqlStore<Self>, marks: &[&Mark], now_ms: i64) -> Result<u64, StoreError>;
 
     /// Hands back unstarted rows to `pending` (a non-empty list), each only under its lease.
-    async fn release_rows(store: &SqlStore<Self>, rows: &[(i64, Lease)], now_ms: i64) -> Result<u64, StoreError>;
+    async fn release_rows(store: &SqlStore<Self>, rows: &[Held], now_ms: i64) -> Result<u64, StoreError>;
 }
 
 /// Statements around applying migrations, run on one connection: `take` before (it may
@@ -138,37 +173,38 @@ struct SharedStatements {
     purge_pick: String,
     purge_delete: ByCount,
     has_pending: String,
+    /// An operator's retry, before its filter.
+    retry_set: String,
 }
 
 impl SharedStatements {
-    fn new<D: Dialect>(table: &str) -> Self {
+    fn new<D: Dialect>(table: &str, profile: &Profile) -> Self {
         let t = table.to_string();
         let (p1, p2) = (D::param(1), D::param(2));
+        let (key, no_worker, no_error) = (profile.key.column(), profile.no_worker, profile.no_error);
+        let row_columns = super::row_columns(profile.key);
         SharedStatements {
             versions: format!("SELECT version FROM {t}_migrations"),
             delivered: ByCount::new({
                 let t = t.clone();
                 move |n| {
                     format!(
-                        "UPDATE {t} SET status = 'delivered', last_error = NULL, worker_id = NULL, lock_until_ms = 0, \
-                         updated_at_ms = {}, delivered_at_ms = {} WHERE status <> 'delivered' AND id IN ({})",
+                        "UPDATE {t} SET status = 'delivered', last_error = {no_error}, worker_id = {no_worker}, \
+                         lock_until_ms = 0, updated_at_ms = {}, delivered_at_ms = {} \
+                         WHERE status <> 'delivered' AND {key} IN ({})",
                         D::param(1),
                         D::param(2),
                         params::<D>(3, n),
                     )
                 }
             }),
+            // The producer crate's statement, so that `enqueue` and every Rust producer write
+            // rows the same way.
             insert: ByCount::new({
                 let t = t.clone();
-                move |n| {
-                    let rows: Vec<String> = (0..n).map(|i| format!("({})", params::<D>(i * 7 + 1, 7))).collect();
-                    format!(
-                        "INSERT INTO {t} (app_code, event_id, event_type, room_id, status, envelope, created_at_ms) VALUES {}",
-                        rows.join(", ")
-                    )
-                }
+                move |n| outbox_producer::sql::insert(&t, n, D::param)
             }),
-            get: format!("SELECT {ROW_COLUMNS} FROM {t} WHERE event_id = {p1}"),
+            get: format!("SELECT {row_columns} FROM {t} WHERE event_id = {p1}"),
             stats: super::stats_sql(&t),
             last_minute: format!("SELECT COUNT(*) FROM {t} WHERE status = 'delivered' AND delivered_at_ms >= {p1}"),
             // `x - x % 60000` floors to the minute, and COUNT is a BIGINT, in every dialect.
@@ -180,19 +216,28 @@ impl SharedStatements {
                    WHERE status = 'failed' AND updated_at_ms >= {p2}) per_row GROUP BY m ORDER BY m"
             ),
             recent_failures: format!(
-                "SELECT {ROW_COLUMNS} FROM {t} WHERE status IN ('failed', 'retryable') \
-                 ORDER BY updated_at_ms DESC, id DESC LIMIT {p1}"
+                "SELECT {row_columns} FROM {t} WHERE status IN ('failed', 'retryable') \
+                 ORDER BY updated_at_ms DESC, {key} DESC LIMIT {p1}"
             ),
             // Pick the ids first, then delete them: one bounded statement each, and the same
             // in every dialect (MySQL cannot delete from a subquery on its table).
+            // A row delivered by its producer's own publish may never have had updated_at_ms
+            // set (a table adopted from elsewhere defaults it to 0): it is at least as young
+            // as its created_at_ms.
             purge_pick: format!(
-                "SELECT id FROM {t} WHERE status = 'delivered' AND updated_at_ms < {p1} ORDER BY id LIMIT {p2}"
+                "SELECT {key} FROM {t} WHERE status = 'delivered' AND updated_at_ms < {p1} AND created_at_ms < {p2} \
+                 ORDER BY {key} LIMIT {}",
+                D::param(3)
             ),
             purge_delete: ByCount::new({
                 let t = t.clone();
-                move |n| format!("DELETE FROM {t} WHERE status = 'delivered' AND id IN ({})", params::<D>(1, n))
+                move |n| format!("DELETE FROM {t} WHERE status = 'delivered' AND {key} IN ({})", params::<D>(1, n))
             }),
-            has_pending: format!("SELECT id FROM {t} WHERE status = 'pending' LIMIT 1"),
+            has_pending: format!("SELECT 1 FROM {t} WHERE status = 'pending' LIMIT 1"),
+            retry_set: format!(
+                "UPDATE {t} SET status = 'pending', retry_count = 0, next_retry_at_ms = 0, worker_id = {no_worker}, \
+                 lock_until_ms = 0, updated_at_ms = {p1}"
+            ),
         }
     }
 }
@@ -201,6 +246,8 @@ impl SharedStatements {
 pub struct SqlStore<D: Dialect> {
     pub(super) pool: Pool<D::Db>,
     pub(super) table: String,
+    /// How this table is written to (the host's own, or one made elsewhere).
+    pub(super) profile: Profile,
     /// The shared statements' text, built once.
     sql: SharedStatements,
     /// The dialect's own statements' text, built once.
@@ -213,15 +260,41 @@ pub struct SqlStore<D: Dialect> {
 impl<D: Dialect> SqlStore<D> {
     /// A store over `pool` for `table`.
     pub(super) fn new(pool: Pool<D::Db>, table: &str) -> Self {
+        let profile = Profile::native();
         SqlStore {
             pool,
             table: table.to_string(),
-            sql: SharedStatements::new::<D>(table),
-            own: D::statements(table),
+            sql: SharedStatements::new::<D>(table, &profile),
+            own: D::statements(table, &profile),
+            profile,
             inserted: Default::default(),
             writes: tokio::sync::Mutex::new(()),
             dialect: PhantomData,
         }
+    }
+
+    /// This store with its statements written for the table as it is (a table made
+    /// elsewhere may name rows by `event_id`, or take `''` for "nothing").
+    pub(super) async fn profiled(self) -> Result<Self, StoreError>
+    where
+        Self: Store,
+    {
+        let Some(review) = self.review(None).await? else { return Ok(self) };
+        if review.profile == self.profile {
+            return Ok(self);
+        }
+        let profile = review.profile;
+        Ok(SqlStore {
+            sql: SharedStatements::new::<D>(&self.table, &profile),
+            own: D::statements(&self.table, &profile),
+            profile,
+            ..self
+        })
+    }
+
+    /// `last_error` text clipped to what the column takes.
+    pub(super) fn fit_error<'e>(&self, error: &'e str) -> std::borrow::Cow<'e, str> {
+        crate::text::clip_chars(error, self.profile.last_error_chars)
     }
 
     /// Holds this process's other writes off while one runs, where the dialect wants that.
@@ -230,73 +303,96 @@ impl<D: Dialect> SqlStore<D> {
     }
 }
 
-/// Decodes a whole [`Row`] (see [`ROW_COLUMNS`]); the column types agree across dialects.
-pub(super) fn decode_row<R: sqlx::Row>(r: &R) -> Result<Row, sqlx::Error>
-where
-    for<'a> &'a str: ColumnIndex<R>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i32: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
-{
-    let status: String = r.try_get("status")?;
+/// Decodes a whole [`Row`], by position ([`super::row_columns`]), tolerating the column
+/// types a table made elsewhere may have (see [`Dialect::int`]).
+pub(super) fn decode_row<D: Dialect>(r: &<D::Db as Database>::Row) -> Result<Row, sqlx::Error> {
+    let status = D::text(r, 5)?;
     Ok(Row {
-        id: r.try_get("id")?,
-        app_code: r.try_get("app_code")?,
-        event_id: r.try_get("event_id")?,
-        event_type: r.try_get("event_type")?,
-        room_id: r.try_get("room_id")?,
+        id: D::int(r, 0)?,
+        app_code: D::text(r, 1)?,
+        event_id: D::text(r, 2)?,
+        event_type: D::text(r, 3)?,
+        room_id: D::text(r, 4)?,
         status: Status::parse(&status)
             .ok_or_else(|| sqlx::Error::Decode(format!("unknown status {status:?}").into()))?,
-        envelope: r.try_get("envelope")?,
-        created_at_ms: r.try_get("created_at_ms")?,
-        retry_count: r.try_get("retry_count")?,
-        last_error: r.try_get("last_error")?,
-        worker_id: r.try_get("worker_id")?,
-        lock_until_ms: r.try_get("lock_until_ms")?,
-        next_retry_at_ms: r.try_get("next_retry_at_ms")?,
-        updated_at_ms: r.try_get("updated_at_ms")?,
-        delivered_at_ms: r.try_get("delivered_at_ms")?,
+        envelope: D::bytes(r, 6)?,
+        created_at_ms: D::int(r, 7)?,
+        retry_count: counter(D::int(r, 8)?),
+        last_error: D::opt_text(r, 9)?,
+        worker_id: D::opt_text(r, 10)?,
+        lock_until_ms: D::int(r, 11)?,
+        next_retry_at_ms: D::int(r, 12)?,
+        updated_at_ms: D::int(r, 13)?,
+        delivered_at_ms: D::opt_int(r, 14)?,
     })
 }
 
-/// Decodes a claimed row held under `lease`, by position: [`super::CLAIM_COLUMNS`] in
-/// their order (a `CALL`'s prepared statement on MySQL describes no columns, so names
-/// would find none). `rescued` says the row was taken over from an expired lease.
-pub(super) fn decode_claimed<R: sqlx::Row>(r: &R, lease: Lease, rescued: bool) -> Result<Claimed, sqlx::Error>
-where
-    usize: ColumnIndex<R>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i32: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
-{
+/// A retry counter as the host keeps it.
+fn counter(n: i64) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+/// Decodes a claimed row held under `lease`, by position ([`super::claim_columns`]; a
+/// `CALL`'s prepared statement on MySQL describes no columns, so names would find none).
+/// `rescued` says the row was taken over from an expired lease.
+pub(super) fn decode_claimed<D: Dialect>(
+    r: &<D::Db as Database>::Row,
+    lease: Lease,
+    rescued: bool,
+) -> Result<Claimed, sqlx::Error> {
     Ok(Claimed {
-        id: r.try_get(0)?,
-        app_code: r.try_get(1)?,
-        event_id: r.try_get(2)?,
-        event_type: r.try_get(3)?,
-        room_id: r.try_get(4)?,
-        envelope: r.try_get(5)?,
-        created_at_ms: r.try_get(6)?,
-        retry_count: r.try_get(7)?,
+        id: D::int(r, 0)?,
+        app_code: D::text(r, 1)?,
+        event_id: D::text(r, 2)?,
+        event_type: D::text(r, 3)?,
+        room_id: D::text(r, 4)?,
+        envelope: D::bytes(r, 5)?,
+        created_at_ms: D::int(r, 6)?,
+        retry_count: counter(D::int(r, 7)?),
         lease,
         rescued,
     })
 }
 
-/// Decodes a row of a claim routine (PostgreSQL's function, MySQL's procedure):
-/// [`super::CLAIM_COLUMNS`], then `was`, the status the row had before the claim.
-pub(super) fn decode_routine_claimed<R: sqlx::Row>(r: &R, lease: Lease) -> Result<Claimed, sqlx::Error>
+/// Decodes a row of a claim routine (PostgreSQL's function, MySQL's procedure): the claim
+/// columns, then `was`, the status the row had before the claim.
+pub(super) fn decode_routine_claimed<D: Dialect>(
+    r: &<D::Db as Database>::Row,
+    lease: Lease,
+) -> Result<Claimed, sqlx::Error> {
+    let was = D::text(r, 8)?;
+    decode_claimed::<D>(r, lease, was == "delivering")
+}
+
+/// Runs one step of adopting a table. MySQL's `ALGORITHM=INSTANT`, where the server cannot
+/// add these columns instantly, falls back to `INPLACE, LOCK=NONE` (inserts still go on).
+async fn add_online<D: Dialect>(conn: &mut <D::Db as Database>::Connection, step: &str) -> Result<(), StoreError>
 where
-    usize: ColumnIndex<R>,
-    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> i32: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
-    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
 {
-    let was: String = r.try_get(8)?;
-    decode_claimed(r, lease, was == "delivering")
+    let failed = match Executor::execute(&mut *conn, step).await {
+        Ok(_) => return Ok(()),
+        Err(e) => e,
+    };
+    if let Some(fallback) = schema::mysql_fallback(step) {
+        tracing::info!(error = %failed, "cannot add the columns instantly; adding them in place, inserts still allowed");
+        if Executor::execute(&mut *conn, fallback.as_str()).await.is_ok() {
+            return Ok(());
+        }
+    }
+    Err(StoreError::Migration(format!("adopting the table: {step}: {failed}")))
+}
+
+/// `text` with each `(from, to)` replaced; an error names a `from` that is not there (the
+/// migration file changed under an adaptation written for it).
+pub(super) fn replace_all(mut text: String, pairs: &[(&str, &str)]) -> Result<String, String> {
+    for (from, to) in pairs {
+        if !text.contains(from) {
+            return Err(format!("cannot adapt the claim routine to this table: {from:?} not found"));
+        }
+        text = text.replace(from, to);
+    }
+    Ok(text)
 }
 
 /// Placeholders `first..first + count` of dialect `D`, comma-separated: `$3, $4` or `?, ?`.
@@ -336,13 +432,14 @@ where
     for<'r> i32: Decode<'r, D::Db> + Type<D::Db>,
     for<'r> String: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
     for<'r> Vec<u8>: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
-    for<'r> (String, i64): FromRow<'r, <D::Db as Database>::Row>,
-    for<'r> (i64, i64, i64): FromRow<'r, <D::Db as Database>::Row>,
+    for<'r> &'r str: Encode<'r, D::Db> + Type<D::Db>,
 {
     async fn migrate(&self) -> Result<(), StoreError> {
         // Up to date: no DDL, so a host whose user may only read and write rows can start.
         let applied: Result<Vec<i64>, _> = sqlx::query_scalar(&self.sql.versions).fetch_all(&self.pool).await;
-        if applied.is_ok_and(|v| super::migrate::up_to_date(D::migrator(), &v)) {
+        if applied.is_ok_and(|v| super::migrate::up_to_date(D::migrator(), &v))
+            && self.review(None).await?.is_some_and(|r| r.additions.is_empty() && r.problems.is_empty())
+        {
             return Ok(());
         }
         // Apply what is not recorded yet, holding the dialect's migration lock.
@@ -358,31 +455,56 @@ where
         }
         let applied: Result<(), StoreError> = async {
             let t = &self.table;
-            let create = format!(
-                "CREATE TABLE IF NOT EXISTS {t}_migrations \
-                 (version BIGINT PRIMARY KEY, description VARCHAR(255) NOT NULL, applied_at_ms BIGINT NOT NULL)"
-            );
-            sqlx::query(&create).execute(&mut *conn).await?;
             let check = format!("SELECT version FROM {t}_migrations WHERE version = {}", D::param(1));
             let record = format!(
                 "INSERT INTO {t}_migrations (version, description, applied_at_ms) VALUES ({})",
                 params::<D>(1, 3)
             );
+            // A table that is already there (room-service's own, or one an older host
+            // recorded as version 1 without checking it) is adopted instead of created.
+            let review = self.review(None).await?;
+            if let Some(review) = review.as_ref().filter(|r| !r.problems.is_empty()) {
+                return Err(StoreError::Migration(format!(
+                    "table {t} exists but cannot be adopted as it is; nothing was changed:\n  - {}",
+                    review.problems.join("\n  - ")
+                )));
+            }
+            let create = format!(
+                "CREATE TABLE IF NOT EXISTS {t}_migrations \
+                 (version BIGINT PRIMARY KEY, description VARCHAR(255) NOT NULL, applied_at_ms BIGINT NOT NULL)"
+            );
+            sqlx::query(&create).execute(&mut *conn).await?;
+            let mut key = Key::Id;
+            let adopted = match review {
+                Some(review) => {
+                    key = review.profile.key;
+                    let steps = schema::addition_statements(D::BACKEND, t, key, &review.additions);
+                    for step in &steps {
+                        add_online::<D>(&mut conn, step).await?;
+                    }
+                    if !steps.is_empty() {
+                        tracing::info!(table = %t, added = ?review.additions, "adopted the existing table");
+                    }
+                    true
+                }
+                None => false,
+            };
             for step in super::migrate::steps(D::migrator(), t) {
                 let done: Option<i64> =
                     sqlx::query_scalar(&check).bind(step.version).fetch_optional(&mut *conn).await?;
                 if done.is_some() {
                     continue;
                 }
-                Executor::execute(&mut *conn, step.sql.as_str())
-                    .await
-                    .map_err(|e| StoreError::Migration(format!("{} {}: {e}", step.version, step.description)))?;
-                sqlx::query(&record)
-                    .bind(step.version)
-                    .bind(step.description.clone())
-                    .bind(now_ms())
-                    .execute(&mut *conn)
-                    .await?;
+                let description = if step.version == 1 && adopted {
+                    "adopted an existing table".to_string()
+                } else {
+                    let sql = D::adapt_migration(step.version, step.sql, key).map_err(StoreError::Migration)?;
+                    Executor::execute(&mut *conn, sql.as_str())
+                        .await
+                        .map_err(|e| StoreError::Migration(format!("{} {}: {e}", step.version, step.description)))?;
+                    step.description
+                };
+                sqlx::query(&record).bind(step.version).bind(description).bind(now_ms()).execute(&mut *conn).await?;
             }
             Ok(())
         }
@@ -390,6 +512,39 @@ where
         let end = if applied.is_ok() { &lock.keep } else { &lock.undo };
         Executor::execute(&mut *conn, end.as_str()).await?;
         applied
+    }
+
+    fn backend(&self) -> Backend {
+        D::BACKEND
+    }
+
+    fn table(&self) -> &str {
+        &self.table
+    }
+
+    async fn describe(&self) -> Result<Option<TableInfo>, StoreError> {
+        let [columns, indexes] = D::describe_sql(&self.table);
+        let columns = sqlx::query(&columns).fetch_all(&self.pool).await?;
+        if columns.is_empty() {
+            return Ok(None);
+        }
+        let indexes = sqlx::query(&indexes).fetch_all(&self.pool).await?;
+        let mut info = TableInfo::default();
+        for c in &columns {
+            info.columns.push(schema::ColumnInfo {
+                name: D::text(c, 0)?.to_ascii_lowercase(),
+                declared: D::text(c, 1)?,
+                nullable: D::int(c, 2)? != 0,
+            });
+        }
+        for i in &indexes {
+            let (name, unique, column) = (D::text(i, 0)?, D::int(i, 1)? != 0, D::text(i, 2)?.to_ascii_lowercase());
+            match info.indexes.last_mut() {
+                Some(last) if last.name == name => last.columns.push(column),
+                _ => info.indexes.push(schema::IndexInfo { name, unique, columns: vec![column] }),
+            }
+        }
+        Ok(Some(info))
     }
 
     async fn claim(
@@ -406,15 +561,15 @@ where
     async fn mark(&self, marks: &[Mark], now_ms: i64) -> Result<u64, StoreError> {
         let _writing = self.writing().await;
         let mut changed = 0;
-        let delivered: Vec<i64> = marks.iter().filter(|m| m.outcome == Outcome::Delivered).map(|m| m.id).collect();
+        let delivered: Vec<&Mark> = marks.iter().filter(|m| m.outcome == Outcome::Delivered).collect();
         // Delivered wins: any row not yet delivered, whoever holds it.
         if let Some(n) = D::mark_delivered(self, &delivered, now_ms).await? {
             changed += n;
         } else if !delivered.is_empty() {
             let sql = self.sql.delivered.get(delivered.len());
             let mut q = sqlx::query(&sql).bind(now_ms).bind(now_ms);
-            for id in &delivered {
-                q = q.bind(*id);
+            for m in &delivered {
+                q = if self.profile.key.is_text() { q.bind(m.event_id.as_str()) } else { q.bind(m.id) };
             }
             changed += D::rows_affected(&q.execute(&self.pool).await?);
         }
@@ -425,7 +580,7 @@ where
         Ok(changed)
     }
 
-    async fn release(&self, rows: &[(i64, Lease)], now_ms: i64) -> Result<u64, StoreError> {
+    async fn release(&self, rows: &[Held], now_ms: i64) -> Result<u64, StoreError> {
         if rows.is_empty() {
             return Ok(0);
         }
@@ -464,28 +619,33 @@ where
 
     async fn get(&self, event_id: &str) -> Result<Option<Row>, StoreError> {
         let row = sqlx::query(&self.sql.get).bind(event_id.to_string()).fetch_optional(&self.pool).await?;
-        Ok(row.as_ref().map(decode_row).transpose()?)
+        Ok(row.as_ref().map(decode_row::<D>).transpose()?)
     }
 
     async fn stats(&self) -> Result<Stats, StoreError> {
         let [counts, oldest, errors] = &self.sql.stats;
-        let counts: Vec<(String, i64)> = sqlx::query_as(counts).fetch_all(&self.pool).await?;
-        let oldest: Option<i64> = sqlx::query_scalar(oldest).fetch_one(&self.pool).await?;
-        let errors: Vec<(String, i64)> = sqlx::query_as(errors).fetch_all(&self.pool).await?;
+        let pairs = |rows: Vec<<D::Db as Database>::Row>| -> Result<Vec<(String, i64)>, sqlx::Error> {
+            rows.iter().map(|r| Ok((D::text(r, 0)?, D::int(r, 1)?))).collect()
+        };
+        let counts = pairs(sqlx::query(counts).fetch_all(&self.pool).await?)?;
+        let oldest = D::opt_int(&sqlx::query(oldest).fetch_one(&self.pool).await?, 0)?;
+        let errors = pairs(sqlx::query(errors).fetch_all(&self.pool).await?)?;
         let last_minute: i64 =
             sqlx::query_scalar(&self.sql.last_minute).bind(now_ms() - 60_000).fetch_one(&self.pool).await?;
         Ok(super::stats_from(counts, oldest, errors, last_minute))
     }
 
     async fn history(&self, since_ms: i64) -> Result<Vec<Minute>, StoreError> {
-        let rows: Vec<(i64, i64, i64)> =
-            sqlx::query_as(&self.sql.history).bind(since_ms).bind(since_ms).fetch_all(&self.pool).await?;
-        Ok(rows.into_iter().map(|(start_ms, delivered, failed)| Minute { start_ms, delivered, failed }).collect())
+        let rows = sqlx::query(&self.sql.history).bind(since_ms).bind(since_ms).fetch_all(&self.pool).await?;
+        let minute = |r: &<D::Db as Database>::Row| -> Result<Minute, sqlx::Error> {
+            Ok(Minute { start_ms: D::int(r, 0)?, delivered: D::int(r, 1)?, failed: D::int(r, 2)? })
+        };
+        Ok(rows.iter().map(minute).collect::<Result<_, _>>()?)
     }
 
     async fn recent_failures(&self, limit: u32) -> Result<Vec<Row>, StoreError> {
         let rows = sqlx::query(&self.sql.recent_failures).bind(i64::from(limit)).fetch_all(&self.pool).await?;
-        Ok(rows.iter().map(decode_row).collect::<Result<_, _>>()?)
+        Ok(rows.iter().map(decode_row::<D>).collect::<Result<_, _>>()?)
     }
 
     async fn count_failed(&self, filter: &RetryFilter) -> Result<i64, StoreError> {
@@ -500,12 +660,7 @@ where
 
     async fn retry_failed(&self, filter: &RetryFilter, now_ms: i64) -> Result<u64, StoreError> {
         let (filter, value) = failed_filter::<D>(filter, 2);
-        let sql = format!(
-            "UPDATE {} SET status = 'pending', retry_count = 0, next_retry_at_ms = 0, worker_id = NULL, \
-             lock_until_ms = 0, updated_at_ms = {}{filter}",
-            self.table,
-            D::param(1)
-        );
+        let sql = format!("{}{filter}", self.sql.retry_set);
         let mut q = sqlx::query(&sql).bind(now_ms);
         if let Some(value) = value {
             q = q.bind(value);
@@ -514,18 +669,19 @@ where
     }
 
     async fn purge_delivered(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
-        let ids: Vec<i64> = sqlx::query_scalar(&self.sql.purge_pick)
+        let picked = sqlx::query(&self.sql.purge_pick)
+            .bind(before_ms)
             .bind(before_ms)
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
             .await?;
-        if ids.is_empty() {
+        if picked.is_empty() {
             return Ok(0);
         }
-        let delete = self.sql.purge_delete.get(ids.len());
+        let delete = self.sql.purge_delete.get(picked.len());
         let mut q = sqlx::query(&delete);
-        for id in &ids {
-            q = q.bind(*id);
+        for row in &picked {
+            q = if self.profile.key.is_text() { q.bind(D::text(row, 0)?) } else { q.bind(D::int(row, 0)?) };
         }
         Ok(D::rows_affected(&q.execute(&self.pool).await?))
     }
@@ -536,8 +692,7 @@ where
     }
 
     async fn has_pending(&self) -> Result<bool, StoreError> {
-        let found: Option<i64> = sqlx::query_scalar(&self.sql.has_pending).fetch_optional(&self.pool).await?;
-        Ok(found.is_some())
+        Ok(sqlx::query(&self.sql.has_pending).fetch_optional(&self.pool).await?.is_some())
     }
 
     fn inserted(&self) -> std::sync::Arc<tokio::sync::Notify> {

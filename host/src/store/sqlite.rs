@@ -10,8 +10,12 @@ use sqlx::Sqlite;
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
+use sqlx::Row as _;
+use sqlx::sqlite::SqliteRow;
+
+use super::schema::Profile;
 use super::sql::{ByCount, Dialect, MigrationLock, SqlStore, decode_claimed, params};
-use super::{CLAIM_COLUMNS, Claimed, Lease, Mark, StoreError};
+use super::{Backend, Claimed, Held, Lease, Mark, StoreError};
 
 /// SQLite's [`Dialect`].
 pub struct SqliteDialect;
@@ -55,33 +59,71 @@ impl Dialect for SqliteDialect {
     type Db = Sqlite;
     type Statements = Statements;
 
-    fn statements(table: &str) -> Statements {
+    const BACKEND: Backend = Backend::Sqlite;
+
+    /// SQLite names rows by `rowid` where a table has no `id` (never by `event_id`): every
+    /// binding below is an integer.
+    fn statements(table: &str, profile: &Profile) -> Statements {
         let t = table.to_string();
+        let (key, no_worker) = (profile.key.column(), profile.no_worker);
+        let returning = super::claim_columns(profile.key);
         Statements {
             pick: format!(
-                "SELECT id, status FROM {t} \
+                "SELECT {key}, status FROM {t} \
                  WHERE status = 'pending' \
                     OR (status = 'retryable' AND next_retry_at_ms <= ?1) \
                     OR (status = 'delivering' AND lock_until_ms < ?1) \
-                 ORDER BY created_at_ms, id LIMIT ?2"
+                 ORDER BY created_at_ms, {key} LIMIT ?2"
             ),
             failed: format!(
                 "UPDATE {t} SET status = ?, retry_count = retry_count + 1, last_error = ?, next_retry_at_ms = ?, \
-                 worker_id = NULL, lock_until_ms = 0, updated_at_ms = ? \
-                 WHERE id = ? AND status = 'delivering' AND worker_id = ? AND lock_until_ms = ?"
+                 worker_id = {no_worker}, lock_until_ms = 0, updated_at_ms = ? \
+                 WHERE {key} = ? AND status = 'delivering' AND worker_id = ? AND lock_until_ms = ?"
             ),
             release: format!(
-                "UPDATE {t} SET status = 'pending', worker_id = NULL, lock_until_ms = 0, updated_at_ms = ? \
-                 WHERE id = ? AND status = 'delivering' AND worker_id = ? AND lock_until_ms = ?"
+                "UPDATE {t} SET status = 'pending', worker_id = {no_worker}, lock_until_ms = 0, updated_at_ms = ? \
+                 WHERE {key} = ? AND status = 'delivering' AND worker_id = ? AND lock_until_ms = ?"
             ),
             take: ByCount::new(move |n| {
                 format!(
                     "UPDATE {t} SET status = 'delivering', worker_id = ?, lock_until_ms = ?, updated_at_ms = ? \
-                     WHERE id IN ({}) RETURNING {CLAIM_COLUMNS}",
+                     WHERE {key} IN ({}) RETURNING {returning}",
                     params::<SqliteDialect>(1, n)
                 )
             }),
         }
+    }
+
+    fn describe_sql(table: &str) -> [String; 2] {
+        [
+            format!(
+                "SELECT name, type, CASE WHEN \"notnull\" = 0 THEN 1 ELSE 0 END FROM pragma_table_info('{table}') ORDER BY cid"
+            ),
+            format!(
+                "SELECT il.name, il.\"unique\", ii.name FROM pragma_index_list('{table}') AS il, \
+                 pragma_index_info(il.name) AS ii ORDER BY il.name, ii.seqno"
+            ),
+        ]
+    }
+
+    fn int(row: &SqliteRow, i: usize) -> Result<i64, sqlx::Error> {
+        row.try_get(i)
+    }
+
+    fn opt_int(row: &SqliteRow, i: usize) -> Result<Option<i64>, sqlx::Error> {
+        row.try_get(i)
+    }
+
+    fn text(row: &SqliteRow, i: usize) -> Result<String, sqlx::Error> {
+        row.try_get(i)
+    }
+
+    fn opt_text(row: &SqliteRow, i: usize) -> Result<Option<String>, sqlx::Error> {
+        Ok(row.try_get::<Option<String>, _>(i)?.filter(|t| !t.is_empty()))
+    }
+
+    fn bytes(row: &SqliteRow, i: usize) -> Result<Vec<u8>, sqlx::Error> {
+        row.try_get(i)
     }
 
     /// Anonymous `?`, bound in order: with numbered `$N` placeholders sqlx looks each
@@ -132,7 +174,7 @@ impl Dialect for SqliteDialect {
         tx.commit().await?;
         let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms };
         let mut claimed =
-            rows.iter().map(|r| decode_claimed(r, lease.clone(), false)).collect::<Result<Vec<_>, _>>()?;
+            rows.iter().map(|r| decode_claimed::<Self>(r, lease.clone(), false)).collect::<Result<Vec<_>, _>>()?;
         // Rescues are rare: look up only among the picked rows that were `delivering`.
         let rescued: Vec<i64> = picked.iter().filter(|(_, was)| was == "delivering").map(|(id, _)| *id).collect();
         for c in &mut claimed {
@@ -150,7 +192,7 @@ impl Dialect for SqliteDialect {
         for m in marks {
             changed += sqlx::query(&store.own.failed)
                 .bind(m.outcome.status().as_str())
-                .bind(m.outcome.error())
+                .bind(m.outcome.error().map(|e| store.fit_error(e)))
                 .bind(m.outcome.next_retry_at_ms())
                 .bind(now_ms)
                 .bind(m.id)
@@ -164,15 +206,15 @@ impl Dialect for SqliteDialect {
         Ok(changed)
     }
 
-    async fn release_rows(store: &SqliteStore, rows: &[(i64, Lease)], now_ms: i64) -> Result<u64, StoreError> {
+    async fn release_rows(store: &SqliteStore, rows: &[Held], now_ms: i64) -> Result<u64, StoreError> {
         let mut tx = store.pool.begin().await?;
         let mut changed = 0;
-        for (id, lease) in rows {
+        for r in rows {
             changed += sqlx::query(&store.own.release)
                 .bind(now_ms)
-                .bind(id)
-                .bind(&lease.worker_id)
-                .bind(lease.lock_until_ms)
+                .bind(r.id)
+                .bind(&r.lease.worker_id)
+                .bind(r.lease.lock_until_ms)
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();

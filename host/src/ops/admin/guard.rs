@@ -173,6 +173,7 @@ mod tests {
         Guard::new(&AdminConfig {
             listen: None,
             stats_interval: std::time::Duration::from_secs(5),
+            unready_after_db_failures: 3,
             token: token.map(str::to_string),
             allowed_hosts: vec!["outbox.internal".into()],
         })

@@ -49,6 +49,8 @@ pub struct AdminState {
     pub sink: String,
     /// Who may do what: allowed hosts, the admin token, the form token.
     pub guard: Guard,
+    /// `admin.unready_after_db_failures`.
+    pub unready_after_db_failures: u32,
 }
 
 /// Binds the admin address, so that a port already taken fails start-up.
@@ -94,6 +96,19 @@ async fn ready(State(s): State<Arc<AdminState>>) -> (StatusCode, String) {
     if !s.worker_running.load(Ordering::Relaxed) {
         return (StatusCode::SERVICE_UNAVAILABLE, "worker not running\n".into());
     }
+    let health = s.metrics.db_health();
+    let in_a_row = health.failures_in_a_row();
+    if in_a_row >= s.unready_after_db_failures
+        && let Some(last) = health.last_failure()
+    {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "database: the last {in_a_row} claims or outcome writes failed; last ({}): {}\n",
+                last.operation, last.error
+            ),
+        );
+    }
     match s.store.ping().await {
         Ok(()) => (StatusCode::OK, "ready\n".into()),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
@@ -131,6 +146,7 @@ async fn status_page(State(s): State<Arc<AdminState>>, Query(flash): Query<Flash
         now_ms: now,
         flash: flash.as_deref(),
         form_token,
+        db_failure: s.metrics.db_health().last_failure(),
     }))
     .into_response()
 }
@@ -145,9 +161,16 @@ async fn status_json(State(s): State<Arc<AdminState>>) -> Response {
     Json(json!({
         "table": s.table,
         "counts": counts,
+        "unknown_statuses": stats.unknown_statuses.iter().map(|(st, n)| json!({ "status": st, "count": n })).collect::<Vec<_>>(),
         "oldest_waiting_age_ms": stats.oldest_waiting_created_at_ms.map(|c| (now_ms() - c).max(0)),
         "delivered_last_minute": stats.delivered_last_minute,
         "top_errors": stats.top_errors.iter().map(|(e, n)| json!({ "error": e, "count": n })).collect::<Vec<_>>(),
+        "db_failures_in_a_row": s.metrics.db_health().failures_in_a_row(),
+        "last_db_error": s.metrics.db_health().last_failure().map(|f| json!({
+            "operation": f.operation,
+            "error": f.error,
+            "age_ms": (now_ms() - f.at_ms).max(0),
+        })),
     }))
     .into_response()
 }

@@ -7,6 +7,9 @@ use std::time::Duration;
 
 /// Default `admin.stats_interval`.
 pub const DEFAULT_STATS_INTERVAL: Duration = Duration::from_secs(5);
+/// Default `admin.unready_after_db_failures`: a few failures ride out a failover, a run
+/// of them means the host cannot work.
+pub const DEFAULT_UNREADY_AFTER_DB_FAILURES: u32 = 3;
 /// Default `admin.listen`: loopback only.
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9464";
 
@@ -17,6 +20,8 @@ pub struct AdminConfig {
     pub listen: Option<SocketAddr>,
     /// How often the table counts behind the metrics' gauges are read.
     pub stats_interval: Duration,
+    /// `/readyz` answers 503 once this many claims or outcome writes in a row have failed.
+    pub unready_after_db_failures: u32,
     /// The bearer token that mutating endpoints require; without one they are refused.
     pub token: Option<String>,
     /// `Host` names answered besides IP literals and `localhost` (DNS-rebinding defence).
@@ -28,6 +33,7 @@ impl fmt::Debug for AdminConfig {
         f.debug_struct("AdminConfig")
             .field("listen", &self.listen)
             .field("stats_interval", &self.stats_interval)
+            .field("unready_after_db_failures", &self.unready_after_db_failures)
             .field("token", &self.token.as_ref().map(|_| "***"))
             .field("allowed_hosts", &self.allowed_hosts)
             .finish()

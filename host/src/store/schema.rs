@@ -1,0 +1,643 @@
+//! What the host needs of the outbox table, checked against what the database says the
+//! table has. One review serves three callers:
+//!
+//! - `migrate` on a table that already exists (room-service's, made by its Go code): the
+//!   columns the host can add with defaults that keep old rows valid, and the claim index,
+//!   are added as online steps ([`Review::additions`]); a column that cannot work as declared
+//!   is refused with the `ALTER` that would fix it, before anything is changed;
+//! - `run`, before it claims anything: every problem at once, or none;
+//! - the store itself: how to name a row in its writes ([`Key`]) and what to write where it
+//!   has nothing to say (`NULL`, or `''` in a `NOT NULL DEFAULT ''` column), as a
+//!   [`Profile`].
+//!
+//! Column types a Go developer would declare work as they are: unsigned integers, `INT` or
+//! `BIGINT` counters, binary-collation or `VARBINARY` strings, `NOT NULL DEFAULT ''`
+//! strings, any `BLOB` size for the envelope, shorter `last_error` columns (the host clips
+//! to fit).
+
+use super::Backend;
+
+/// One column as the database describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColumnInfo {
+    /// Its name, lower case.
+    pub name: String,
+    /// Its type as the database prints it (`bigint(20) unsigned`, `character varying(64)`).
+    pub declared: String,
+    /// Whether it accepts `NULL`.
+    pub nullable: bool,
+}
+
+/// One index (or the primary key) and its columns, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexInfo {
+    /// Its name (`PRIMARY` for MySQL's primary key).
+    pub name: String,
+    /// Whether it is unique (a primary key is).
+    pub unique: bool,
+    /// Its columns, lower case, in index order.
+    pub columns: Vec<String>,
+}
+
+/// The table as the database describes it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TableInfo {
+    /// Its columns, in table order.
+    pub columns: Vec<ColumnInfo>,
+    /// Its indexes, the primary key among them.
+    pub indexes: Vec<IndexInfo>,
+}
+
+impl TableInfo {
+    fn column(&self, name: &str) -> Option<&ColumnInfo> {
+        self.columns.iter().find(|c| c.name == name)
+    }
+
+    /// Whether `column` alone is unique (a one-column primary key or unique index).
+    fn unique(&self, column: &str) -> bool {
+        self.indexes.iter().any(|i| i.unique && i.columns == [column])
+    }
+}
+
+/// How the host names a row in its outcome writes and hand-backs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Key {
+    /// The integer `id` column (the host's own tables).
+    Id,
+    /// SQLite's `rowid`, for a table without `id` (it also keeps insert order).
+    RowId,
+    /// The unique `event_id`, for a MySQL or PostgreSQL table without `id`: adding an
+    /// auto-increment column rewrites the table and blocks the producer's inserts meanwhile.
+    EventId,
+}
+
+impl Key {
+    /// The column in SQL text.
+    pub fn column(self) -> &'static str {
+        match self {
+            Key::Id => "id",
+            Key::RowId => "rowid",
+            Key::EventId => "event_id",
+        }
+    }
+
+    /// Whether the key is a string (bound as text) rather than an integer.
+    pub fn is_text(self) -> bool {
+        self == Key::EventId
+    }
+}
+
+/// How the store writes to this table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Profile {
+    /// How a row is named.
+    pub key: Key,
+    /// What "no worker" is written as: `NULL`, or `''` where the column is `NOT NULL`.
+    pub no_worker: &'static str,
+    /// What "no error" is written as: `NULL`, or `''` where the column is `NOT NULL`.
+    pub no_error: &'static str,
+    /// The longest `last_error` the column takes, in characters.
+    pub last_error_chars: usize,
+}
+
+impl Profile {
+    /// The host's own table, as `migrations/` create it.
+    pub fn native() -> Profile {
+        Profile { key: Key::Id, no_worker: "NULL", no_error: "NULL", last_error_chars: NATIVE_LAST_ERROR_CHARS }
+    }
+}
+
+/// `last_error VARCHAR(512)` in the host's own table.
+const NATIVE_LAST_ERROR_CHARS: usize = 512;
+
+/// The longest `worker_id` a host writes: `node_id` (64) `-` pid (10) `-` 8 hex digits.
+pub const WORKER_ID_MAX_CHARS: usize = 64 + 1 + 10 + 1 + 8;
+
+/// The statuses, as the host writes them; `delivering` is the longest.
+const STATUSES: [&str; 5] = ["pending", "delivering", "delivered", "retryable", "failed"];
+
+/// The outcome of [`review`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Review {
+    /// How the store writes to the table as it is (after the additions).
+    pub profile: Profile,
+    /// Columns and the index the host adds itself, each an online step.
+    pub additions: Vec<Addition>,
+    /// What cannot work as declared, each with the statement that would fix it. Nothing is
+    /// added while there is one.
+    pub problems: Vec<String>,
+}
+
+/// One thing `migrate` adds to an existing table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Addition {
+    /// A column, with its type and default (`BIGINT NOT NULL DEFAULT 0`).
+    Column {
+        /// Its name.
+        name: &'static str,
+        /// Type, nullability and default, in the backend's words.
+        definition: String,
+    },
+    /// The claim index `<table>_claim_idx`.
+    ClaimIndex,
+}
+
+impl std::fmt::Display for Addition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Addition::Column { name, .. } => write!(f, "column {name}"),
+            Addition::ClaimIndex => f.write_str("the claim index"),
+        }
+    }
+}
+
+/// What the host does with a column, which decides the types it accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// Written by the producer, read by the host: any string.
+    Text,
+    /// `pending` … `delivering`: a string of at least 10 characters (or an `ENUM` of all five).
+    Status,
+    /// The protobuf envelope: bytes.
+    Envelope,
+    /// UTC milliseconds: a 64-bit integer.
+    Millis,
+    /// A retry counter: an integer of at least 32 bits.
+    Counter,
+    /// `worker_id`: a string long enough for the host's worker id.
+    Worker,
+    /// `last_error`: any string; the host clips to fit.
+    Error,
+}
+
+/// A column the host relies on; `add` is its definition when the host may add it (`None`:
+/// only the producer can fill it, so it must be there).
+struct Need {
+    name: &'static str,
+    role: Role,
+    add: Option<[&'static str; 3]>,
+}
+
+/// Every column but `id`, in the seed's order. `add` is per backend: SQLite, PostgreSQL, MySQL.
+const NEEDS: [Need; 14] = [
+    Need {
+        name: "app_code",
+        role: Role::Text,
+        add: Some(["TEXT NOT NULL DEFAULT ''", "VARCHAR(64) NOT NULL DEFAULT ''", "VARCHAR(64) NOT NULL DEFAULT ''"]),
+    },
+    Need { name: "event_id", role: Role::Text, add: None },
+    Need { name: "event_type", role: Role::Text, add: None },
+    Need { name: "room_id", role: Role::Text, add: None },
+    Need { name: "status", role: Role::Status, add: None },
+    Need { name: "envelope", role: Role::Envelope, add: None },
+    Need { name: "created_at_ms", role: Role::Millis, add: None },
+    Need {
+        name: "retry_count",
+        role: Role::Counter,
+        add: Some(["INTEGER NOT NULL DEFAULT 0", "INTEGER NOT NULL DEFAULT 0", "INT NOT NULL DEFAULT 0"]),
+    },
+    Need { name: "last_error", role: Role::Error, add: Some(["TEXT", "VARCHAR(512)", "VARCHAR(512) NULL"]) },
+    Need { name: "worker_id", role: Role::Worker, add: Some(["TEXT", "VARCHAR(128)", "VARCHAR(128) NULL"]) },
+    Need {
+        name: "lock_until_ms",
+        role: Role::Millis,
+        add: Some(["INTEGER NOT NULL DEFAULT 0", "BIGINT NOT NULL DEFAULT 0", "BIGINT NOT NULL DEFAULT 0"]),
+    },
+    Need {
+        name: "next_retry_at_ms",
+        role: Role::Millis,
+        add: Some(["INTEGER NOT NULL DEFAULT 0", "BIGINT NOT NULL DEFAULT 0", "BIGINT NOT NULL DEFAULT 0"]),
+    },
+    // 0 = "not touched by a host since it was inserted"; purge also looks at created_at_ms.
+    Need {
+        name: "updated_at_ms",
+        role: Role::Millis,
+        add: Some(["INTEGER NOT NULL DEFAULT 0", "BIGINT NOT NULL DEFAULT 0", "BIGINT NOT NULL DEFAULT 0"]),
+    },
+    Need { name: "delivered_at_ms", role: Role::Millis, add: Some(["INTEGER", "BIGINT", "BIGINT NULL"]) },
+];
+
+/// The shape of a declared type, as far as the host cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Shape {
+    Int { bits: u16 },
+    Text { max_chars: Option<u64>, binary: bool },
+    Bytes,
+    Enum(Vec<String>),
+    Other,
+}
+
+fn shape(backend: Backend, declared: &str) -> Shape {
+    let t = declared.trim().to_ascii_lowercase();
+    if backend == Backend::Sqlite {
+        // SQLite's type affinity rules (https://www.sqlite.org/datatype3.html, 3.1).
+        return if t.contains("int") {
+            Shape::Int { bits: 64 }
+        } else if t.contains("char") || t.contains("clob") || t.contains("text") {
+            Shape::Text { max_chars: None, binary: false }
+        } else if t.contains("blob") || t.is_empty() {
+            Shape::Bytes
+        } else {
+            Shape::Other
+        };
+    }
+    let base = t.split(['(', ' ']).next().unwrap_or_default();
+    let length =
+        t.split_once('(').and_then(|(_, rest)| rest.split([')', ',']).next()).and_then(|n| n.trim().parse().ok());
+    match base {
+        "bigint" | "int8" => Shape::Int { bits: 64 },
+        "int" | "integer" | "int4" => Shape::Int { bits: 32 },
+        "mediumint" => Shape::Int { bits: 24 },
+        "smallint" | "int2" => Shape::Int { bits: 16 },
+        "tinyint" => Shape::Int { bits: 8 },
+        "varchar" | "char" | "character" | "nvarchar" | "nchar" => Shape::Text { max_chars: length, binary: false },
+        "varbinary" => Shape::Text { max_chars: length, binary: true },
+        "text" if backend == Backend::Postgres => Shape::Text { max_chars: None, binary: false },
+        "tinytext" => Shape::Text { max_chars: Some(255), binary: false },
+        "text" => Shape::Text { max_chars: Some(65_535), binary: false },
+        "mediumtext" | "longtext" => Shape::Text { max_chars: None, binary: false },
+        "bytea" | "tinyblob" | "blob" | "mediumblob" | "longblob" => Shape::Bytes,
+        "enum" => Shape::Enum(
+            t.split_once('(')
+                .map(|(_, values)| {
+                    values.trim_end_matches(')').split(',').map(|v| v.trim().trim_matches('\'').to_string()).collect()
+                })
+                .unwrap_or_default(),
+        ),
+        _ => Shape::Other,
+    }
+}
+
+/// Why a column of `shape` cannot serve `role`, if it cannot.
+fn misfit(role: Role, shape: &Shape, worker_id_chars: usize) -> Option<String> {
+    let text_ok = |min: usize| match shape {
+        Shape::Text { max_chars, .. } => max_chars.is_none_or(|n| n as usize >= min),
+        _ => false,
+    };
+    match role {
+        Role::Text | Role::Error => (!text_ok(1)).then(|| "needs a string type (VARCHAR, TEXT)".to_string()),
+        Role::Status => match shape {
+            Shape::Enum(values) if STATUSES.iter().all(|s| values.iter().any(|v| v == s)) => None,
+            Shape::Enum(_) => Some(format!("needs to hold every status ({})", STATUSES.join(", "))),
+            _ if text_ok(10) => None,
+            _ => Some("needs a string of at least 10 characters ('delivering')".to_string()),
+        },
+        Role::Envelope => match shape {
+            Shape::Bytes | Shape::Text { binary: true, .. } => None,
+            _ => Some("needs a binary type (BLOB, BYTEA, VARBINARY): it holds protobuf bytes".to_string()),
+        },
+        Role::Millis => match shape {
+            Shape::Int { bits } if *bits >= 64 => None,
+            _ => Some("needs a 64-bit integer (BIGINT): it holds UTC milliseconds".to_string()),
+        },
+        Role::Counter => match shape {
+            Shape::Int { bits } if *bits >= 32 => None,
+            _ => Some("needs an integer of at least 32 bits (INT, BIGINT)".to_string()),
+        },
+        Role::Worker => (!text_ok(worker_id_chars))
+            .then(|| format!("needs a string of at least {worker_id_chars} characters (this host's worker ids)")),
+    }
+}
+
+/// The type the fix statement suggests for `role`, per backend.
+fn suggested(backend: Backend, role: Role) -> &'static str {
+    match (backend, role) {
+        (Backend::Sqlite, Role::Millis | Role::Counter) => "INTEGER",
+        (Backend::Sqlite, Role::Envelope) => "BLOB",
+        (Backend::Sqlite, _) => "TEXT",
+        (_, Role::Millis) => "BIGINT",
+        (_, Role::Counter) => "INTEGER",
+        (Backend::Postgres, Role::Envelope) => "BYTEA",
+        (_, Role::Envelope) => "MEDIUMBLOB",
+        (_, Role::Status) => "VARCHAR(16)",
+        (_, Role::Worker) => "VARCHAR(128)",
+        (_, Role::Error) => "VARCHAR(512)",
+        (_, Role::Text) => "VARCHAR(128)",
+    }
+}
+
+/// The statement that would change `column` to `ty`, for an operator to review and run.
+fn fix(backend: Backend, table: &str, column: &ColumnInfo, ty: &str) -> String {
+    let null = if column.nullable { "NULL" } else { "NOT NULL" };
+    match backend {
+        Backend::Mysql => format!("ALTER TABLE {table} MODIFY COLUMN {} {ty} {null};", column.name),
+        Backend::Postgres => format!("ALTER TABLE {table} ALTER COLUMN {} TYPE {ty};", column.name),
+        Backend::Sqlite => format!(
+            "SQLite cannot change a column's type in place: rebuild {table} with {} {ty} (https://www.sqlite.org/lang_altertable.html#otheralter)",
+            column.name
+        ),
+    }
+}
+
+/// Reviews `info`, the existing `table`, for what the host needs. `worker_id_chars` is the
+/// length of this host's worker ids, when known (`run`), else the longest possible.
+pub fn review(backend: Backend, table: &str, info: &TableInfo, worker_id_chars: Option<usize>) -> Review {
+    let worker_id_chars = worker_id_chars.unwrap_or(WORKER_ID_MAX_CHARS);
+    let mut problems = Vec::new();
+    let mut additions = Vec::new();
+    for need in &NEEDS {
+        match info.column(need.name) {
+            Some(column) => {
+                if let Some(why) = misfit(need.role, &shape(backend, &column.declared), worker_id_chars) {
+                    problems.push(format!(
+                        "column {} is {}: {why}. To fix: {}",
+                        need.name,
+                        column.declared,
+                        fix(backend, table, column, suggested(backend, need.role))
+                    ));
+                }
+            }
+            None => match need.add {
+                Some(per_backend) => {
+                    let definition = per_backend[backend_index(backend)].to_string();
+                    additions.push(Addition::Column { name: need.name, definition });
+                }
+                None => problems.push(format!(
+                    "column {} is missing: the producer writes it, so the host cannot add it with a default",
+                    need.name
+                )),
+            },
+        }
+    }
+    let key = match info.column("id") {
+        Some(id) => {
+            if !matches!(shape(backend, &id.declared), Shape::Int { .. }) {
+                problems
+                    .push(format!("column id is {}: the host names rows by it, so it must be an integer", id.declared));
+            } else if !info.unique("id") && backend != Backend::Sqlite {
+                problems.push(format!(
+                    "column id is not unique: the host names rows by it. To fix: add a unique index on {table} (id)"
+                ));
+            }
+            Key::Id
+        }
+        None if backend == Backend::Sqlite => Key::RowId,
+        None => Key::EventId,
+    };
+    if !info.unique("event_id") && info.column("event_id").is_some() {
+        let index = match backend {
+            Backend::Mysql => format!(
+                "ALTER TABLE {table} ADD UNIQUE INDEX {table}_event_id_uq (event_id), ALGORITHM=INPLACE, LOCK=NONE;"
+            ),
+            Backend::Postgres => format!("CREATE UNIQUE INDEX CONCURRENTLY {table}_event_id_uq ON {table} (event_id);"),
+            Backend::Sqlite => format!("CREATE UNIQUE INDEX {table}_event_id_uq ON {table} (event_id);"),
+        };
+        problems.push(format!(
+            "event_id is not unique: it is the event's idempotency key{}. To fix (after removing duplicates): {index}",
+            if key == Key::EventId { " and, without an id column, how the host names a row" } else { "" }
+        ));
+    }
+    let claim_index = format!("{table}_claim_idx");
+    if !info.indexes.iter().any(|i| i.name == claim_index) {
+        additions.push(Addition::ClaimIndex);
+    }
+    let text_column = |name: &str| info.column(name).map(|c| (c.nullable, shape(backend, &c.declared)));
+    let blank = |name: &str| match text_column(name) {
+        Some((false, _)) => "''",
+        _ => "NULL",
+    };
+    let last_error_chars = match text_column("last_error") {
+        Some((_, Shape::Text { max_chars: Some(n), .. })) => (n as usize).min(NATIVE_LAST_ERROR_CHARS),
+        _ => NATIVE_LAST_ERROR_CHARS,
+    };
+    let profile = Profile { key, no_worker: blank("worker_id"), no_error: blank("last_error"), last_error_chars };
+    Review { profile, additions, problems }
+}
+
+fn backend_index(backend: Backend) -> usize {
+    match backend {
+        Backend::Sqlite => 0,
+        Backend::Postgres => 1,
+        Backend::Mysql => 2,
+    }
+}
+
+/// The statements that make `additions` on `table` whose rows the host names by `key`, each
+/// online where the database can: MySQL adds columns with `ALGORITHM=INSTANT` (falling back
+/// to `INPLACE, LOCK=NONE`, see [`mysql_fallback`]) and the index `INPLACE, LOCK=NONE`;
+/// PostgreSQL adds columns with constant defaults (no rewrite) and builds the index
+/// `CONCURRENTLY`, outside any transaction.
+pub fn addition_statements(backend: Backend, table: &str, key: Key, additions: &[Addition]) -> Vec<String> {
+    let columns: Vec<(&str, &str)> = additions
+        .iter()
+        .filter_map(|a| match a {
+            Addition::Column { name, definition } => Some((*name, definition.as_str())),
+            Addition::ClaimIndex => None,
+        })
+        .collect();
+    let mut out = Vec::new();
+    match backend {
+        Backend::Mysql if !columns.is_empty() => {
+            let adds: Vec<String> = columns.iter().map(|(n, d)| format!("ADD COLUMN {n} {d}")).collect();
+            out.push(format!("ALTER TABLE {table} {}, ALGORITHM=INSTANT", adds.join(", ")));
+        }
+        Backend::Postgres => {
+            out.extend(columns.iter().map(|(n, d)| format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {n} {d}")));
+        }
+        Backend::Sqlite => out.extend(columns.iter().map(|(n, d)| format!("ALTER TABLE {table} ADD COLUMN {n} {d}"))),
+        Backend::Mysql => {}
+    }
+    if additions.contains(&Addition::ClaimIndex) {
+        let k = key.column();
+        out.push(match backend {
+            Backend::Mysql => format!(
+                "ALTER TABLE {table} ADD INDEX {table}_claim_idx (status, created_at_ms, {k}), ALGORITHM=INPLACE, LOCK=NONE"
+            ),
+            Backend::Postgres => format!(
+                "CREATE INDEX CONCURRENTLY IF NOT EXISTS {table}_claim_idx ON {table} (created_at_ms, {k}) \
+                 WHERE status IN ('pending', 'retryable', 'delivering')"
+            ),
+            // rowid is every SQLite index's last column already.
+            Backend::Sqlite => format!(
+                "CREATE INDEX IF NOT EXISTS {table}_claim_idx ON {table} (status, next_retry_at_ms, created_at_ms{})",
+                if key == Key::RowId { String::new() } else { format!(", {k}") }
+            ),
+        });
+    }
+    out
+}
+
+/// MySQL before 8.0.29 (and MariaDB before 10.3) cannot add a column anywhere but last, or
+/// at all, with `ALGORITHM=INSTANT`; the same statement `INPLACE, LOCK=NONE` still lets
+/// the producer's inserts through.
+pub fn mysql_fallback(statement: &str) -> Option<String> {
+    statement.strip_suffix("ALGORITHM=INSTANT").map(|s| format!("{s}ALGORITHM=INPLACE, LOCK=NONE"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn column(name: &str, declared: &str, nullable: bool) -> ColumnInfo {
+        ColumnInfo { name: name.into(), declared: declared.into(), nullable }
+    }
+
+    /// room-service's table as its Go code would create it on MySQL: no id, event_id the
+    /// primary key, unsigned milliseconds, NOT NULL DEFAULT '' strings, a LONGBLOB envelope.
+    fn go_table() -> TableInfo {
+        TableInfo {
+            columns: vec![
+                column("event_id", "varchar(64)", false),
+                column("app_code", "varchar(32)", false),
+                column("event_type", "varchar(64)", false),
+                column("room_id", "varbinary(64)", false),
+                column("status", "varchar(16)", false),
+                column("envelope", "longblob", false),
+                column("created_at_ms", "bigint(20) unsigned", false),
+                column("retry_count", "int(10) unsigned", false),
+                column("last_error", "varchar(255)", false),
+                column("worker_id", "varchar(128)", false),
+                column("lock_until_ms", "bigint(20) unsigned", false),
+                column("next_retry_at_ms", "bigint(20) unsigned", false),
+            ],
+            indexes: vec![
+                IndexInfo { name: "PRIMARY".into(), unique: true, columns: vec!["event_id".into()] },
+                IndexInfo {
+                    name: "idx_status".into(),
+                    unique: false,
+                    columns: vec!["status".into(), "created_at_ms".into()],
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn a_go_made_mysql_table_is_adopted_by_adding_columns_and_the_claim_index() {
+        let review = review(Backend::Mysql, "room_outbox", &go_table(), None);
+        assert_eq!(review.problems, Vec::<String>::new());
+        assert_eq!(
+            review.profile,
+            Profile { key: Key::EventId, no_worker: "''", no_error: "''", last_error_chars: 255 }
+        );
+        assert_eq!(
+            addition_statements(Backend::Mysql, "room_outbox", review.profile.key, &review.additions),
+            vec![
+                "ALTER TABLE room_outbox ADD COLUMN updated_at_ms BIGINT NOT NULL DEFAULT 0, \
+                 ADD COLUMN delivered_at_ms BIGINT NULL, ALGORITHM=INSTANT"
+                    .to_string(),
+                "ALTER TABLE room_outbox ADD INDEX room_outbox_claim_idx (status, created_at_ms, event_id), \
+                 ALGORITHM=INPLACE, LOCK=NONE"
+                    .to_string(),
+            ]
+        );
+    }
+
+    #[test]
+    fn every_column_that_cannot_work_is_named_with_its_fix() {
+        let mut table = go_table();
+        table.columns[4] = column("status", "varchar(8)", false);
+        table.columns[5] = column("envelope", "text", false);
+        table.columns[6] = column("created_at_ms", "int(11)", false);
+        table.columns.retain(|c| c.name != "room_id");
+        let review = review(Backend::Mysql, "room_outbox", &table, None);
+        assert_eq!(review.problems.len(), 4, "{:#?}", review.problems);
+        assert!(review.problems[0].starts_with("column room_id is missing"));
+        assert_eq!(
+            review.problems[1],
+            "column status is varchar(8): needs a string of at least 10 characters ('delivering'). \
+             To fix: ALTER TABLE room_outbox MODIFY COLUMN status VARCHAR(16) NOT NULL;"
+        );
+        assert!(review.problems[2].contains("column envelope is text: needs a binary type"));
+        assert!(review.problems[3].contains("ALTER TABLE room_outbox MODIFY COLUMN created_at_ms BIGINT NOT NULL;"));
+    }
+
+    #[test]
+    fn the_hosts_own_tables_need_nothing() {
+        let native = |backend, columns: &[(&str, &str, bool)], indexes: Vec<IndexInfo>| {
+            let info = TableInfo { columns: columns.iter().map(|(n, t, null)| column(n, t, *null)).collect(), indexes };
+            review(backend, "room_outbox", &info, None)
+        };
+        let pg = native(
+            Backend::Postgres,
+            &[
+                ("id", "bigint", false),
+                ("app_code", "character varying(64)", false),
+                ("event_id", "character varying(128)", false),
+                ("event_type", "character varying(128)", false),
+                ("room_id", "character varying(128)", false),
+                ("status", "character varying(16)", false),
+                ("envelope", "bytea", false),
+                ("created_at_ms", "bigint", false),
+                ("retry_count", "integer", false),
+                ("last_error", "character varying(512)", true),
+                ("worker_id", "character varying(128)", true),
+                ("lock_until_ms", "bigint", false),
+                ("next_retry_at_ms", "bigint", false),
+                ("updated_at_ms", "bigint", false),
+                ("delivered_at_ms", "bigint", true),
+            ],
+            vec![
+                IndexInfo { name: "room_outbox_pkey".into(), unique: true, columns: vec!["id".into()] },
+                IndexInfo { name: "room_outbox_event_id_key".into(), unique: true, columns: vec!["event_id".into()] },
+                IndexInfo { name: "room_outbox_claim_idx".into(), unique: false, columns: vec![] },
+            ],
+        );
+        assert_eq!((pg.problems, pg.additions, pg.profile), (vec![], vec![], Profile::native()));
+    }
+
+    #[test]
+    fn sqlite_names_rows_by_rowid_without_an_id_and_reads_types_by_affinity() {
+        let info = TableInfo {
+            columns: [
+                "event_id TEXT",
+                "event_type TEXT",
+                "room_id TEXT",
+                "status TEXT",
+                "envelope BLOB",
+                "created_at_ms INTEGER",
+            ]
+            .iter()
+            .map(|c| {
+                let (n, t) = c.split_once(' ').unwrap();
+                column(n, t, false)
+            })
+            .collect(),
+            indexes: vec![IndexInfo {
+                name: "sqlite_autoindex_room_outbox_1".into(),
+                unique: true,
+                columns: vec!["event_id".into()],
+            }],
+        };
+        let review = review(Backend::Sqlite, "room_outbox", &info, None);
+        assert_eq!(review.problems, Vec::<String>::new());
+        assert_eq!(review.profile.key, Key::RowId);
+        let statements = addition_statements(Backend::Sqlite, "room_outbox", Key::RowId, &review.additions);
+        assert_eq!(statements.len(), 9, "eight columns and the index: {statements:#?}");
+        assert_eq!(
+            statements.last().unwrap(),
+            "CREATE INDEX IF NOT EXISTS room_outbox_claim_idx ON room_outbox (status, next_retry_at_ms, created_at_ms)"
+        );
+    }
+
+    #[test]
+    fn a_short_worker_id_column_is_refused_for_a_host_whose_ids_do_not_fit() {
+        let mut table = go_table();
+        table.columns[9] = column("worker_id", "varchar(32)", true);
+        assert!(review(Backend::Mysql, "room_outbox", &table, Some(30)).problems.is_empty());
+        let problems = review(Backend::Mysql, "room_outbox", &table, Some(40)).problems;
+        assert_eq!(problems.len(), 1);
+        assert!(problems[0].starts_with("column worker_id is varchar(32): needs a string of at least 40 characters"));
+    }
+
+    #[test]
+    fn enum_statuses_need_all_five() {
+        assert_eq!(
+            misfit(
+                Role::Status,
+                &shape(Backend::Mysql, "enum('pending','delivering','delivered','retryable','failed','published')"),
+                0
+            ),
+            None
+        );
+        assert!(misfit(Role::Status, &shape(Backend::Mysql, "enum('pending','published')"), 0).is_some());
+    }
+
+    #[test]
+    fn mysql_falls_back_from_instant_to_inplace() {
+        assert_eq!(
+            mysql_fallback("ALTER TABLE t ADD COLUMN x BIGINT NULL, ALGORITHM=INSTANT").as_deref(),
+            Some("ALTER TABLE t ADD COLUMN x BIGINT NULL, ALGORITHM=INPLACE, LOCK=NONE")
+        );
+        assert_eq!(mysql_fallback("ALTER TABLE t ADD INDEX i (x), ALGORITHM=INPLACE, LOCK=NONE"), None);
+    }
+}

@@ -1,0 +1,278 @@
+//! Taking over room-service's own outbox table: made by its Go code, full of live rows in
+//! every status, with the column types a Go developer picks. `migrate` adopts it, `run`
+//! delivers exactly the claimable rows, and a column that cannot work is refused with the
+//! statement that would fix it, before anything changes.
+
+use outbox_host::store::{NewEvent, Status, now_ms};
+
+use crate::support::{Running, World, per_backend};
+
+per_backend!(
+    a_go_made_table_is_adopted_and_only_its_claimable_rows_are_delivered,
+    a_column_that_cannot_work_is_refused_and_the_table_left_untouched
+);
+
+const TABLE: &str = "go_outbox";
+
+/// The table as room-service's Go code would create it from its `Record` (the assumption
+/// these tests make): no `id` (the event id is the key), none of the host's own
+/// `updated_at_ms` / `delivered_at_ms`, unsigned milliseconds and counters on MySQL, a binary
+/// collation and a `VARBINARY` room id, `NOT NULL DEFAULT ''` strings, a `last_error`
+/// shorter than the host's, a `LONGBLOB` envelope, and its own index on `(status,
+/// created_at_ms)`. `status` is declared `status_type`.
+fn go_ddl(url: &str, status_type: &str) -> String {
+    if url.starts_with("mysql") {
+        format!(
+            "CREATE TABLE {TABLE} (
+                app_code         VARCHAR(32)  NOT NULL DEFAULT '',
+                event_id         VARCHAR(64)  CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+                event_type       VARCHAR(64)  NOT NULL,
+                room_id          VARBINARY(64) NOT NULL,
+                status           {status_type} NOT NULL DEFAULT 'pending',
+                envelope         LONGBLOB     NOT NULL,
+                created_at_ms    BIGINT UNSIGNED NOT NULL,
+                retry_count      INT UNSIGNED NOT NULL DEFAULT 0,
+                last_error       VARCHAR(255) NOT NULL DEFAULT '',
+                worker_id        VARCHAR(128) NOT NULL DEFAULT '',
+                lock_until_ms    BIGINT UNSIGNED NOT NULL DEFAULT 0,
+                next_retry_at_ms BIGINT UNSIGNED NOT NULL DEFAULT 0,
+                PRIMARY KEY (event_id),
+                KEY idx_{TABLE}_status_created (status, created_at_ms)
+            ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_unicode_ci"
+        )
+    } else if url.starts_with("postgres") {
+        format!(
+            "CREATE TABLE {TABLE} (
+                app_code TEXT NOT NULL DEFAULT '', event_id TEXT PRIMARY KEY, event_type TEXT NOT NULL,
+                room_id TEXT NOT NULL, status {status_type} NOT NULL DEFAULT 'pending', envelope BYTEA NOT NULL,
+                created_at_ms BIGINT NOT NULL, retry_count BIGINT NOT NULL DEFAULT 0,
+                last_error TEXT NOT NULL DEFAULT '', worker_id TEXT NOT NULL DEFAULT '',
+                lock_until_ms BIGINT NOT NULL DEFAULT 0, next_retry_at_ms BIGINT NOT NULL DEFAULT 0);
+             CREATE INDEX idx_{TABLE}_status_created ON {TABLE} (status, created_at_ms)"
+        )
+    } else {
+        format!(
+            "CREATE TABLE {TABLE} (
+                app_code TEXT NOT NULL DEFAULT '', event_id TEXT PRIMARY KEY, event_type TEXT NOT NULL,
+                room_id TEXT NOT NULL, status {status_type} NOT NULL DEFAULT 'pending', envelope BLOB NOT NULL,
+                created_at_ms INTEGER NOT NULL, retry_count INTEGER NOT NULL DEFAULT 0,
+                last_error TEXT NOT NULL DEFAULT '', worker_id TEXT NOT NULL DEFAULT '',
+                lock_until_ms INTEGER NOT NULL DEFAULT 0, next_retry_at_ms INTEGER NOT NULL DEFAULT 0);
+             CREATE INDEX idx_{TABLE}_status_created ON {TABLE} (status, created_at_ms)"
+        )
+    }
+}
+
+/// One live row as room-service left it.
+struct GoRow {
+    event_id: &'static str,
+    room: &'static str,
+    status: &'static str,
+    age_ms: i64,
+    retry_count: i64,
+    last_error: &'static str,
+    worker_id: &'static str,
+    lock_until_in_ms: i64,
+    next_retry_in_ms: i64,
+}
+
+const HOUR: i64 = 3_600_000;
+
+/// Rows in every status, with leases the Go worker left behind, expired and not.
+fn go_rows() -> Vec<GoRow> {
+    let row = |event_id, room, status, age_ms| GoRow {
+        event_id,
+        room,
+        status,
+        age_ms,
+        retry_count: 0,
+        last_error: "",
+        worker_id: "",
+        lock_until_in_ms: 0,
+        next_retry_in_ms: 0,
+    };
+    vec![
+        row("evt-pending-1", "room-a", "pending", 10_000),
+        row("evt-pending-2", "room-a", "pending", 9_000),
+        GoRow {
+            retry_count: 2,
+            last_error: "im: 10006",
+            next_retry_in_ms: -1_000,
+            ..row("evt-retry-due", "room-b", "retryable", 8_000)
+        },
+        GoRow {
+            retry_count: 1,
+            last_error: "im: 10006",
+            next_retry_in_ms: HOUR,
+            ..row("evt-retry-later", "room-b", "retryable", 7_000)
+        },
+        GoRow {
+            worker_id: "go-worker-1",
+            lock_until_in_ms: -1_000,
+            ..row("evt-lease-expired", "room-c", "delivering", 6_000)
+        },
+        GoRow {
+            worker_id: "go-worker-2",
+            lock_until_in_ms: HOUR,
+            ..row("evt-lease-live", "room-d", "delivering", 5_000)
+        },
+        row("evt-delivered", "room-e", "delivered", 4_000),
+        GoRow { retry_count: 3, last_error: "group not found", ..row("evt-failed", "room-f", "failed", 3_000) },
+        row("evt-published", "room-g", "published", 2_000),
+    ]
+}
+
+/// The rows a host may claim: pending, retryable and due, delivering with an expired lease.
+const CLAIMABLE: [&str; 4] = ["evt-pending-1", "evt-pending-2", "evt-retry-due", "evt-lease-expired"];
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// An `INSERT` of `row` as room-service's repository would write it.
+fn insert_sql(url: &str, row: &GoRow, now: i64) -> String {
+    let envelope = outbox_host::envelope::encode("default", row.event_id, "RoomGiftSent", row.room, 1, now, vec![]);
+    let envelope = if url.starts_with("postgres") {
+        format!("decode('{}', 'hex')", hex(&envelope))
+    } else {
+        format!("X'{}'", hex(&envelope))
+    };
+    format!(
+        "INSERT INTO {TABLE} (app_code, event_id, event_type, room_id, status, envelope, created_at_ms, retry_count, \
+         last_error, worker_id, lock_until_ms, next_retry_at_ms) VALUES ('default', '{}', 'RoomGiftSent', '{}', '{}', \
+         {envelope}, {}, {}, '{}', '{}', {}, {})",
+        row.event_id,
+        row.room,
+        row.status,
+        now - row.age_ms,
+        row.retry_count,
+        row.last_error,
+        row.worker_id,
+        if row.lock_until_in_ms == 0 { 0 } else { now + row.lock_until_in_ms },
+        if row.next_retry_in_ms == 0 { 0 } else { now + row.next_retry_in_ms },
+    )
+}
+
+/// A host's config on the Go table, with the fake sink.
+fn config(world: &World, sink_config: &str) -> outbox_host::config::Config {
+    world.setup("poll_interval: 100ms", sink_config).set(&["outbox", "table"], TABLE).parse()
+}
+
+async fn a_go_made_table_is_adopted_and_only_its_claimable_rows_are_delivered(world: World) {
+    let url = world.db_url();
+    world.db.execute(&go_ddl(&url, "VARCHAR(16)")).await.unwrap();
+    let now = now_ms();
+    for row in go_rows() {
+        world.db.execute(&insert_sql(&url, &row, now)).await.unwrap();
+    }
+
+    // migrate: the host's columns and claim index are added; no row changes.
+    let store = outbox_host::store::open(&url, 2, TABLE).await.unwrap();
+    store.migrate().await.unwrap();
+    let info = store.describe().await.unwrap().expect("the table is still there");
+    for added in ["updated_at_ms", "delivered_at_ms"] {
+        assert!(info.columns.iter().any(|c| c.name == added), "{added} was not added: {info:?}");
+    }
+    assert!(info.indexes.iter().any(|i| i.name == format!("{TABLE}_claim_idx")), "no claim index: {info:?}");
+    store.migrate().await.expect("migrating again changes nothing and succeeds");
+    let store = outbox_host::store::open(&url, 2, TABLE).await.unwrap();
+    for row in go_rows() {
+        let seen = store.get(row.event_id).await;
+        if row.status == "published" {
+            assert!(seen.is_err(), "a row in an unknown status reads as an error, not as a status it is not");
+            continue;
+        }
+        let seen = seen.unwrap().unwrap_or_else(|| panic!("{} is gone", row.event_id));
+        assert_eq!(seen.status.as_str(), row.status, "{} changed state in migrate", row.event_id);
+        assert_eq!(i64::from(seen.retry_count), row.retry_count);
+        assert_eq!(seen.last_error.as_deref().unwrap_or(""), row.last_error, "'' reads as no error");
+    }
+    let stats = store.stats().await.unwrap();
+    assert_eq!(stats.unknown_statuses, vec![("published".to_string(), 1)], "status reports the unknown status");
+    let report = outbox_host::ops::report::status(TABLE, &stats, now);
+    assert!(report.contains("published") && report.contains("never claimed"), "{report}");
+
+    // run: exactly the claimable rows are delivered, a room's in order; a failure is
+    // written to the NOT NULL columns; a new event from a producer is delivered too.
+    let mut host = Running::start(config(&world, "room.room-r: retryable")).await;
+    host.wait_status_in(store.as_ref(), &CLAIMABLE, Status::Delivered).await;
+    let fresh = NewEvent {
+        app_code: "default".into(),
+        event_id: "evt-after-adoption".into(),
+        event_type: "RoomGiftSent".into(),
+        room_id: "room-r".into(),
+        status: Status::Pending,
+        envelope: outbox_host::envelope::encode(
+            "default",
+            "evt-after-adoption",
+            "RoomGiftSent",
+            "room-r",
+            1,
+            now,
+            vec![],
+        ),
+        created_at_ms: now_ms(),
+    };
+    store.insert(&[fresh]).await.unwrap();
+    host.wait_status_in(store.as_ref(), &["evt-after-adoption"], Status::Retryable).await;
+    host.stop().await;
+
+    for id in CLAIMABLE {
+        assert_eq!(world.collector.attempts_of(id).len(), 1, "{id} delivered once");
+        let row = store.get(id).await.unwrap().unwrap();
+        assert_eq!((row.last_error, row.worker_id.as_deref()), (None, None), "{id}: lease and error cleared");
+        assert!(row.delivered_at_ms.is_some());
+    }
+    let order: Vec<String> = world.collector.reports().into_iter().map(|r| r.event_id).collect();
+    let position = |id: &str| order.iter().position(|e| e == id).unwrap();
+    assert!(position("evt-pending-1") < position("evt-pending-2"), "room-a's events out of order: {order:?}");
+    let failed = store.get("evt-after-adoption").await.unwrap().unwrap();
+    assert_eq!((failed.retry_count, failed.worker_id), (1, None), "a failure on the adopted table");
+    assert!(failed.last_error.is_some_and(|e| e.contains("scripted retryable")));
+    for row in go_rows().iter().filter(|r| !CLAIMABLE.contains(&r.event_id)) {
+        assert!(world.collector.attempts_of(row.event_id).is_empty(), "{} was delivered", row.event_id);
+        if row.status == "published" {
+            continue;
+        }
+        let seen = store.get(row.event_id).await.unwrap().unwrap();
+        assert_eq!(seen.status.as_str(), row.status, "{} changed state", row.event_id);
+        assert_eq!(seen.worker_id.as_deref().unwrap_or(""), row.worker_id, "{}: lease untouched", row.event_id);
+        assert_eq!(i64::from(seen.retry_count), row.retry_count);
+    }
+    assert_eq!(store.stats().await.unwrap().unknown_statuses, vec![("published".to_string(), 1)]);
+}
+
+async fn a_column_that_cannot_work_is_refused_and_the_table_left_untouched(world: World) {
+    let url = world.db_url();
+    // SQLite does not enforce lengths: there, the unworkable column is a TEXT timestamp.
+    let (ddl, column) = if url.starts_with("sqlite") {
+        (go_ddl(&url, "TEXT").replace("created_at_ms INTEGER", "created_at_ms TEXT"), "created_at_ms")
+    } else {
+        (go_ddl(&url, "VARCHAR(8)"), "status")
+    };
+    world.db.execute(&ddl).await.unwrap();
+    let now = now_ms();
+    let rows = go_rows();
+    world.db.execute(&insert_sql(&url, &rows[0], now)).await.unwrap();
+    let store = outbox_host::store::open(&url, 2, TABLE).await.unwrap();
+    let before = store.describe().await.unwrap().unwrap();
+
+    let refused = store.migrate().await.expect_err("an unworkable column is refused").to_string();
+    assert!(refused.contains(&format!("column {column} is ")), "names the column: {refused}");
+    assert!(refused.contains("nothing was changed"), "{refused}");
+    if url.starts_with("mysql") {
+        assert!(refused.contains("ALTER TABLE go_outbox MODIFY COLUMN status VARCHAR(16) NOT NULL;"), "{refused}");
+    } else if url.starts_with("postgres") {
+        assert!(refused.contains("ALTER TABLE go_outbox ALTER COLUMN status TYPE VARCHAR(16);"), "{refused}");
+    } else {
+        assert!(refused.contains("rebuild go_outbox with created_at_ms INTEGER"), "{refused}");
+    }
+    assert_eq!(store.describe().await.unwrap().unwrap(), before, "the table was changed");
+
+    // run refuses too, with every problem in one message, and claims nothing.
+    let started = outbox_host::app::Host::start(config(&world, "")).await;
+    let message = format!("{:#}", started.err().expect("run refuses an unworkable table"));
+    assert!(message.contains(&format!("column {column} is ")), "{message}");
+    assert_eq!(store.describe().await.unwrap().unwrap(), before, "the table was changed");
+    assert!(world.collector.reports().is_empty());
+}
