@@ -183,7 +183,7 @@ fn read_config(f: &mut Fields<'_>, notes: &mut Vec<String>) -> Config {
         table
     });
     let worker = f.section("outbox_worker", |f| read_worker(f, notes, backend));
-    let sink = f.has("sink").then(|| f.section("sink", read_sink));
+    let sink = f.has("sink").then(|| f.section("sink", |f| read_sink(f, notes)));
     let admin = f.section("admin", |f| read_admin(f, notes));
     let log = f.section("log", |f| {
         let format = match f.take::<String>("format").as_deref() {
@@ -249,7 +249,7 @@ fn read_admin(f: &mut Fields<'_>, notes: &mut Vec<String>) -> AdminConfig {
 
 /// Reads a duration key; non-positive values fall back to `default` with a note.
 fn positive_duration(f: &mut Fields<'_>, key: &str, default: Duration, notes: &mut Vec<String>) -> Duration {
-    let Some(text) = f.take::<String>(key) else {
+    let Some(text) = f.take_duration(key) else {
         return default;
     };
     match units::parse_duration_ms(&text) {
@@ -302,10 +302,19 @@ fn read_worker(f: &mut Fields<'_>, notes: &mut Vec<String>, backend: Option<crat
         f.problem("concurrency", format!("{concurrency} is more than 1024"));
     }
     let min_lease = WorkerConfig::min_lease(batch_size, concurrency, publish_timeout);
-    let lease = match f.take::<String>("lease_duration") {
+    let lease = match f.take_duration("lease_duration") {
         None => WorkerConfig::default_lease(batch_size, concurrency, publish_timeout),
         Some(text) => match units::parse_duration_ms(&text) {
             Ok(ms) if ms >= min_lease.as_millis() as i64 => Duration::from_millis(ms as u64),
+            Ok(ms) if ms <= 0 => {
+                let default = WorkerConfig::default_lease(batch_size, concurrency, publish_timeout);
+                notes.push(format!(
+                    "{}: {text:?} is not positive; using the default {}",
+                    f.key_path("lease_duration"),
+                    format_duration(default)
+                ));
+                default
+            }
             Ok(_) => {
                 f.problem(
                     "lease_duration",
@@ -355,7 +364,7 @@ fn read_worker(f: &mut Fields<'_>, notes: &mut Vec<String>, backend: Option<crat
     }
 }
 
-fn read_sink(f: &mut Fields<'_>) -> SinkConfig {
+fn read_sink(f: &mut Fields<'_>, notes: &mut Vec<String>) -> SinkConfig {
     let name = f.take::<String>("name").unwrap_or_default();
     if !is_name(&name, 64) {
         f.problem("name", "is required: 1-64 characters of letters, digits, '.', '_' or '-'");
@@ -414,20 +423,7 @@ fn read_sink(f: &mut Fields<'_>) -> SinkConfig {
             default
         }
     };
-    let max_retry_after = match f.take::<String>("max_retry_after") {
-        None => defaults.max_retry_after,
-        Some(text) => match units::parse_duration_ms(&text) {
-            Ok(ms) if ms > 0 => Duration::from_millis(ms as u64),
-            Ok(_) => {
-                f.problem("max_retry_after", "must be positive");
-                defaults.max_retry_after
-            }
-            Err(why) => {
-                f.problem("max_retry_after", why);
-                defaults.max_retry_after
-            }
-        },
-    };
+    let max_retry_after = positive_duration(f, "max_retry_after", defaults.max_retry_after, notes);
     let budgets = SinkBudgets {
         max_retry_after,
         max_log_lines: count(f, "max_log_lines", defaults.max_log_lines, 100_000),

@@ -57,6 +57,21 @@ impl<'p> Fields<'p> {
         }
     }
 
+    /// Removes a duration `key` as text: a YAML string, or a bare number (`0`, which Go's
+    /// `ParseDuration` reads; any other number is refused there for want of a unit).
+    pub fn take_duration(&mut self, key: &str) -> Option<String> {
+        match self.take::<Value>(key)? {
+            Value::Number(n) => Some(n.to_string()),
+            other => match serde_yaml_ng::from_value::<String>(other) {
+                Ok(text) => Some(text),
+                Err(e) => {
+                    self.problem(key, format!("{e}"));
+                    None
+                }
+            },
+        }
+    }
+
     /// Removes `key` and opens it as a nested section (missing → an empty one).
     pub fn section<R>(&mut self, key: &str, read: impl FnOnce(&mut Fields<'_>) -> R) -> R {
         let path = self.key_path(key);

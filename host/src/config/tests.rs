@@ -218,9 +218,45 @@ fn sink_budgets_and_egress_settings_have_defaults_and_bounds() {
         assert_eq!(sink.proxy.as_deref(), Some("http://proxy:3128"));
     }
     let bad =
-        problems(&format!("{SINK}  max_log_lines: 0\n  max_requests: -1\n  proxy: \"::\"\n  max_retry_after: 0s\n"));
+        problems(&format!("{SINK}  max_log_lines: 0\n  max_requests: -1\n  proxy: \"::\"\n  max_retry_after: 1x\n"));
     for key in ["sink.max_log_lines:", "sink.max_requests:", "sink.proxy:", "sink.max_retry_after:"] {
         assert!(bad.iter().any(|p| p.starts_with(key)), "{key} missing from {bad:?}");
+    }
+}
+
+/// As the seed does: every duration key reads Go's syntax, and a zero or negative one
+/// falls back to its default with a warning rather than failing or busy-looping.
+#[test]
+fn every_non_positive_duration_falls_back_to_its_default_with_a_note() {
+    let keys = [
+        ("outbox_worker", "poll_interval"),
+        ("outbox_worker", "publish_timeout"),
+        ("outbox_worker", "retry_interval"),
+        ("outbox_worker", "lease_duration"),
+        ("outbox_worker", "shutdown_grace"),
+        ("outbox_worker", "probe_interval"),
+        ("admin", "stats_interval"),
+        ("sink", "max_retry_after"),
+    ];
+    let defaults = parse(SINK).unwrap();
+    for (section, key) in keys {
+        for value in ["0", "\"-1m30s\"", "0s"] {
+            let yaml = if section == "sink" {
+                format!("{SINK}  {key}: {value}\n")
+            } else {
+                format!("{SINK}{section}:\n  {key}: {value}\n")
+            };
+            let config = parse(&yaml).unwrap_or_else(|e| panic!("{section}.{key}: {value} refused: {e}"));
+            assert!(
+                config.notes.iter().any(|n| n.starts_with(&format!("{section}.{key}: ")) && n.contains("using the default")),
+                "{section}.{key}: {value} fell back silently: {:?}",
+                config.notes
+            );
+            assert_eq!(format!("{:?}", config.worker), format!("{:?}", defaults.worker), "{section}.{key}: {value}");
+            assert_eq!(config.admin.stats_interval, defaults.admin.stats_interval);
+            let sink = config.sink.unwrap();
+            assert_eq!(sink.budgets.max_retry_after, defaults.sink.as_ref().unwrap().budgets.max_retry_after);
+        }
     }
 }
 
