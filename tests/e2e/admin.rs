@@ -61,12 +61,18 @@ per_backend!(readiness_turns_503_while_claims_fail_and_200_once_fixed);
 /// renamed away, as a botched migration would): readiness must still say the host cannot
 /// work, with the database's reason, and recover by itself once the table is fixed.
 async fn readiness_turns_503_while_claims_fail_and_200_once_fixed(world: World) {
-    let config = world.setup("poll_interval: 50ms\nwake_up: poll", "").with_admin();
+    readiness_on(&world, "room_outbox").await;
+}
+
+/// Readiness of a host on `table` while its claims fail, then once they work again.
+pub async fn readiness_on(world: &World, table: &str) {
+    let config = world.setup("poll_interval: 50ms\nwake_up: poll", "").set(&["outbox", "table"], table).with_admin();
     let mut host = Running::start(config.parse()).await;
+    let rows = outbox_host::store::open(&world.db_url(), 2, table).await.unwrap();
     let base = format!("http://{}", host.admin.expect("admin listener on"));
     assert_eq!(get(&format!("{base}/readyz")).await, (200, "ready\n".into()));
 
-    world.db.execute("ALTER TABLE room_outbox RENAME COLUMN lock_until_ms TO lock_until_ms_gone").await.unwrap();
+    world.db.execute(&format!("ALTER TABLE {table} RENAME COLUMN lock_until_ms TO lock_until_ms_gone")).await.unwrap();
     let mut readiness = (0, String::new());
     for _ in 0..300 {
         readiness = get(&format!("{base}/readyz")).await;
@@ -87,9 +93,9 @@ async fn readiness_turns_503_while_claims_fail_and_200_once_fixed(world: World) 
     assert!(status["db_failures_in_a_row"].as_u64().unwrap() >= 3, "{status}");
     assert_eq!(status["last_db_error"]["operation"], "claim");
 
-    world.db.execute("ALTER TABLE room_outbox RENAME COLUMN lock_until_ms_gone TO lock_until_ms").await.unwrap();
-    let id = world.produce("RoomGiftSent", "room-1", Status::Pending).await;
-    host.wait_status(&world, &[&id], Status::Delivered).await;
+    world.db.execute(&format!("ALTER TABLE {table} RENAME COLUMN lock_until_ms_gone TO lock_until_ms")).await.unwrap();
+    rows.insert(&[world.event("RoomGiftSent", "room-1", Status::Pending)]).await.unwrap();
+    host.wait_for("claims to work again", || async { rows.stats().await.unwrap().count(Status::Delivered) == 1 }).await;
     assert_eq!(get(&format!("{base}/readyz")).await, (200, "ready\n".into()), "ready again once claims work");
     let page = get(&format!("{base}/")).await.1;
     assert!(

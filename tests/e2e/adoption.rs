@@ -9,7 +9,9 @@ use crate::support::{Running, World, per_backend};
 
 per_backend!(
     a_go_made_table_is_adopted_and_only_its_claimable_rows_are_delivered,
-    a_column_that_cannot_work_is_refused_and_the_table_left_untouched
+    a_column_that_cannot_work_is_refused_and_the_table_left_untouched,
+    the_producer_crate_works_on_an_adopted_table,
+    readiness_tells_the_truth_on_an_adopted_table
 );
 
 const TABLE: &str = "go_outbox";
@@ -275,4 +277,21 @@ async fn a_column_that_cannot_work_is_refused_and_the_table_left_untouched(world
     assert!(message.contains(&format!("column {column} is ")), "{message}");
     assert_eq!(store.describe().await.unwrap().unwrap(), before, "the table was changed");
     assert!(world.collector.reports().is_empty());
+}
+
+/// The Go-made table, empty, adopted by `migrate`.
+async fn adopted(world: &World) {
+    world.db.execute(&go_ddl(&world.db_url(), "VARCHAR(16)")).await.unwrap();
+    outbox_host::store::open(&world.db_url(), 2, TABLE).await.unwrap().migrate().await.unwrap();
+}
+
+async fn the_producer_crate_works_on_an_adopted_table(world: World) {
+    adopted(&world).await;
+    crate::producer::inserts_in_transactions_on(&world, TABLE).await;
+    crate::producer::marking_delivered_while_held_on(&world, TABLE).await;
+}
+
+async fn readiness_tells_the_truth_on_an_adopted_table(world: World) {
+    adopted(&world).await;
+    crate::admin::readiness_on(&world, TABLE).await;
 }

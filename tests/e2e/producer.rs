@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use outbox_host::engine::Signal;
-use outbox_host::store::{Status, now_ms};
+use outbox_host::store::{Status, Store, now_ms};
 use outbox_producer::{Backend, Error, Event, Outbox};
 
 use crate::support::{PATIENCE, Running, World, per_backend};
@@ -41,26 +41,42 @@ macro_rules! on_pool {
 }
 
 async fn a_rolled_back_insert_leaves_no_row_and_a_committed_one_is_delivered(world: World) {
-    let mut host = Running::start(world.setup("", "").parse()).await;
-    on_pool!(world, insert_in_transactions, &mut host);
+    inserts_in_transactions_on(&world, "room_outbox").await;
+}
+
+async fn marking_delivered_while_a_host_holds_the_row_wins(world: World) {
+    marking_delivered_while_held_on(&world, "room_outbox").await;
+}
+
+/// Rolled back and committed inserts into `table` with a host running on it.
+pub async fn inserts_in_transactions_on(world: &World, table: &str) {
+    let config = world.setup("", "").set(&["outbox", "table"], table);
+    let mut host = Running::start(config.parse()).await;
+    let rows = outbox_host::store::open(&world.db_url(), 2, table).await.unwrap();
+    on_pool!(world, insert_in_transactions, &mut host, table, rows.as_ref());
     host.stop().await;
 }
 
-async fn insert_in_transactions<DB: Backend>(world: &World, pool: sqlx::Pool<DB>, host: &mut Running)
-where
+async fn insert_in_transactions<DB: Backend>(
+    world: &World,
+    pool: sqlx::Pool<DB>,
+    host: &mut Running,
+    table: &str,
+    rows: &dyn Store,
+) where
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
 {
-    let outbox = Outbox::<DB>::new("room_outbox").unwrap();
+    let outbox = Outbox::<DB>::new(table).unwrap();
 
     let mut tx = pool.begin().await.unwrap();
     outbox.insert(&mut *tx, &event("evt-rolled-back", "room-1")).await.unwrap();
     tx.rollback().await.unwrap();
-    assert!(world.producer.get("evt-rolled-back").await.unwrap().is_none(), "a rolled-back insert left a row");
+    assert!(rows.get("evt-rolled-back").await.unwrap().is_none(), "a rolled-back insert left a row");
 
     let mut tx = pool.begin().await.unwrap();
     outbox.insert(&mut *tx, &event("evt-committed", "room-1")).await.unwrap();
     tx.commit().await.unwrap();
-    host.wait_status(world, &["evt-committed"], Status::Delivered).await;
+    host.wait_status_in(rows, &["evt-committed"], Status::Delivered).await;
     assert_eq!(world.collector.attempts_of("evt-committed").len(), 1);
     assert!(world.collector.attempts_of("evt-rolled-back").is_empty(), "the rolled-back event reached the sink");
 
@@ -68,34 +84,41 @@ where
     assert!(matches!(again, Err(Error::Duplicate(ref id)) if id == "evt-committed"), "{again:?}");
 }
 
-async fn marking_delivered_while_a_host_holds_the_row_wins(world: World) {
+/// The producer marks delivered a row of `table` that a running host holds.
+pub async fn marking_delivered_while_held_on(world: &World, table: &str) {
     // The delivery hangs past publish_timeout, so the host's own outcome (a retryable timeout)
     // arrives after the producer has marked the row delivered.
-    let config = world.setup("publish_timeout: 1s", "room.room-held: sleep:3000");
+    let config = world.setup("publish_timeout: 1s", "room.room-held: sleep:3000").set(&["outbox", "table"], table);
     let mut host = Running::start(config.parse()).await;
-    on_pool!(world, mark_while_held, &mut host);
+    let rows = outbox_host::store::open(&world.db_url(), 2, table).await.unwrap();
+    on_pool!(world, mark_while_held, &mut host, table, rows.as_ref());
     host.stop().await;
 }
 
-async fn mark_while_held<DB: Backend>(world: &World, pool: sqlx::Pool<DB>, host: &mut Running)
-where
+async fn mark_while_held<DB: Backend>(
+    world: &World,
+    pool: sqlx::Pool<DB>,
+    host: &mut Running,
+    table: &str,
+    rows: &dyn Store,
+) where
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
 {
-    let outbox = Outbox::<DB>::new("room_outbox").unwrap();
+    let outbox = Outbox::<DB>::new(table).unwrap();
     outbox.insert(&pool, &event("evt-held", "room-held")).await.unwrap();
     let deadline = tokio::time::Instant::now() + PATIENCE;
     while world.collector.attempts_of("evt-held").is_empty() {
         assert!(tokio::time::Instant::now() < deadline, "the host never started the delivery");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let held = world.row("evt-held").await;
+    let held = rows.get("evt-held").await.unwrap().unwrap();
     assert_eq!(held.status, Status::Delivering, "the host holds the row");
 
     assert!(outbox.mark_delivered(&pool, "evt-held", now_ms()).await.unwrap(), "the producer's mark changed the row");
-    assert_eq!(world.row("evt-held").await.status, Status::Delivered);
+    assert_eq!(rows.get("evt-held").await.unwrap().unwrap().status, Status::Delivered);
     host.wait_signal("the host's late outcome to be written", |s| matches!(s, Signal::Recorded(_))).await;
 
-    let row = world.row("evt-held").await;
+    let row = rows.get("evt-held").await.unwrap().unwrap();
     assert_eq!(row.status, Status::Delivered, "the host's late retryable outcome undid the producer's delivered");
     assert_eq!((row.retry_count, row.last_error.as_deref()), (0, None), "the late failure left no trace on the row");
     assert!(row.delivered_at_ms.is_some());

@@ -248,7 +248,10 @@ fn every_non_positive_duration_falls_back_to_its_default_with_a_note() {
             };
             let config = parse(&yaml).unwrap_or_else(|e| panic!("{section}.{key}: {value} refused: {e}"));
             assert!(
-                config.notes.iter().any(|n| n.starts_with(&format!("{section}.{key}: ")) && n.contains("using the default")),
+                config
+                    .notes
+                    .iter()
+                    .any(|n| n.starts_with(&format!("{section}.{key}: ")) && n.contains("using the default")),
                 "{section}.{key}: {value} fell back silently: {:?}",
                 config.notes
             );
