@@ -85,6 +85,7 @@ fn wasm_noop(concurrency: u32, cache: &std::path::Path) -> anyhow::Result<SinkRu
         proxy: None,
         budgets: Default::default(),
         config: SinkSettings([("default".to_string(), "ok".to_string())].into()),
+        rate_limit: None,
     };
     SinkRuntime::load(&config, concurrency)
 }

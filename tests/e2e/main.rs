@@ -9,6 +9,7 @@ mod browser;
 mod claims;
 mod conformance;
 mod egress;
+mod flow;
 mod hostile;
 mod leases;
 mod operations;

@@ -48,7 +48,7 @@ async fn a_second_signal_exits_at_once() {
 #[tokio::test]
 async fn check_config_names_every_bad_key() {
     let world = World::new().await;
-    write_config(&world, "outbox_worker:\n  retry_strategy: exponential\n  batch_sise: 5\nsink:\n  name: x\n");
+    write_config(&world, "outbox_worker:\n  retry_strategy: fibonacci\n  batch_sise: 5\nsink:\n  name: x\n");
     let output = run_cli(&world, &["check-config"]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");

@@ -184,6 +184,7 @@ fn read_config(f: &mut Fields<'_>, notes: &mut Vec<String>) -> Config {
     });
     let worker = f.section("outbox_worker", |f| read_worker(f, notes, backend));
     let sink = f.has("sink").then(|| f.section("sink", |f| read_sink(f, notes)));
+    let worker = WorkerConfig { rate_limit: sink.as_ref().and_then(|s| s.rate_limit), ..worker };
     let admin = f.section("admin", |f| read_admin(f, notes));
     let log = f.section("log", |f| {
         let format = match f.take::<String>("format").as_deref() {
@@ -289,14 +290,31 @@ fn read_worker(f: &mut Fields<'_>, notes: &mut Vec<String>, backend: Option<crat
         f.problem("batch_size", format!("{batch_size} is more than {MAX_BATCH_SIZE}"));
     }
     let publish_timeout = positive_duration(f, "publish_timeout", DEFAULT_PUBLISH_TIMEOUT, notes);
-    match f.take::<String>("retry_strategy").as_deref() {
-        None | Some("") | Some(RETRY_FIXED_INTERVAL) => {}
-        Some(other) => f.problem(
-            "retry_strategy",
-            format!("{other:?} is not supported: the only strategy is {RETRY_FIXED_INTERVAL:?}"),
-        ),
-    }
+    let retry_strategy = match f.take::<String>("retry_strategy").as_deref() {
+        None | Some("") => RetryStrategy::FixedInterval,
+        Some(name) => match RetryStrategy::ALL.iter().find(|(n, _)| *n == name) {
+            Some((_, strategy)) => *strategy,
+            None => {
+                let known: Vec<&str> = RetryStrategy::ALL.iter().map(|(n, _)| *n).collect();
+                f.problem("retry_strategy", format!("{name:?} is not one of {}", known.join(", ")));
+                RetryStrategy::FixedInterval
+            }
+        },
+    };
     let retry_interval = positive_duration(f, "retry_interval", poll_interval, notes);
+    let explicit_max = f.has("max_retry_interval");
+    let max_retry_interval =
+        positive_duration(f, "max_retry_interval", DEFAULT_MAX_RETRY_INTERVAL.max(retry_interval), notes);
+    if explicit_max && max_retry_interval < retry_interval {
+        f.problem(
+            "max_retry_interval",
+            format!(
+                "{} is shorter than retry_interval ({})",
+                format_duration(max_retry_interval),
+                format_duration(retry_interval)
+            ),
+        );
+    }
     let concurrency = positive_count(f, "concurrency", DEFAULT_CONCURRENCY, notes);
     if concurrency > 1024 {
         f.problem("concurrency", format!("{concurrency} is more than 1024"));
@@ -355,12 +373,16 @@ fn read_worker(f: &mut Fields<'_>, notes: &mut Vec<String>, backend: Option<crat
         batch_size,
         publish_timeout,
         retry_interval,
+        retry_strategy,
+        max_retry_interval,
         concurrency,
         lease,
         max_attempts,
         shutdown_grace,
         wake_up,
         probe_interval,
+        // From the `sink:` section, set by `read_config`.
+        rate_limit: None,
     }
 }
 
@@ -435,6 +457,7 @@ fn read_sink(f: &mut Fields<'_>, notes: &mut Vec<String>) -> SinkConfig {
         max_request_bytes: size(f, "max_request_bytes", defaults.max_request_bytes, 0, 256 << 20),
     };
     let config = SinkSettings(f.string_map("config"));
+    let rate_limit = read_rate_limit(f);
     SinkConfig {
         name,
         plugin,
@@ -446,7 +469,43 @@ fn read_sink(f: &mut Fields<'_>, notes: &mut Vec<String>) -> SinkConfig {
         proxy,
         budgets,
         config,
+        rate_limit,
     }
+}
+
+/// `rate_limit: 200/s` (also `/m`, `/h`) and `rate_burst` (default: a tenth of a second's
+/// worth, at least 1).
+fn read_rate_limit(f: &mut Fields<'_>) -> Option<RateLimit> {
+    let burst = f.take::<u32>("rate_burst");
+    let Some(text) = f.take::<String>("rate_limit") else {
+        if burst.is_some() {
+            f.problem("rate_burst", "has no effect without rate_limit");
+        }
+        return None;
+    };
+    let per = |unit: &str| match unit.trim() {
+        "s" | "1s" => Some(1.0),
+        "m" | "1m" => Some(60.0),
+        "h" | "1h" => Some(3_600.0),
+        _ => None,
+    };
+    let parsed = text.split_once('/').and_then(|(n, unit)| Some((n.trim().parse::<f64>().ok()?, per(unit)?)));
+    let per_second = match parsed {
+        Some((n, seconds)) if n > 0.0 && n.is_finite() => n / seconds,
+        _ => {
+            f.problem("rate_limit", format!("{text:?} is not a rate such as \"200/s\", \"600/m\" or \"1000/h\""));
+            return None;
+        }
+    };
+    let burst = match burst {
+        Some(0) => {
+            f.problem("rate_burst", "must be at least 1");
+            1
+        }
+        Some(n) => n,
+        None => ((per_second / 10.0).ceil() as u32).max(1),
+    };
+    Some(RateLimit { per_second, burst })
 }
 
 fn default_node_id() -> String {

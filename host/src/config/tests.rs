@@ -56,10 +56,35 @@ fn an_empty_retry_strategy_is_the_fixed_interval() {
 
 #[test]
 fn an_unknown_retry_strategy_refuses_to_start() {
-    let p = problems("outbox_worker:\n  retry_strategy: exponential\n");
-    assert_eq!(p.len(), 1);
-    assert!(p[0].starts_with("outbox_worker.retry_strategy:"), "{p:?}");
-    assert!(p[0].contains("exponential"));
+    let p = problems("outbox_worker:\n  retry_strategy: fibonacci\n");
+    assert_eq!(p, vec!["outbox_worker.retry_strategy: \"fibonacci\" is not one of fixed_interval, exponential"]);
+}
+
+#[test]
+fn exponential_backoff_reads_its_base_and_ceiling() {
+    let config =
+        parse("outbox_worker:\n  retry_strategy: exponential\n  retry_interval: 500ms\n  max_retry_interval: 1m\n")
+            .unwrap();
+    assert_eq!(config.worker.retry_strategy, RetryStrategy::Exponential);
+    assert_eq!(config.worker.retry_interval, Duration::from_millis(500));
+    assert_eq!(config.worker.max_retry_interval, Duration::from_secs(60));
+    assert_eq!(parse("").unwrap().worker.retry_strategy, RetryStrategy::FixedInterval, "the seed's default");
+    let p = problems("outbox_worker:\n  retry_interval: 10s\n  max_retry_interval: 5s\n");
+    assert_eq!(p, vec!["outbox_worker.max_retry_interval: 5s is shorter than retry_interval (10s)"]);
+}
+
+#[test]
+fn a_rate_limit_reads_per_second_minute_or_hour_with_a_burst() {
+    let limit = |extra: &str| parse(&format!("{SINK}{extra}")).unwrap().worker.rate_limit;
+    assert_eq!(limit(""), None);
+    assert_eq!(limit("  rate_limit: 200/s\n"), Some(RateLimit { per_second: 200.0, burst: 20 }));
+    assert_eq!(limit("  rate_limit: 600/m\n  rate_burst: 3\n"), Some(RateLimit { per_second: 10.0, burst: 3 }));
+    assert_eq!(limit("  rate_limit: 36/h\n"), Some(RateLimit { per_second: 0.01, burst: 1 }));
+    for bad in ["rate_limit: 200", "rate_limit: 0/s", "rate_limit: -5/s", "rate_limit: 5/day", "rate_burst: 4"] {
+        let p = problems(&format!("{SINK}  {bad}\n"));
+        assert_eq!(p.len(), 1, "{bad}: {p:?}");
+        assert!(p[0].starts_with(&format!("sink.{}:", bad.split(':').next().unwrap())), "{bad}: {p:?}");
+    }
 }
 
 #[test]

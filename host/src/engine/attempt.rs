@@ -39,7 +39,7 @@ pub async fn deliver_one(
         };
         let outcome = match &result {
             Ok(_) => Outcome::Delivered,
-            Err(failure) => after_failure(failure, attempt, config, now_ms()),
+            Err(failure) => after_failure(failure, attempt, config, now_ms(), super::retry::draw()),
         };
         match &result {
             Ok(delivered) => {

@@ -43,6 +43,11 @@ impl Buffer {
         }
     }
 
+    /// Whether some room's next row may start now.
+    pub fn has_ready(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
     /// The next row that may start: the head of the room that has waited longest. Its room
     /// is busy until [`Buffer::done`].
     pub fn start_next(&mut self) -> Option<Claimed> {

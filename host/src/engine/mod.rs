@@ -18,6 +18,7 @@ use crate::ops::metrics::Metrics;
 
 mod attempt;
 mod buffer;
+mod rate;
 mod retry;
 
 use buffer::{Buffer, RoomKey, room_of};
@@ -26,6 +27,7 @@ use crate::sandbox::{Deliver, FailureClass};
 use crate::store::{Claimed, Held, Mark, Outcome, Store, now_ms};
 use crate::text::printable;
 use crate::text::short_error;
+use rate::TokenBucket;
 pub use retry::after_failure;
 use settings::{WakeUp, WorkerConfig};
 
@@ -134,14 +136,24 @@ impl Worker {
         let mut buffer = Buffer::default();
         let mut running: JoinSet<(RoomKey, Pending)> = JoinSet::new();
         let mut claiming = true;
+        let mut bucket = self.config.rate_limit.map(|limit| TokenBucket::new(limit, std::time::Instant::now()));
+        // When the rate limit has the next token for a delivery that is ready to start.
+        let mut next_token = None;
         loop {
             if !shutdown.is_cancelled() {
-                self.start_ready(&mut buffer, &mut running, &outstanding).await;
+                next_token = self.start_ready(&mut buffer, &mut running, &outstanding, bucket.as_mut()).await;
             }
             if !claiming && running.is_empty() {
                 break;
             }
+            let token_wait = async {
+                match next_token {
+                    Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
+                () = token_wait => {}
                 rows = claimed.recv(), if claiming => match rows {
                     Some(rows) => buffer.push(rows),
                     None => claiming = false,
@@ -212,7 +224,7 @@ impl Worker {
         shutdown: CancellationToken,
     ) {
         let lease_ms = self.config.lease.as_millis() as i64;
-        let batch = self.config.batch_size as usize;
+        let batch = self.claim_size() as usize;
         let mut backoff = Duration::from_millis(100);
         let wake = self.store.inserted();
         let listening = match self.config.wake_up {
@@ -231,7 +243,7 @@ impl Worker {
                 continue;
             }
             let now = now_ms();
-            let claim = self.store.claim(&self.worker_id, now, now + lease_ms, self.config.batch_size);
+            let claim = self.store.claim(&self.worker_id, now, now + lease_ms, batch as u32);
             // A claim stuck on a database that is away must not hold shutdown past its grace.
             let stuck = async {
                 shutdown.cancelled().await;
@@ -252,7 +264,7 @@ impl Worker {
                 }
             };
             backoff = Duration::from_millis(100);
-            self.metrics.db_ok();
+            self.metrics.db_ok("claim");
             if rows.is_empty() {
                 self.signal(Signal::Idle);
                 self.idle_wait(&wake, probing, &shutdown).await;
@@ -275,6 +287,20 @@ impl Worker {
         }
     }
 
+    /// Rows per claim: `batch_size`, or under a rate limit no more than a quarter of a
+    /// lease's worth of starts, so that the (at most two) claims waiting in the buffer all
+    /// start well within their leases.
+    fn claim_size(&self) -> u32 {
+        let batch = self.config.batch_size;
+        match self.config.rate_limit {
+            Some(limit) => {
+                let quarter_lease = limit.per_second * self.config.lease.as_secs_f64() / 4.0;
+                batch.min((quarter_lease.floor() as u32).max(1))
+            }
+            None => batch,
+        }
+    }
+
     /// Counts a claim and logs its lease rescues.
     fn note_claim(&self, rows: &[Claimed]) {
         let rescued = rows.iter().filter(|c| c.rescued).count();
@@ -294,24 +320,34 @@ impl Worker {
         self.signal(Signal::Claimed(rows.len()));
     }
 
-    /// Starts deliveries while a slot is free and a room's next event is ready. A row whose
-    /// lease would not outlast its `publish_timeout` is handed back instead, so a lease never
-    /// runs out under a healthy delivery.
+    /// Starts deliveries while a slot is free, a room's next event is ready, and the rate
+    /// limit (if any) has a token. A row whose lease would not outlast its `publish_timeout`
+    /// is handed back instead, so a lease never runs out under a healthy delivery. Returns
+    /// when the rate limit will have the next token, if it stopped the starts.
     async fn start_ready(
         self: &Arc<Self>,
         buffer: &mut Buffer,
         running: &mut JoinSet<(RoomKey, Pending)>,
         outstanding: &Outstanding,
-    ) {
+        mut bucket: Option<&mut TokenBucket>,
+    ) -> Option<std::time::Instant> {
         let timeout_ms = self.config.publish_timeout.as_millis() as i64;
         let mut late = Vec::new();
+        let mut next_token = None;
         while running.len() < self.config.concurrency as usize {
+            if let Some(at) = bucket.as_mut().and_then(|b| b.ready(std::time::Instant::now())) {
+                next_token = buffer.has_ready().then_some(at);
+                break;
+            }
             let Some(row) = buffer.start_next() else { break };
             let key = room_of(&row);
             if row.lease.lock_until_ms - now_ms() < timeout_ms + START_MARGIN_MS {
                 buffer.done(&key);
                 late.push(row);
                 continue;
+            }
+            if let Some(bucket) = bucket.as_mut() {
+                bucket.take();
             }
             let this = self.clone();
             running.spawn(async move {
@@ -327,6 +363,7 @@ impl Worker {
             outstanding.freed(late.len());
             self.release(&late).await;
         }
+        next_token
     }
 
     /// Waits `poll_interval` for more work, or less: until an insert is heard (`LISTEN`, or
@@ -423,7 +460,7 @@ impl Worker {
                 };
                 match written {
                     Ok(_) => {
-                        self.metrics.db_ok();
+                        self.metrics.db_ok("mark");
                         break;
                     }
                     Err(_) if give_up.is_cancelled() => {

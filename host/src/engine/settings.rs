@@ -9,9 +9,35 @@ pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_BATCH_SIZE: u32 = 100;
 /// Default `outbox_worker.publish_timeout` (room-service's): the bound on one delivery.
 pub const DEFAULT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(3);
-/// The only `outbox_worker.retry_strategy` (room-service's): retry after a fixed interval, forever
-/// unless `max_attempts` is set.
-pub const RETRY_FIXED_INTERVAL: &str = "fixed_interval";
+/// Default `outbox_worker.max_retry_interval`: the longest wait of the exponential strategy.
+pub const DEFAULT_MAX_RETRY_INTERVAL: Duration = Duration::from_secs(300);
+
+/// `sink.rate_limit` and `sink.rate_burst`: deliveries this host starts, at most.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    /// Sustained starts per second.
+    pub per_second: f64,
+    /// Starts allowed at once after a quiet spell.
+    pub burst: u32,
+}
+
+/// `outbox_worker.retry_strategy`: how long a `retryable` row waits before its next attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryStrategy {
+    /// room-service's, and the default: `retry_interval` every time, forever unless
+    /// `max_attempts` is set.
+    FixedInterval,
+    /// `retry_interval × 2^(attempt-1)`, at most `max_retry_interval`, with full jitter (a
+    /// random wait between 0 and that), so that a backlog that failed together does not
+    /// come back together.
+    Exponential,
+}
+
+impl RetryStrategy {
+    /// Every strategy, by its config value.
+    pub const ALL: [(&str, RetryStrategy); 2] =
+        [("fixed_interval", RetryStrategy::FixedInterval), ("exponential", RetryStrategy::Exponential)];
+}
 /// Default `outbox_worker.concurrency`: deliveries in flight at once (events of one room
 /// always go one after another).
 pub const DEFAULT_CONCURRENCY: u32 = 16;
@@ -65,8 +91,13 @@ pub struct WorkerConfig {
     pub batch_size: u32,
     /// Bound on one delivery, sandbox and HTTP included.
     pub publish_timeout: Duration,
-    /// Wait before a `retryable` row may be claimed again (default: `poll_interval`).
+    /// Wait before a `retryable` row may be claimed again (default: `poll_interval`); the
+    /// exponential strategy's base.
     pub retry_interval: Duration,
+    /// How the wait grows with the attempts.
+    pub retry_strategy: RetryStrategy,
+    /// The exponential strategy's longest wait.
+    pub max_retry_interval: Duration,
     /// Deliveries in flight at once.
     pub concurrency: u32,
     /// How long a claim holds its rows (`lock_until_ms - now`).
@@ -77,6 +108,8 @@ pub struct WorkerConfig {
     pub wake_up: WakeUp,
     /// How often an idle worker that probes checks for pending rows.
     pub probe_interval: Duration,
+    /// The sink's `rate_limit` (set from the `sink:` section): none by default.
+    pub rate_limit: Option<RateLimit>,
     /// After shutdown begins and in-flight deliveries have finished, how long the host keeps
     /// trying to write their outcomes and hand back unstarted rows before it gives up.
     pub shutdown_grace: Duration,
@@ -105,6 +138,9 @@ impl Default for WorkerConfig {
             batch_size: DEFAULT_BATCH_SIZE,
             publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
             retry_interval: DEFAULT_POLL_INTERVAL,
+            retry_strategy: RetryStrategy::FixedInterval,
+            max_retry_interval: DEFAULT_MAX_RETRY_INTERVAL,
+            rate_limit: None,
             concurrency: DEFAULT_CONCURRENCY,
             lease: Self::default_lease(DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_PUBLISH_TIMEOUT),
             max_attempts: 0,

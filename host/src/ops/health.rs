@@ -22,7 +22,10 @@ pub struct DbFailure {
 
 #[derive(Default)]
 struct State {
-    in_a_row: u32,
+    /// Failed claims since the last claim that succeeded.
+    claims: u32,
+    /// Failed outcome writes (and hand-backs) since the last write that succeeded.
+    writes: u32,
     last: Option<DbFailure>,
 }
 
@@ -33,25 +36,35 @@ pub struct DbHealth {
 }
 
 impl DbHealth {
-    /// A worker operation (`claim`, `mark`, `release`) succeeded: the run ends.
-    pub fn succeeded(&self) {
-        self.lock().in_a_row = 0;
+    /// A worker operation succeeded: its run of failures ends. Claims and writes are
+    /// counted apart, so that claims that work do not hide writes that keep failing.
+    pub fn succeeded(&self, operation: &'static str) {
+        let mut state = self.lock();
+        match operation {
+            "claim" => state.claims = 0,
+            "stats" => {}
+            _ => state.writes = 0,
+        }
     }
 
-    /// A database operation failed. Only the worker's operations lengthen the run; a failed
+    /// A database operation failed. Only the worker's operations lengthen a run; a failed
     /// `stats` refresh is still the last error shown.
     pub fn failed(&self, operation: &'static str, error: &dyn std::fmt::Display, at_ms: i64) {
         let mut state = self.lock();
-        if operation != "stats" {
-            state.in_a_row = state.in_a_row.saturating_add(1);
+        match operation {
+            "claim" => state.claims = state.claims.saturating_add(1),
+            "stats" => {}
+            _ => state.writes = state.writes.saturating_add(1),
         }
         let error = crate::text::printable(&error.to_string(), ERROR_BYTES);
         state.last = Some(DbFailure { operation, error, at_ms });
     }
 
-    /// Claims and writes that failed since the last one that succeeded.
+    /// The longer run: claims that failed since the last claim that succeeded, or writes
+    /// since the last write that succeeded.
     pub fn failures_in_a_row(&self) -> u32 {
-        self.lock().in_a_row
+        let state = self.lock();
+        state.claims.max(state.writes)
     }
 
     /// The last database error since start, if any.
@@ -72,11 +85,24 @@ mod tests {
     fn a_success_ends_the_run_but_the_last_error_stays() {
         let health = DbHealth::default();
         health.failed("claim", &"Unknown column 'lock_until_ms'", 10);
+        health.failed("claim", &"Unknown column 'lock_until_ms'", 15);
         health.failed("mark", &"gone", 20);
         assert_eq!(health.failures_in_a_row(), 2);
-        health.succeeded();
+        health.succeeded("claim");
+        assert_eq!(health.failures_in_a_row(), 1, "the write still failed last");
+        health.succeeded("mark");
         assert_eq!(health.failures_in_a_row(), 0);
         assert_eq!(health.last_failure(), Some(DbFailure { operation: "mark", error: "gone".into(), at_ms: 20 }));
+    }
+
+    #[test]
+    fn claims_that_work_do_not_hide_writes_that_keep_failing() {
+        let health = DbHealth::default();
+        for at in 0..3 {
+            health.succeeded("claim");
+            health.failed("mark", &"Unknown column 'last_error'", at);
+        }
+        assert_eq!(health.failures_in_a_row(), 3);
     }
 
     #[test]

@@ -249,9 +249,9 @@ impl Metrics {
         self.db_health.failed(operation, error, crate::clock::now_ms());
     }
 
-    /// A claim or an outcome write succeeded: ends a run of failures.
-    pub fn db_ok(&self) {
-        self.db_health.succeeded();
+    /// A claim or an outcome write succeeded: ends its run of failures.
+    pub fn db_ok(&self, operation: &'static str) {
+        self.db_health.succeeded(operation);
     }
 
     /// The run of failed claims and writes, and the last database error.

@@ -79,6 +79,13 @@ pub fn render(d: &PageData<'_>) -> String {
         let _ = write!(h, "<td class=\"{status}\" data-status=\"{status}\">{}</td>", d.stats.count(status));
     }
     h.push_str("</tr></table>");
+    for (status, n) in &d.stats.unknown_statuses {
+        let _ = write!(
+            h,
+            "<p class=\"note unknown-status\">{n} row(s) in status <code>{}</code>, which the host does not know: never claimed.</p>",
+            show(status)
+        );
+    }
     let oldest = match d.stats.oldest_waiting_created_at_ms {
         Some(created) => format!("{} old", age(d.now_ms - created)),
         None => "none".into(),
@@ -256,11 +263,16 @@ mod tests {
             updated_at_ms: 0,
             delivered_at_ms: None,
         };
-        let stats = Stats { top_errors: vec![("<i>".into(), 1)], ..Stats::default() };
+        let stats = Stats {
+            top_errors: vec![("<i>".into(), 1)],
+            unknown_statuses: vec![("<b>published".into(), 2)],
+            ..Stats::default()
+        };
         let html = page(&stats, &[row], Some("t"));
         assert!(!html.contains("<script>alert"), "unescaped event id");
         assert!(html.contains("&lt;script&gt;"));
         assert!(!html.contains("<i>"), "unescaped error group");
+        assert!(html.contains("2 row(s) in status <code>&lt;b&gt;published</code>"), "unknown statuses shown escaped");
     }
 
     #[test]

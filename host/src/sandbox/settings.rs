@@ -50,6 +50,8 @@ pub struct SinkConfig {
     pub budgets: SinkBudgets,
     /// The sink's own settings, read by it through `config.get`.
     pub config: SinkSettings,
+    /// Deliveries per second this host starts through the sink, at most (`rate_limit`).
+    pub rate_limit: Option<crate::engine::settings::RateLimit>,
 }
 
 /// Bounds on what one attempt of a sink may emit or ask for; the excess is clamped or dropped
