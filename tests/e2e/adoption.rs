@@ -11,7 +11,8 @@ per_backend!(
     a_go_made_table_is_adopted_and_only_its_claimable_rows_are_delivered,
     a_column_that_cannot_work_is_refused_and_the_table_left_untouched,
     the_producer_crate_works_on_an_adopted_table,
-    readiness_tells_the_truth_on_an_adopted_table
+    readiness_tells_the_truth_on_an_adopted_table,
+    run_lists_every_problem_of_a_table_changed_after_migrate
 );
 
 const TABLE: &str = "go_outbox";
@@ -294,4 +295,20 @@ async fn the_producer_crate_works_on_an_adopted_table(world: World) {
 async fn readiness_tells_the_truth_on_an_adopted_table(world: World) {
     adopted(&world).await;
     crate::admin::readiness_on(&world, TABLE).await;
+}
+
+/// An operator renames two columns after `migrate`: `run` refuses to start, naming both in
+/// one message, before it claims anything.
+async fn run_lists_every_problem_of_a_table_changed_after_migrate(world: World) {
+    adopted(&world).await;
+    for (from, to) in [("room_id", "room"), ("event_type", "kind")] {
+        world.db.execute(&format!("ALTER TABLE {TABLE} RENAME COLUMN {from} TO {to}")).await.unwrap();
+    }
+    let started = outbox_host::app::Host::start(config(&world, "")).await;
+    let message = format!("{:#}", started.err().expect("run refuses the changed table"));
+    assert!(
+        message.contains("column event_type is missing") && message.contains("column room_id is missing"),
+        "{message}"
+    );
+    assert!(world.collector.reports().is_empty());
 }
