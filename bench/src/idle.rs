@@ -11,7 +11,9 @@ use outbox_host::engine::settings::WorkerConfig;
 use outbox_host::ops::metrics::Metrics;
 use outbox_host::sandbox::Deliver;
 use outbox_host::store::schema::TableInfo;
-use outbox_host::store::{Backend, Claimed, Held, Mark, Minute, NewEvent, RetryFilter, Row, Stats, Store, StoreError};
+use outbox_host::store::{
+    Backend, Claimed, Held, Mark, Minute, NewEvent, RetryFilter, RoomOrder, Row, Stats, Store, StoreError,
+};
 use tokio_util::sync::CancellationToken;
 
 use crate::db::Db;
@@ -44,9 +46,16 @@ impl Store for Counting {
         self.count();
         self.inner.describe().await
     }
-    async fn claim(&self, w: &str, now: i64, until: i64, limit: u32) -> Result<Vec<Claimed>, StoreError> {
+    async fn claim_in_order(
+        &self,
+        w: &str,
+        now: i64,
+        until: i64,
+        limit: u32,
+        order: RoomOrder,
+    ) -> Result<Vec<Claimed>, StoreError> {
         self.count();
-        self.inner.claim(w, now, until, limit).await
+        self.inner.claim_in_order(w, now, until, limit, order).await
     }
     async fn mark(&self, marks: &[Mark], now: i64) -> Result<u64, StoreError> {
         self.count();

@@ -19,6 +19,8 @@ async fn plan(pool: &sqlx::PgPool, body: &str, settings: &[String]) -> String {
         .replace("p_lock_until_ms", "0")
         .replace("p_now_ms", "0")
         .replace("p_limit", "100")
+        .replace("p_ordered", "true")
+        .replace("p_failed_blocks", "false")
         .replace(';', "");
     let lines: Vec<String> = sqlx::query(&format!("EXPLAIN (COSTS OFF) {statement}"))
         .fetch_all(&mut *tx)
@@ -56,6 +58,11 @@ async fn postgres_claims_walk_the_claim_index_when_statistics_are_stale() {
     let with_settings = plan(&pool, &body, &settings).await;
     assert!(with_settings.contains("Index Scan using room_outbox_claim_idx"), "{with_settings}");
     assert!(!with_settings.contains("Sort"), "the claim sorts:\n{with_settings}");
+    // Room order: each candidate's earlier unfinished events are looked up in the room
+    // order index, never by reading the table.
+    assert!(with_settings.contains("room_outbox_room_order_idx"), "{with_settings}");
+    assert!(!with_settings.contains("Seq Scan"), "the claim reads the whole table:\n{with_settings}");
+    eprintln!("{with_settings}");
     let without = plan(&pool, &body, &[]).await;
     assert!(without.contains("Sort"), "without its settings the planner would walk the index anyway:\n{without}");
 

@@ -7,7 +7,8 @@ use outbox_host::store::Status;
 use crate::support::{Running, World};
 
 /// With `rate_limit: 100/s` and a burst of 10, no second of a drain of 600 events (each room
-/// its own, so that 16 could run at once) sees more than 110 deliveries start at the sink.
+/// its own, so that 16 could run at once) sees more than 110 deliveries start, give or take
+/// the jitter of their reports' arrival at the sink's server.
 #[tokio::test]
 async fn a_rate_limit_bounds_the_deliveries_in_every_second() {
     let world = World::new().await;
@@ -33,6 +34,9 @@ async fn a_rate_limit_bounds_the_deliveries_in_every_second() {
         let in_a_second = starts[i..].iter().take_while(|t| **t < *first + Duration::from_secs(1)).count();
         busiest = busiest.max(in_a_second);
     }
-    assert!(busiest <= 110, "{busiest} deliveries started within one second (limit 100/s, burst 10)");
+    // The host starts at most 110 in any second; the collector sees each start when its
+    // report arrives, a few milliseconds later and not always equally later, so a window of
+    // its clock can hold the starts of a little more than a second: 5 more is 50 ms of that.
+    assert!(busiest <= 115, "{busiest} deliveries reached the sink within one second (limit 100/s, burst 10)");
     assert!(busiest >= 50, "the limit held the drain far below its rate: {busiest} in the busiest second");
 }

@@ -13,6 +13,7 @@ mod flow;
 mod hostile;
 mod leases;
 mod operations;
+mod order;
 mod permissions;
 mod pipeline;
 mod process;

@@ -16,7 +16,9 @@ async fn sigterm_drains_and_exits_zero_with_nothing_delivering() {
     for _ in 0..6 {
         ids.push(world.produce("RoomGiftSent", "room-slow", Status::Pending).await);
     }
-    let child = spawn_host(&world, &world.yaml("", "room.room-slow: sleep:400"));
+    // Without room order, all six are claimed at once and five wait in the buffer behind
+    // the slow first one: what shutdown must hand back.
+    let child = spawn_host(&world, &world.yaml("ordering: none", "room.room-slow: sleep:400"));
     wait_table(&world, "the first delivery", |s| s.count(Status::Delivered) >= 1).await;
     signal(&child, "TERM");
     let output = wait_exit(child).await;

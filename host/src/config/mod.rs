@@ -367,6 +367,15 @@ fn read_worker(f: &mut Fields<'_>, notes: &mut Vec<String>, backend: Option<crat
         }
     };
     let probe_interval = positive_duration(f, "probe_interval", DEFAULT_PROBE_INTERVAL, notes);
+    let ordering = match f.take::<String>("ordering").as_deref() {
+        Some("per_room") => RoomOrdering::PerRoom,
+        None | Some("none") => RoomOrdering::None,
+        Some(other) => {
+            f.problem("ordering", format!("{other:?} is not one of per_room, none"));
+            RoomOrdering::None
+        }
+    };
+    let failed_blocks_room = f.take::<bool>("failed_blocks_room").unwrap_or(false);
     WorkerConfig {
         enabled,
         poll_interval,
@@ -383,6 +392,8 @@ fn read_worker(f: &mut Fields<'_>, notes: &mut Vec<String>, backend: Option<crat
         probe_interval,
         // From the `sink:` section, set by `read_config`.
         rate_limit: None,
+        ordering,
+        failed_blocks_room,
     }
 }
 

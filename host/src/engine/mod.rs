@@ -29,6 +29,7 @@ use crate::text::printable;
 use crate::text::short_error;
 use rate::TokenBucket;
 pub use retry::after_failure;
+use settings::RoomOrdering;
 use settings::{WakeUp, WorkerConfig};
 
 /// A delivery starts only if this much lease is left after its `publish_timeout`;
@@ -225,6 +226,7 @@ impl Worker {
     ) {
         let lease_ms = self.config.lease.as_millis() as i64;
         let batch = self.claim_size() as usize;
+        let order = self.config.room_order();
         let mut backoff = Duration::from_millis(100);
         let wake = self.store.inserted();
         let listening = match self.config.wake_up {
@@ -243,7 +245,7 @@ impl Worker {
                 continue;
             }
             let now = now_ms();
-            let claim = self.store.claim(&self.worker_id, now, now + lease_ms, batch as u32);
+            let claim = self.store.claim_in_order(&self.worker_id, now, now + lease_ms, batch as u32, order);
             // A claim stuck on a database that is away must not hold shutdown past its grace.
             let stuck = async {
                 shutdown.cancelled().await;
@@ -461,6 +463,11 @@ impl Worker {
                 match written {
                     Ok(_) => {
                         self.metrics.db_ok("mark");
+                        // A finished event makes its room's next one claimable: claim again
+                        // now rather than at the next poll.
+                        if self.config.ordering == RoomOrdering::PerRoom {
+                            self.store.inserted().notify_one();
+                        }
                         break;
                     }
                     Err(_) if give_up.is_cancelled() => {

@@ -21,6 +21,18 @@ pub struct RateLimit {
     pub burst: u32,
 }
 
+/// `outbox_worker.ordering`: whether a room's events are delivered strictly in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoomOrdering {
+    /// A room's event is attempted only when every earlier one is finished, across retries
+    /// and hosts. What an IM relay needs; not yet the default, because a claim can take
+    /// only each room's head, which costs a hot room's backlog dearly (see the README).
+    PerRoom,
+    /// Any claimable event, in creation order (the default for now); one host still runs
+    /// a room's events one at a time, but a retry can be overtaken.
+    None,
+}
+
 /// `outbox_worker.retry_strategy`: how long a `retryable` row waits before its next attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RetryStrategy {
@@ -108,6 +120,10 @@ pub struct WorkerConfig {
     pub wake_up: WakeUp,
     /// How often an idle worker that probes checks for pending rows.
     pub probe_interval: Duration,
+    /// Whether a room's events keep their order across retries and hosts.
+    pub ordering: RoomOrdering,
+    /// With per-room order, whether a `failed` event holds its room's later ones back.
+    pub failed_blocks_room: bool,
     /// The sink's `rate_limit` (set from the `sink:` section): none by default.
     pub rate_limit: Option<RateLimit>,
     /// After shutdown begins and in-flight deliveries have finished, how long the host keeps
@@ -116,6 +132,14 @@ pub struct WorkerConfig {
 }
 
 impl WorkerConfig {
+    /// How claims keep rooms in order.
+    pub fn room_order(&self) -> crate::store::RoomOrder {
+        match self.ordering {
+            RoomOrdering::PerRoom => crate::store::RoomOrder::PerRoom { failed_blocks: self.failed_blocks_room },
+            RoomOrdering::None => crate::store::RoomOrder::Unordered,
+        }
+    }
+
     /// The shortest lease that covers a healthy batch: every delivery slot runs its share
     /// of the batch back to back, each taking up to `publish_timeout`.
     pub fn min_lease(batch_size: u32, concurrency: u32, publish_timeout: Duration) -> Duration {
@@ -141,6 +165,8 @@ impl Default for WorkerConfig {
             retry_strategy: RetryStrategy::FixedInterval,
             max_retry_interval: DEFAULT_MAX_RETRY_INTERVAL,
             rate_limit: None,
+            ordering: RoomOrdering::None,
+            failed_blocks_room: false,
             concurrency: DEFAULT_CONCURRENCY,
             lease: Self::default_lease(DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_PUBLISH_TIMEOUT),
             max_attempts: 0,

@@ -112,6 +112,29 @@ pub struct NewEvent {
     pub created_at_ms: i64,
 }
 
+/// Whether a claim keeps each room's events in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoomOrder {
+    /// Any claimable row, in creation order.
+    Unordered,
+    /// Only a room's head: every earlier event of the room is `delivered` (or `failed`,
+    /// unless `failed_blocks`).
+    PerRoom {
+        /// A `failed` event holds its room's later events back too.
+        failed_blocks: bool,
+    },
+}
+
+impl RoomOrder {
+    /// `(ordered, failed_blocks)`, as the claim routines take them.
+    pub fn flags(self) -> (bool, bool) {
+        match self {
+            RoomOrder::Unordered => (false, false),
+            RoomOrder::PerRoom { failed_blocks } => (true, failed_blocks),
+        }
+    }
+}
+
 /// Who holds a claimed row, and until when. Marking a failure applies only while the row
 /// is still held under this exact lease (fencing).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -370,13 +393,29 @@ pub trait Store: Send + Sync + 'static {
     /// Claims up to `limit` claimable rows (pending; retryable whose `next_retry_at_ms`
     /// has passed; delivering whose lease expired) in `created_at_ms, id` order, moving
     /// them to `delivering` under `worker_id` until `lock_until_ms`. Two concurrent
-    /// claims never return the same row. The result is in claim order.
+    /// claims never return the same row. The result is in claim order. Rooms are not
+    /// considered: see [`Store::claim_in_order`].
     async fn claim(
         &self,
         worker_id: &str,
         now_ms: i64,
         lock_until_ms: i64,
         limit: u32,
+    ) -> Result<Vec<Claimed>, StoreError> {
+        self.claim_in_order(worker_id, now_ms, lock_until_ms, limit, RoomOrder::Unordered).await
+    }
+
+    /// [`Store::claim`], keeping `order`: with [`RoomOrder::PerRoom`], a row is claimed only
+    /// when every earlier row of its room (`app_code`, `room_id`; by `created_at_ms`, then
+    /// key) is finished, so a claim takes at most the head of each room, and no two hosts
+    /// ever hold events of one room at once.
+    async fn claim_in_order(
+        &self,
+        worker_id: &str,
+        now_ms: i64,
+        lock_until_ms: i64,
+        limit: u32,
+        order: RoomOrder,
     ) -> Result<Vec<Claimed>, StoreError>;
 
     /// Writes outcomes. `Delivered` applies to any row not yet delivered; `Retry` and

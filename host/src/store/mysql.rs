@@ -14,7 +14,7 @@ use sqlx::mysql::MySqlRow;
 
 use super::schema::{Key, Profile};
 use super::sql::{ByCount, Dialect, MigrationLock, SqlStore, decode_routine_claimed};
-use super::{Backend, Claimed, Held, Lease, Mark, StoreError};
+use super::{Backend, Claimed, Held, Lease, Mark, RoomOrder, StoreError};
 
 /// MySQL's and MariaDB's [`Dialect`].
 pub struct MysqlDialect;
@@ -58,7 +58,7 @@ impl Dialect for MysqlDialect {
         let (failed_table, release_table) = (table.to_string(), table.to_string());
         let (key, no_worker) = (profile.key.column(), profile.no_worker);
         Statements {
-            claim: format!("CALL {table}_claim(?, ?, ?, ?)"),
+            claim: format!("CALL {table}_claim(?, ?, ?, ?, ?, ?)"),
             failed: ByCount::new(move |n| {
                 let case = |column: &str| format!("{column} = CASE {key}{} END", " WHEN ? THEN ?".repeat(n));
                 format!(
@@ -99,9 +99,33 @@ impl Dialect for MysqlDialect {
     /// carries the event ids (as text, so that a binary column reads the same in JSON),
     /// and returns 0 for `id`.
     fn adapt_migration(version: i64, sql: String, key: Key) -> Result<String, String> {
-        if version != 3 || key != Key::EventId {
+        if !matches!(version, 3 | 4) || key != Key::EventId {
             return Ok(sql);
         }
+        let sql = if version == 4 {
+            super::sql::replace_all(
+                sql,
+                &[
+                    (
+                        "(SELECT h.id, h.created_at_ms FROM",
+                        "(SELECT CONVERT(h.event_id USING utf8mb4) AS id, h.created_at_ms, h.event_id AS k FROM",
+                    ),
+                    (
+                        "ORDER BY h.created_at_ms, h.id LIMIT p_limit)",
+                        "ORDER BY h.created_at_ms, h.event_id LIMIT p_limit)",
+                    ),
+                    ("e.id < h.id", "e.event_id < h.event_id"),
+                    (
+                        "COLUMNS (id BIGINT PATH '$')) AS hd ON c.id = hd.id",
+                        "COLUMNS (id VARCHAR(255) PATH '$')) AS hd ON c.event_id = hd.id",
+                    ),
+                    ("SELECT c.id, c.status FROM", "SELECT CONVERT(c.event_id USING utf8mb4) AS id, c.status FROM"),
+                    ("ORDER BY c.created_at_ms, c.id\n", "ORDER BY c.created_at_ms, c.event_id\n"),
+                ],
+            )?
+        } else {
+            sql
+        };
         super::sql::replace_all(
             sql,
             &[
@@ -168,6 +192,7 @@ impl Dialect for MysqlDialect {
         MigrationLock {
             take: format!("SELECT GET_LOCK('{table}_migrations', 60)"),
             checked: true,
+            polled: false,
             keep: format!("SELECT RELEASE_LOCK('{table}_migrations')"),
             undo: format!("SELECT RELEASE_LOCK('{table}_migrations')"),
         }
@@ -179,14 +204,18 @@ impl Dialect for MysqlDialect {
         now_ms: i64,
         lock_until_ms: i64,
         limit: u32,
+        order: RoomOrder,
     ) -> Result<Vec<Claimed>, StoreError> {
-        // One round trip: the claim procedure of migration 3 picks, leases and returns the
+        // One round trip: the claim procedure of migration 4 picks, leases and returns the
         // rows in claim order, in its own short transaction.
+        let (ordered, failed_blocks) = order.flags();
         let rows = sqlx::query(&store.own.claim)
             .bind(worker_id)
             .bind(lock_until_ms)
             .bind(now_ms)
             .bind(i32::try_from(limit).unwrap_or(i32::MAX))
+            .bind(ordered)
+            .bind(failed_blocks)
             .fetch_all(&store.pool)
             .await?;
         let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms };

@@ -20,7 +20,7 @@ use sqlx::{Column as _, Row as _, TypeInfo as _};
 
 use super::schema::{Key, Profile};
 use super::sql::{Dialect, MigrationLock, SqlStore, decode_routine_claimed};
-use super::{Backend, CLAIM_COLUMNS, Claimed, Held, Lease, Mark, StoreError};
+use super::{Backend, CLAIM_COLUMNS, Claimed, Held, Lease, Mark, RoomOrder, StoreError};
 
 /// The longest wait between attempts to listen again.
 const MAX_LISTEN_BACKOFF: Duration = Duration::from_secs(5);
@@ -56,7 +56,7 @@ impl Dialect for PostgresDialect {
         let (key, no_worker, no_error) = (profile.key.column(), profile.no_worker, profile.no_error);
         let keys = if profile.key.is_text() { "TEXT[]" } else { "BIGINT[]" };
         Statements {
-            claim: format!("SELECT id, {CLAIM_COLUMNS}, was FROM {t}_claim($1, $2, $3, $4)"),
+            claim: format!("SELECT id, {CLAIM_COLUMNS}, was FROM {t}_claim($1, $2, $3, $4, $5, $6)"),
             delivered: format!(
                 "UPDATE {t} SET status = 'delivered', last_error = {no_error}, worker_id = {no_worker}, lock_until_ms = 0, \
                  updated_at_ms = $1, delivered_at_ms = $1 WHERE status <> 'delivered' AND {key} = ANY($2::{keys})"
@@ -93,13 +93,13 @@ impl Dialect for PostgresDialect {
         ]
     }
 
-    /// The claim function (version 2) of a table without `id` picks, leases and returns its
-    /// rows by `event_id`, and returns 0 for `id`.
+    /// The claim function (versions 2 and 4) of a table without `id` picks, orders, leases
+    /// and returns its rows by `event_id`, and returns 0 for `id`.
     fn adapt_migration(version: i64, sql: String, key: Key) -> Result<String, String> {
-        if version != 2 || key != Key::EventId {
+        if !matches!(version, 2 | 4) || key != Key::EventId {
             return Ok(sql);
         }
-        super::sql::replace_all(
+        let sql = super::sql::replace_all(
             sql,
             &[
                 ("SELECT c.id, c.status AS was FROM", "SELECT c.event_id AS id, c.status AS was FROM"),
@@ -107,7 +107,8 @@ impl Dialect for PostgresDialect {
                 ("WHERE o.id = picked.id", "WHERE o.event_id = picked.id"),
                 ("RETURNING o.id,", "RETURNING 0::BIGINT,"),
             ],
-        )
+        )?;
+        if version == 4 { super::sql::replace_all(sql, &[("e.id < c.id", "e.event_id < c.event_id")]) } else { Ok(sql) }
     }
 
     fn int(row: &PgRow, i: usize) -> Result<i64, sqlx::Error> {
@@ -196,12 +197,14 @@ impl Dialect for PostgresDialect {
 
     fn migration_lock(table: &str) -> MigrationLock {
         // Serialise concurrent starters on this table's migrations. A session lock, not a
-        // transaction: adopting a table builds its index CONCURRENTLY, which no transaction
-        // may hold; each migration file is still one implicit transaction of its own.
-        let lock = format!("hashtext('{table}_migrations')");
+        // transaction: adopting a table builds indexes CONCURRENTLY, which no transaction
+        // may hold. Tried, not waited for: a statement waiting for the lock holds a snapshot,
+        // which the holder's CONCURRENTLY build would wait for in turn (a deadlock).
+        let lock = format!("hashtext(current_schema() || '.{table}_migrations')");
         MigrationLock {
-            take: format!("SELECT pg_advisory_lock({lock})"),
-            checked: false,
+            take: format!("SELECT CASE WHEN pg_try_advisory_lock({lock}) THEN 1 ELSE 0 END::INT8"),
+            checked: true,
+            polled: true,
             keep: format!("SELECT pg_advisory_unlock({lock})"),
             undo: format!("SELECT pg_advisory_unlock({lock})"),
         }
@@ -213,14 +216,18 @@ impl Dialect for PostgresDialect {
         now_ms: i64,
         lock_until_ms: i64,
         limit: u32,
+        order: RoomOrder,
     ) -> Result<Vec<Claimed>, StoreError> {
-        // One round trip: the claim function of migration 2 (its own planner settings keep
+        // One round trip: the claim function of migration 4 (its own planner settings keep
         // the pick on the claim index when statistics are stale).
+        let (ordered, failed_blocks) = order.flags();
         let rows = sqlx::query(&store.own.claim)
             .bind(worker_id)
             .bind(lock_until_ms)
             .bind(now_ms)
             .bind(i32::try_from(limit).unwrap_or(i32::MAX))
+            .bind(ordered)
+            .bind(failed_blocks)
             .fetch_all(&store.pool)
             .await?;
         let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms };

@@ -137,6 +137,9 @@ pub enum Addition {
     },
     /// The claim index `<table>_claim_idx`.
     ClaimIndex,
+    /// `<table>_room_order_idx`, over each room's unfinished rows in order: what a claim
+    /// that keeps room order probes for an earlier unfinished event.
+    RoomOrderIndex,
 }
 
 impl std::fmt::Display for Addition {
@@ -144,6 +147,7 @@ impl std::fmt::Display for Addition {
         match self {
             Addition::Column { name, .. } => write!(f, "column {name}"),
             Addition::ClaimIndex => f.write_str("the claim index"),
+            Addition::RoomOrderIndex => f.write_str("the room order index"),
         }
     }
 }
@@ -389,9 +393,11 @@ pub fn review(backend: Backend, table: &str, info: &TableInfo, worker_id_chars: 
             if key == Key::EventId { " and, without an id column, how the host names a row" } else { "" }
         ));
     }
-    let claim_index = format!("{table}_claim_idx");
-    if !info.indexes.iter().any(|i| i.name == claim_index) {
-        additions.push(Addition::ClaimIndex);
+    for (suffix, index) in [("claim_idx", Addition::ClaimIndex), ("room_order_idx", Addition::RoomOrderIndex)] {
+        let name = format!("{table}_{suffix}");
+        if !info.indexes.iter().any(|i| i.name == name) {
+            additions.push(index);
+        }
     }
     let text_column = |name: &str| info.column(name).map(|c| (c.nullable, shape(backend, &c.declared)));
     let blank = |name: &str| match text_column(name) {
@@ -424,7 +430,7 @@ pub fn addition_statements(backend: Backend, table: &str, key: Key, additions: &
         .iter()
         .filter_map(|a| match a {
             Addition::Column { name, definition } => Some((*name, definition.as_str())),
-            Addition::ClaimIndex => None,
+            Addition::ClaimIndex | Addition::RoomOrderIndex => None,
         })
         .collect();
     let mut out = Vec::new();
@@ -438,6 +444,23 @@ pub fn addition_statements(backend: Backend, table: &str, key: Key, additions: &
         }
         Backend::Sqlite => out.extend(columns.iter().map(|(n, d)| format!("ALTER TABLE {table} ADD COLUMN {n} {d}"))),
         Backend::Mysql => {}
+    }
+    let key_last = if key == Key::RowId { String::new() } else { format!(", {}", key.column()) };
+    if additions.contains(&Addition::RoomOrderIndex) {
+        out.push(match backend {
+            Backend::Mysql => format!(
+                "ALTER TABLE {table} ADD INDEX {table}_room_order_idx (room_id, app_code, status, created_at_ms{key_last}), \
+                 ALGORITHM=INPLACE, LOCK=NONE"
+            ),
+            Backend::Postgres => format!(
+                "CREATE INDEX CONCURRENTLY IF NOT EXISTS {table}_room_order_idx \
+                 ON {table} (room_id, app_code, created_at_ms{key_last}) \
+                 WHERE status IN ('pending', 'delivering', 'retryable', 'failed')"
+            ),
+            Backend::Sqlite => format!(
+                "CREATE INDEX IF NOT EXISTS {table}_room_order_idx ON {table} (room_id, app_code, status, created_at_ms{key_last})"
+            ),
+        });
     }
     if additions.contains(&Addition::ClaimIndex) {
         let k = key.column();
@@ -517,6 +540,9 @@ mod tests {
                 "ALTER TABLE room_outbox ADD COLUMN updated_at_ms BIGINT NOT NULL DEFAULT 0, \
                  ADD COLUMN delivered_at_ms BIGINT NULL, ALGORITHM=INSTANT"
                     .to_string(),
+                "ALTER TABLE room_outbox ADD INDEX room_outbox_room_order_idx (room_id, app_code, status, created_at_ms, \
+                 event_id), ALGORITHM=INPLACE, LOCK=NONE"
+                    .to_string(),
                 "ALTER TABLE room_outbox ADD INDEX room_outbox_claim_idx (status, created_at_ms, event_id), \
                  ALGORITHM=INPLACE, LOCK=NONE"
                     .to_string(),
@@ -572,6 +598,7 @@ mod tests {
                 IndexInfo { name: "room_outbox_pkey".into(), unique: true, columns: vec!["id".into()] },
                 IndexInfo { name: "room_outbox_event_id_key".into(), unique: true, columns: vec!["event_id".into()] },
                 IndexInfo { name: "room_outbox_claim_idx".into(), unique: false, columns: vec![] },
+                IndexInfo { name: "room_outbox_room_order_idx".into(), unique: false, columns: vec![] },
             ],
         );
         assert_eq!((pg.problems, pg.additions, pg.profile), (vec![], vec![], Profile::native()));
@@ -604,7 +631,7 @@ mod tests {
         assert_eq!(review.problems, Vec::<String>::new());
         assert_eq!(review.profile.key, Key::RowId);
         let statements = addition_statements(Backend::Sqlite, "room_outbox", Key::RowId, &review.additions);
-        assert_eq!(statements.len(), 9, "eight columns and the index: {statements:#?}");
+        assert_eq!(statements.len(), 10, "eight columns and two indexes: {statements:#?}");
         assert_eq!(
             statements.last().unwrap(),
             "CREATE INDEX IF NOT EXISTS room_outbox_claim_idx ON room_outbox (status, next_retry_at_ms, created_at_ms)"

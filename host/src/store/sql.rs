@@ -13,8 +13,8 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool,
 
 use super::schema::{self, Key, Profile, TableInfo};
 use super::{
-    Backend, Claimed, Held, Lease, Mark, Minute, NewEvent, Outcome, RetryFilter, Row, Stats, Status, Store, StoreError,
-    now_ms,
+    Backend, Claimed, Held, Lease, Mark, Minute, NewEvent, Outcome, RetryFilter, RoomOrder, Row, Stats, Status, Store,
+    StoreError, now_ms,
 };
 
 /// What differs between databases. Everything else is [`SqlStore`]'s.
@@ -98,6 +98,7 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         now_ms: i64,
         lock_until_ms: i64,
         limit: u32,
+        order: RoomOrder,
     ) -> Result<Vec<Claimed>, StoreError>;
 
     /// Writes `delivered` for these rows in one statement of the dialect's own, if it has a
@@ -122,10 +123,13 @@ pub trait Dialect: Send + Sync + Sized + 'static {
 /// Statements around applying migrations, run on one connection: `take` before (it may
 /// begin a transaction), `keep` after success, `undo` after a failure.
 pub struct MigrationLock {
-    /// Taken before anything is read; when `checked`, it must return 1 (e.g. `GET_LOCK`).
+    /// Taken before anything is read; when `checked`, it must return 1 (e.g. `GET_LOCK`),
+    /// and when `polled` it is tried again every 50 ms (for a minute) until it does.
     pub take: String,
     /// Whether `take` returns a value that must be 1.
     pub checked: bool,
+    /// Try `take` until it returns 1, rather than once.
+    pub polled: bool,
     /// After success (`COMMIT`, or releasing the lock).
     pub keep: String,
     /// After a failure (`ROLLBACK`, or releasing the lock).
@@ -292,6 +296,53 @@ impl<D: Dialect> SqlStore<D> {
         })
     }
 
+    /// The table as the database describes it, read on `conn` (which sees what a
+    /// migration running on it has not committed yet).
+    async fn describe_on(&self, conn: &mut <D::Db as Database>::Connection) -> Result<Option<TableInfo>, StoreError>
+    where
+        for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
+        for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
+    {
+        let [columns, indexes] = D::describe_sql(&self.table);
+        let columns = sqlx::query(&columns).fetch_all(&mut *conn).await?;
+        if columns.is_empty() {
+            return Ok(None);
+        }
+        let indexes = sqlx::query(&indexes).fetch_all(&mut *conn).await?;
+
+        let mut info = TableInfo::default();
+        for c in &columns {
+            info.columns.push(schema::ColumnInfo {
+                name: D::text(c, 0)?.to_ascii_lowercase(),
+                declared: D::text(c, 1)?,
+                nullable: D::int(c, 2)? != 0,
+            });
+        }
+        for i in &indexes {
+            let (name, unique, column) = (D::text(i, 0)?, D::int(i, 1)? != 0, D::text(i, 2)?.to_ascii_lowercase());
+            match info.indexes.last_mut() {
+                Some(last) if last.name == name => last.columns.push(column),
+                _ => info.indexes.push(schema::IndexInfo { name, unique, columns: vec![column] }),
+            }
+        }
+        Ok(Some(info))
+    }
+
+    /// Makes `review`'s additions, each as an online step.
+    async fn add(&self, conn: &mut <D::Db as Database>::Connection, review: &schema::Review) -> Result<(), StoreError>
+    where
+        for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
+    {
+        let steps = schema::addition_statements(D::BACKEND, &self.table, review.profile.key, &review.additions);
+        for step in &steps {
+            add_online::<D>(conn, step).await?;
+        }
+        if !steps.is_empty() {
+            tracing::info!(table = %self.table, added = ?review.additions, "added what the host needs to the table");
+        }
+        Ok(())
+    }
+
     /// `last_error` text clipped to what the column takes.
     pub(super) fn fit_error<'e>(&self, error: &'e str) -> std::borrow::Cow<'e, str> {
         crate::text::clip_chars(error, self.profile.last_error_chars)
@@ -446,9 +497,17 @@ where
         let lock = D::migration_lock(&self.table);
         let mut conn = self.pool.acquire().await?;
         if lock.checked {
-            let got: Option<i64> = sqlx::query_scalar(&lock.take).fetch_one(&mut *conn).await?;
-            if got != Some(1) {
-                return Err(StoreError::Migration(format!("could not take the lock {:?}", lock.take)));
+            let mut tries = if lock.polled { 1_200 } else { 1 };
+            loop {
+                let got: Option<i64> = sqlx::query_scalar(&lock.take).fetch_one(&mut *conn).await?;
+                if got == Some(1) {
+                    break;
+                }
+                tries -= 1;
+                if tries == 0 {
+                    return Err(StoreError::Migration(format!("could not take the lock {:?}", lock.take)));
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
         } else {
             Executor::execute(&mut *conn, lock.take.as_str()).await?;
@@ -478,13 +537,7 @@ where
             let adopted = match review {
                 Some(review) => {
                     key = review.profile.key;
-                    let steps = schema::addition_statements(D::BACKEND, t, key, &review.additions);
-                    for step in &steps {
-                        add_online::<D>(&mut conn, step).await?;
-                    }
-                    if !steps.is_empty() {
-                        tracing::info!(table = %t, added = ?review.additions, "adopted the existing table");
-                    }
+                    self.add(&mut conn, &review).await?;
                     true
                 }
                 None => false,
@@ -506,6 +559,12 @@ where
                 };
                 sqlx::query(&record).bind(step.version).bind(description).bind(now_ms()).execute(&mut *conn).await?;
             }
+            // What the versions do not create (indexes built online on a live table), seen
+            // on this connection (SQLite's changes are not committed yet).
+            if let Some(info) = self.describe_on(&mut conn).await? {
+                let review = schema::review(D::BACKEND, t, &info, None);
+                self.add(&mut conn, &review).await?;
+            }
             Ok(())
         }
         .await;
@@ -523,39 +582,19 @@ where
     }
 
     async fn describe(&self) -> Result<Option<TableInfo>, StoreError> {
-        let [columns, indexes] = D::describe_sql(&self.table);
-        let columns = sqlx::query(&columns).fetch_all(&self.pool).await?;
-        if columns.is_empty() {
-            return Ok(None);
-        }
-        let indexes = sqlx::query(&indexes).fetch_all(&self.pool).await?;
-        let mut info = TableInfo::default();
-        for c in &columns {
-            info.columns.push(schema::ColumnInfo {
-                name: D::text(c, 0)?.to_ascii_lowercase(),
-                declared: D::text(c, 1)?,
-                nullable: D::int(c, 2)? != 0,
-            });
-        }
-        for i in &indexes {
-            let (name, unique, column) = (D::text(i, 0)?, D::int(i, 1)? != 0, D::text(i, 2)?.to_ascii_lowercase());
-            match info.indexes.last_mut() {
-                Some(last) if last.name == name => last.columns.push(column),
-                _ => info.indexes.push(schema::IndexInfo { name, unique, columns: vec![column] }),
-            }
-        }
-        Ok(Some(info))
+        self.describe_on(&mut *self.pool.acquire().await?).await
     }
 
-    async fn claim(
+    async fn claim_in_order(
         &self,
         worker_id: &str,
         now_ms: i64,
         lock_until_ms: i64,
         limit: u32,
+        order: RoomOrder,
     ) -> Result<Vec<Claimed>, StoreError> {
         let _writing = self.writing().await;
-        D::claim_rows(self, worker_id, now_ms, lock_until_ms, limit).await
+        D::claim_rows(self, worker_id, now_ms, lock_until_ms, limit, order).await
     }
 
     async fn mark(&self, marks: &[Mark], now_ms: i64) -> Result<u64, StoreError> {

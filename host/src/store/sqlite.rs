@@ -15,7 +15,7 @@ use sqlx::sqlite::SqliteRow;
 
 use super::schema::Profile;
 use super::sql::{ByCount, Dialect, MigrationLock, SqlStore, decode_claimed, params};
-use super::{Backend, Claimed, Held, Lease, Mark, StoreError};
+use super::{Backend, Claimed, Held, Lease, Mark, RoomOrder, StoreError};
 
 /// SQLite's [`Dialect`].
 pub struct SqliteDialect;
@@ -24,6 +24,8 @@ pub struct SqliteDialect;
 pub struct Statements {
     /// The claim's pick, in claim order.
     pick: String,
+    /// The pick of rooms' heads only (`RoomOrder::PerRoom`; `?3` is `failed_blocks`).
+    pick_heads: String,
     /// The claim's take of the picked ids, per count.
     take: ByCount,
     /// One row's failure, under its lease.
@@ -74,6 +76,19 @@ impl Dialect for SqliteDialect {
                     OR (status = 'retryable' AND next_retry_at_ms <= ?1) \
                     OR (status = 'delivering' AND lock_until_ms < ?1) \
                  ORDER BY created_at_ms, {key} LIMIT ?2"
+            ),
+            pick_heads: format!(
+                "SELECT c.{key}, c.status FROM {t} AS c \
+                 WHERE (c.status = 'pending' \
+                        OR (c.status = 'retryable' AND c.next_retry_at_ms <= ?1) \
+                        OR (c.status = 'delivering' AND c.lock_until_ms < ?1)) \
+                   AND NOT EXISTS (SELECT 1 FROM {t} AS e \
+                        WHERE e.room_id = c.room_id AND e.app_code = c.app_code \
+                          AND e.status IN ('pending', 'delivering', 'retryable', 'failed') \
+                          AND (e.status <> 'failed' OR ?3) \
+                          AND (e.created_at_ms < c.created_at_ms \
+                               OR (e.created_at_ms = c.created_at_ms AND e.{key} < c.{key}))) \
+                 ORDER BY c.created_at_ms, c.{key} LIMIT ?2"
             ),
             failed: format!(
                 "UPDATE {t} SET status = ?, retry_count = retry_count + 1, last_error = ?, next_retry_at_ms = ?, \
@@ -147,7 +162,13 @@ impl Dialect for SqliteDialect {
 
     fn migration_lock(_table: &str) -> MigrationLock {
         // Takes SQLite's write lock at once: a second starter waits, then finds the work done.
-        MigrationLock { take: "BEGIN IMMEDIATE".into(), checked: false, keep: "COMMIT".into(), undo: "ROLLBACK".into() }
+        MigrationLock {
+            take: "BEGIN IMMEDIATE".into(),
+            checked: false,
+            polled: false,
+            keep: "COMMIT".into(),
+            undo: "ROLLBACK".into(),
+        }
     }
 
     async fn claim_rows(
@@ -156,12 +177,24 @@ impl Dialect for SqliteDialect {
         now_ms: i64,
         lock_until_ms: i64,
         limit: u32,
+        order: RoomOrder,
     ) -> Result<Vec<Claimed>, StoreError> {
         // BEGIN IMMEDIATE takes SQLite's write lock before reading, so two claimers
         // (threads or processes) are serialised and never pick the same row.
         let mut tx = store.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let picked: Vec<(i64, String)> =
-            sqlx::query_as(&store.own.pick).bind(now_ms).bind(i64::from(limit)).fetch_all(&mut *tx).await?;
+        let picked: Vec<(i64, String)> = match order {
+            RoomOrder::Unordered => {
+                sqlx::query_as(&store.own.pick).bind(now_ms).bind(i64::from(limit)).fetch_all(&mut *tx).await?
+            }
+            RoomOrder::PerRoom { failed_blocks } => {
+                sqlx::query_as(&store.own.pick_heads)
+                    .bind(now_ms)
+                    .bind(i64::from(limit))
+                    .bind(failed_blocks)
+                    .fetch_all(&mut *tx)
+                    .await?
+            }
+        };
         if picked.is_empty() {
             return Ok(Vec::new());
         }
