@@ -22,7 +22,7 @@ UPDATE room_outbox SET status = 'delivered', worker_id = NULL, lock_until_ms = 0
 pub async fn pgbench(n: usize) -> anyhow::Result<f64> {
     let db = Db::fresh(Backend::Postgres).await?;
     let store = db.open().await?;
-    crate::fill(store.as_ref(), n).await?;
+    crate::fill(store.as_ref(), n, 1_000).await?;
     let pool = sqlx::PgPool::connect(db.url()).await?;
     sqlx::query("ANALYZE room_outbox").execute(&pool).await?;
     pool.close().await;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use clap::Parser;
-use outbox_host::config::{SinkConfig, SinkSettings, WorkerConfig};
+use outbox_host::config::{RoomOrdering, SinkConfig, SinkSettings, WorkerConfig};
 use outbox_host::engine::Worker;
 use outbox_host::ops::metrics::Metrics;
 use outbox_host::sandbox::{AttemptFailure, Deliver, Delivered, Event, SinkRuntime};
@@ -33,6 +33,12 @@ struct Args {
     /// Events for the seed's loop (it delivers at most batch_size per poll_interval).
     #[arg(long, default_value_t = 3_000)]
     seed_events: usize,
+    /// Events of the room-order drains over 1,000 rooms (`ordering: none` against `per_room`).
+    #[arg(long, default_value_t = 20_000)]
+    order_events: usize,
+    /// Events of the room-order drains of one hot room.
+    #[arg(long, default_value_t = 1_000)]
+    hot_events: usize,
     /// Events per worker count in the scale-out drains (server databases only).
     #[arg(long, default_value_t = 50_000)]
     scale_events: usize,
@@ -118,8 +124,8 @@ fn events(prefix: &str, n: usize, rooms: usize) -> Vec<NewEvent> {
         .collect()
 }
 
-async fn fill(store: &dyn Store, n: usize) -> anyhow::Result<()> {
-    for chunk in events("bench", n, 1_000).chunks(5_000) {
+async fn fill(store: &dyn Store, n: usize, rooms: usize) -> anyhow::Result<()> {
+    for chunk in events("bench", n, rooms).chunks(5_000) {
         store.insert(chunk).await?;
     }
     Ok(())
@@ -146,8 +152,20 @@ async fn drain(
     config: &WorkerConfig,
     sink: Arc<dyn Deliver>,
 ) -> anyhow::Result<Drain> {
+    drain_rooms(db, n, 1_000, workers, config, sink).await
+}
+
+/// [`drain`] of `n` events spread over `rooms` rooms.
+async fn drain_rooms(
+    db: &Db,
+    n: usize,
+    rooms: usize,
+    workers: usize,
+    config: &WorkerConfig,
+    sink: Arc<dyn Deliver>,
+) -> anyhow::Result<Drain> {
     let producer = db.open().await?;
-    fill(producer.as_ref(), n).await?;
+    fill(producer.as_ref(), n, rooms).await?;
     let shutdown = CancellationToken::new();
     let mut tasks = Vec::new();
     let mut all_metrics = Vec::new();
@@ -188,7 +206,7 @@ async fn drain(
 /// outcome on its own.
 async fn seed_drain(db: &Db, n: usize, config: &WorkerConfig, sink: &dyn Deliver) -> anyhow::Result<Drain> {
     let store = db.open().await?;
-    fill(store.as_ref(), n).await?;
+    fill(store.as_ref(), n, 1_000).await?;
     let lease_ms = config.lease.as_millis() as i64;
     let started = Instant::now();
     let mut delivered = 0;
@@ -313,7 +331,7 @@ async fn memory(n: usize) -> anyhow::Result<Value> {
     ensure!(binary.exists(), "{} is missing: build it with `cargo build --release -p outbox-host`", binary.display());
     let db = Db::fresh(Backend::Sqlite).await?;
     let producer = db.open().await?;
-    fill(producer.as_ref(), n).await?;
+    fill(producer.as_ref(), n, 1_000).await?;
     let dir = tempfile::tempdir()?;
     let config = dir.path().join("outbox.yaml");
     std::fs::write(
@@ -423,6 +441,31 @@ async fn main() -> anyhow::Result<()> {
             "ratio_wasm_over_native": wasm_vs_native,
             "ratio_ours_over_seed": vs_seed,
         }));
+
+        // What per-room order costs: the same drain with `ordering: none` and `per_room`.
+        let ordered_config = WorkerConfig { ordering: RoomOrdering::PerRoom, ..config.clone() };
+        for (label, n, rooms) in [("1,000 rooms", args.order_events, 1_000), ("one hot room", args.hot_events, 1)] {
+            eprintln!("{name}: room order over {label}, {n} events, none then per_room …");
+            let free = drain_rooms(&Db::fresh(*backend).await?, n, rooms, 1, &config, wasm.clone()).await?;
+            let ordered = drain_rooms(&Db::fresh(*backend).await?, n, rooms, 1, &ordered_config, wasm.clone()).await?;
+            let cost = ordered.per_second() / free.per_second();
+            row(&mut table, name, &format!("{label}, ordering: none"), free.events, free.seconds, String::new());
+            row(
+                &mut table,
+                name,
+                &format!("{label}, ordering: per_room"),
+                ordered.events,
+                ordered.seconds,
+                format!("{cost:.2}× of none"),
+            );
+            results.push(json!({
+                "backend": name,
+                "room_order": label,
+                "none_per_s": free.per_second(),
+                "per_room_per_s": ordered.per_second(),
+                "per_room_over_none": cost,
+            }));
+        }
 
         for rate in &args.rates {
             eprintln!("{name}: latency at {rate}/s for {}s …", args.seconds);
