@@ -88,7 +88,7 @@ impl Dialect for PostgresDialect {
                  FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid \
                  CROSS JOIN LATERAL unnest(x.indkey::INT2[]) WITH ORDINALITY AS k(attnum, n) \
                  JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum \
-                 WHERE x.indrelid = to_regclass('{table}') ORDER BY i.relname, k.n"
+                 WHERE x.indrelid = to_regclass('{table}') AND x.indisvalid ORDER BY i.relname, k.n"
             ),
         ]
     }

@@ -446,7 +446,15 @@ pub fn addition_statements(backend: Backend, table: &str, key: Key, additions: &
         Backend::Mysql => {}
     }
     let key_last = if key == Key::RowId { String::new() } else { format!(", {}", key.column()) };
+    // An index PostgreSQL lists as invalid (a CONCURRENTLY build that failed half-way) is not
+    // described, so it comes back here: drop it first, or IF NOT EXISTS would keep it.
+    let rebuild = |out: &mut Vec<String>, name: &str| {
+        if backend == Backend::Postgres {
+            out.push(format!("DROP INDEX CONCURRENTLY IF EXISTS {table}_{name}"));
+        }
+    };
     if additions.contains(&Addition::RoomOrderIndex) {
+        rebuild(&mut out, "room_order_idx");
         out.push(match backend {
             Backend::Mysql => format!(
                 "ALTER TABLE {table} ADD INDEX {table}_room_order_idx (room_id, app_code, status, created_at_ms{key_last}), \
@@ -464,6 +472,7 @@ pub fn addition_statements(backend: Backend, table: &str, key: Key, additions: &
     }
     if additions.contains(&Addition::ClaimIndex) {
         let k = key.column();
+        rebuild(&mut out, "claim_idx");
         out.push(match backend {
             Backend::Mysql => format!(
                 "ALTER TABLE {table} ADD INDEX {table}_claim_idx (status, created_at_ms, {k}), ALGORITHM=INPLACE, LOCK=NONE"
@@ -474,8 +483,7 @@ pub fn addition_statements(backend: Backend, table: &str, key: Key, additions: &
             ),
             // rowid is every SQLite index's last column already.
             Backend::Sqlite => format!(
-                "CREATE INDEX IF NOT EXISTS {table}_claim_idx ON {table} (status, next_retry_at_ms, created_at_ms{})",
-                if key == Key::RowId { String::new() } else { format!(", {k}") }
+                "CREATE INDEX IF NOT EXISTS {table}_claim_idx ON {table} (status, next_retry_at_ms, created_at_ms{key_last})"
             ),
         });
     }
@@ -660,6 +668,29 @@ mod tests {
             None
         );
         assert!(misfit(Role::Status, &shape(Backend::Mysql, "enum('pending','published')"), 0).is_some());
+    }
+
+    #[test]
+    fn postgres_builds_indexes_concurrently_replacing_an_invalid_one() {
+        let statements = addition_statements(
+            Backend::Postgres,
+            "t",
+            Key::EventId,
+            &[Addition::ClaimIndex, Addition::RoomOrderIndex],
+        );
+        assert_eq!(
+            statements,
+            vec![
+                "DROP INDEX CONCURRENTLY IF EXISTS t_room_order_idx".to_string(),
+                "CREATE INDEX CONCURRENTLY IF NOT EXISTS t_room_order_idx ON t (room_id, app_code, created_at_ms, event_id) \
+                 WHERE status IN ('pending', 'delivering', 'retryable', 'failed')"
+                    .to_string(),
+                "DROP INDEX CONCURRENTLY IF EXISTS t_claim_idx".to_string(),
+                "CREATE INDEX CONCURRENTLY IF NOT EXISTS t_claim_idx ON t (created_at_ms, event_id) \
+                 WHERE status IN ('pending', 'retryable', 'delivering')"
+                    .to_string(),
+            ]
+        );
     }
 
     #[test]
