@@ -12,6 +12,19 @@ async fn get(url: &str) -> (u16, String) {
     (response.status().as_u16(), response.text().await.unwrap())
 }
 
+/// Asks `/readyz` every `pause`, up to `tries` times, until it answers 503; the last answer.
+async fn until_unready(base: &str, tries: usize, pause: Duration) -> (u16, String) {
+    let mut answer = (0, String::new());
+    for _ in 0..tries {
+        answer = get(&format!("{base}/readyz")).await;
+        if answer.0 == 503 {
+            break;
+        }
+        tokio::time::sleep(pause).await;
+    }
+    answer
+}
+
 #[tokio::test]
 async fn healthz_and_readyz_answer_and_readiness_flips_while_draining() {
     let world = World::new().await;
@@ -26,14 +39,7 @@ async fn healthz_and_readyz_answer_and_readiness_flips_while_draining() {
     host.wait_signal("the slow claim", |s| *s == Signal::Claimed(1)).await;
     host.shutdown.cancel();
     // The slow delivery keeps the host draining for a while; readiness must say so.
-    let mut draining = (0, String::new());
-    for _ in 0..50 {
-        draining = get(&format!("{base}/readyz")).await;
-        if draining.0 == 503 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let draining = until_unready(&base, 50, Duration::from_millis(10)).await;
     assert_eq!(draining, (503, "draining\n".into()));
     assert_eq!(get(&format!("{base}/healthz")).await.0, 200, "alive while draining");
 
@@ -73,14 +79,7 @@ pub async fn readiness_on(world: &World, table: &str) {
     assert_eq!(get(&format!("{base}/readyz")).await, (200, "ready\n".into()));
 
     world.db.execute(&format!("ALTER TABLE {table} RENAME COLUMN lock_until_ms TO lock_until_ms_gone")).await.unwrap();
-    let mut readiness = (0, String::new());
-    for _ in 0..300 {
-        readiness = get(&format!("{base}/readyz")).await;
-        if readiness.0 == 503 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let readiness = until_unready(&base, 300, Duration::from_millis(50)).await;
     assert_eq!(readiness.0, 503, "claims fail but the host says it is ready: {readiness:?}");
     assert!(
         readiness.1.starts_with("database: the last ")

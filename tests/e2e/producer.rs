@@ -40,6 +40,18 @@ macro_rules! on_pool {
     }};
 }
 
+/// Runs `scenario` with a host on `table` (its `worker` and `sink` config lines), a pool of
+/// the world's own database type, and a store on the table to read rows through.
+macro_rules! with_host {
+    ($world:expr, $table:expr, $worker:expr, $sink:expr, $scenario:ident) => {{
+        let config = $world.setup($worker, $sink).set(&["outbox", "table"], $table);
+        let mut host = Running::start(config.parse()).await;
+        let rows = outbox_host::store::open(&$world.db_url(), 2, $table).await.unwrap();
+        on_pool!($world, $scenario, &mut host, $table, rows.as_ref());
+        host.stop().await;
+    }};
+}
+
 async fn a_rolled_back_insert_leaves_no_row_and_a_committed_one_is_delivered(world: World) {
     inserts_in_transactions_on(&world, "room_outbox").await;
 }
@@ -50,11 +62,7 @@ async fn marking_delivered_while_a_host_holds_the_row_wins(world: World) {
 
 /// Rolled back and committed inserts into `table` with a host running on it.
 pub async fn inserts_in_transactions_on(world: &World, table: &str) {
-    let config = world.setup("", "").set(&["outbox", "table"], table);
-    let mut host = Running::start(config.parse()).await;
-    let rows = outbox_host::store::open(&world.db_url(), 2, table).await.unwrap();
-    on_pool!(world, insert_in_transactions, &mut host, table, rows.as_ref());
-    host.stop().await;
+    with_host!(world, table, "", "", insert_in_transactions);
 }
 
 async fn insert_in_transactions<DB: Backend>(
@@ -88,11 +96,7 @@ async fn insert_in_transactions<DB: Backend>(
 pub async fn marking_delivered_while_held_on(world: &World, table: &str) {
     // The delivery hangs past publish_timeout, so the host's own outcome (a retryable timeout)
     // arrives after the producer has marked the row delivered.
-    let config = world.setup("publish_timeout: 1s", "room.room-held: sleep:3000").set(&["outbox", "table"], table);
-    let mut host = Running::start(config.parse()).await;
-    let rows = outbox_host::store::open(&world.db_url(), 2, table).await.unwrap();
-    on_pool!(world, mark_while_held, &mut host, table, rows.as_ref());
-    host.stop().await;
+    with_host!(world, table, "publish_timeout: 1s", "room.room-held: sleep:3000", mark_while_held);
 }
 
 async fn mark_while_held<DB: Backend>(

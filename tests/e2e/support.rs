@@ -301,16 +301,7 @@ impl Running {
 
     /// Waits for `status` on every listed event.
     pub async fn wait_status(&mut self, world: &World, event_ids: &[&str], status: Status) {
-        let what = format!("{event_ids:?} to be {status}");
-        self.wait_for(&what, || async {
-            for id in event_ids {
-                if world.row(id).await.status != status {
-                    return false;
-                }
-            }
-            true
-        })
-        .await;
+        self.wait_status_in(world.producer.as_ref(), event_ids, status).await
     }
 
     /// Waits for `status` on every listed event of `store`'s table.

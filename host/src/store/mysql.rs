@@ -166,7 +166,7 @@ impl Dialect for MysqlDialect {
     }
 
     fn opt_text(row: &MySqlRow, i: usize) -> Result<Option<String>, sqlx::Error> {
-        Ok(row.try_get_unchecked::<Option<String>, _>(i)?.filter(|t| !t.is_empty()))
+        row.try_get_unchecked(i)
     }
 
     fn bytes(row: &MySqlRow, i: usize) -> Result<Vec<u8>, sqlx::Error> {

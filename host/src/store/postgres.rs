@@ -132,7 +132,7 @@ impl Dialect for PostgresDialect {
     }
 
     fn opt_text(row: &PgRow, i: usize) -> Result<Option<String>, sqlx::Error> {
-        Ok(row.try_get::<Option<String>, _>(i)?.filter(|t| !t.is_empty()))
+        row.try_get(i)
     }
 
     fn bytes(row: &PgRow, i: usize) -> Result<Vec<u8>, sqlx::Error> {

@@ -52,8 +52,7 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// Column `i` of `row` as text, whatever its collation (binary included).
     fn text(row: &<Self::Db as Database>::Row, i: usize) -> Result<String, sqlx::Error>;
 
-    /// Column `i` of `row` as text or `NULL`; an empty string (a `NOT NULL DEFAULT ''`
-    /// column's "nothing") reads as `NULL`.
+    /// Column `i` of `row` as text or `NULL`.
     fn opt_text(row: &<Self::Db as Database>::Row, i: usize) -> Result<Option<String>, sqlx::Error>;
 
     /// Column `i` of `row` as bytes.
@@ -369,13 +368,18 @@ pub(super) fn decode_row<D: Dialect>(r: &<D::Db as Database>::Row) -> Result<Row
         envelope: D::bytes(r, 6)?,
         created_at_ms: D::int(r, 7)?,
         retry_count: counter(D::int(r, 8)?),
-        last_error: D::opt_text(r, 9)?,
-        worker_id: D::opt_text(r, 10)?,
+        last_error: blank_is_none(D::opt_text(r, 9)?),
+        worker_id: blank_is_none(D::opt_text(r, 10)?),
         lock_until_ms: D::int(r, 11)?,
         next_retry_at_ms: D::int(r, 12)?,
         updated_at_ms: D::int(r, 13)?,
         delivered_at_ms: D::opt_int(r, 14)?,
     })
+}
+
+/// An empty string (a `NOT NULL DEFAULT ''` column's "nothing") read as `NULL`.
+fn blank_is_none(text: Option<String>) -> Option<String> {
+    text.filter(|t| !t.is_empty())
 }
 
 /// A retry counter as the host keeps it.

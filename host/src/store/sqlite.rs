@@ -134,7 +134,7 @@ impl Dialect for SqliteDialect {
     }
 
     fn opt_text(row: &SqliteRow, i: usize) -> Result<Option<String>, sqlx::Error> {
-        Ok(row.try_get::<Option<String>, _>(i)?.filter(|t| !t.is_empty()))
+        row.try_get(i)
     }
 
     fn bytes(row: &SqliteRow, i: usize) -> Result<Vec<u8>, sqlx::Error> {
