@@ -6,6 +6,9 @@ use std::time::{Duration, Instant};
 
 use super::settings::RateLimit;
 
+/// The longest the bucket asks to wait before looking again.
+const MAX_WAIT: Duration = Duration::from_secs(3_600);
+
 /// Tokens refilled at the limit's rate, up to its burst.
 #[derive(Debug)]
 pub struct TokenBucket {
@@ -30,8 +33,9 @@ impl TokenBucket {
         if self.tokens >= 1.0 {
             return None;
         }
-        let missing = 1.0 - self.tokens;
-        Some(now + Duration::from_secs_f64(missing / self.per_second))
+        // A rate so low that the wait overflows waits an hour, then asks again.
+        let wait = Duration::try_from_secs_f64((1.0 - self.tokens) / self.per_second).unwrap_or(MAX_WAIT).min(MAX_WAIT);
+        Some(now + wait)
     }
 
     /// Takes the token [`TokenBucket::ready`] said is there.
@@ -89,6 +93,14 @@ mod tests {
             assert!(in_a_second <= 110, "{in_a_second} starts within a second from {:?}", *first - start);
         }
         assert!((1_000..=1_010).contains(&starts.len()), "{} starts in 10 s", starts.len());
+    }
+
+    #[test]
+    fn an_absurdly_slow_rate_waits_an_hour_at_most_instead_of_overflowing() {
+        let start = Instant::now();
+        let mut bucket = TokenBucket::new(limit(1e-300, 1), start);
+        bucket.take();
+        assert_eq!(bucket.ready(start), Some(start + MAX_WAIT));
     }
 
     #[test]

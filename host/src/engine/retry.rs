@@ -36,7 +36,8 @@ pub fn wait(config: &WorkerConfig, attempt: i32, draw: f64) -> Duration {
             let doublings = attempt.saturating_sub(1).clamp(0, 62);
             let ceiling = Duration::try_from_secs_f64(config.retry_interval.as_secs_f64() * 2f64.powi(doublings))
                 .map_or(config.max_retry_interval, |d| d.min(config.max_retry_interval));
-            ceiling.mul_f64(draw.clamp(0.0, 1.0))
+            // A draw out of range (or NaN) must not make `mul_f64` panic.
+            ceiling.mul_f64(if draw.is_nan() { 0.0 } else { draw.clamp(0.0, 1.0) })
         }
     }
 }
@@ -145,6 +146,7 @@ mod tests {
         }
         assert_eq!(wait(&c, 3, 7.0), wait(&c, 3, 1.0), "a draw out of range is clamped");
         assert_eq!(wait(&c, 3, -1.0), Duration::ZERO);
+        assert_eq!(wait(&c, 3, f64::NAN), Duration::ZERO);
     }
 
     #[test]
