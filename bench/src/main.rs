@@ -92,6 +92,7 @@ fn wasm_noop(concurrency: u32, cache: &std::path::Path) -> anyhow::Result<SinkRu
         budgets: Default::default(),
         config: SinkSettings([("default".to_string(), "ok".to_string())].into()),
         rate_limit: None,
+        breaker: Default::default(),
     };
     SinkRuntime::load(&config, concurrency)
 }

@@ -5,6 +5,7 @@ mod acceptance;
 mod admin;
 mod adoption;
 mod binary;
+mod breaker;
 mod browser;
 mod claims;
 mod conformance;

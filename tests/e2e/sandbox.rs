@@ -226,6 +226,75 @@ async fn a_cache_directory_others_can_write_is_refused() {
     assert!(cwasm_files(&open).is_empty(), "something was written into it");
 }
 
+/// A sink built for `outbox:sink@0.1.0` (before `flow` existed) loads in this 0.1.1 host
+/// and delivers; its failures are counted as before.
+#[tokio::test]
+async fn a_sink_built_for_0_1_0_still_loads_and_delivers() {
+    let world = World::new().await;
+    let ok = world.produce("RoomGiftSent", "room-1", Status::Pending).await;
+    let config = world.setup("retry_interval: 1h", "").set(&["sink", "plugin"], outbox_test_support::SINK_0_1_0);
+    let mut host = Running::start(config.parse()).await;
+    host.wait_status(&world, &[&ok], Status::Delivered).await;
+    host.stop().await;
+
+    let failing = world.produce("RoomGiftSent", "room-2", Status::Pending).await;
+    let config = world
+        .setup("retry_interval: 1h", "default: retryable")
+        .set(&["sink", "plugin"], outbox_test_support::SINK_0_1_0);
+    let mut host = Running::start(config.parse()).await;
+    host.wait_status(&world, &[&failing], Status::Retryable).await;
+    host.stop().await;
+    let row = world.row(&failing).await;
+    assert_eq!((row.retry_count, row.last_error.as_deref()), (1, Some("0.1.0 sink: retryable")));
+}
+
+/// `flow.push-back` rides on a retryable failure as its pressure, and is ignored with any
+/// other result.
+#[tokio::test]
+async fn a_push_back_marks_a_retryable_failure_and_nothing_else() {
+    use outbox_host::sandbox::{Delivered, FailureClass, Pressure, SinkRuntime};
+
+    let world = World::new().await;
+    let runtime = |behaviour: &str| {
+        let sink = world.setup("", &format!("default: \"{behaviour}\"")).parse().sink.unwrap();
+        SinkRuntime::load(&sink, 1).unwrap()
+    };
+    let timeout = std::time::Duration::from_secs(2);
+    for (name, pressure) in [
+        ("room-throttled", Pressure::RoomThrottled),
+        ("throttled", Pressure::Throttled),
+        ("unavailable", Pressure::Unavailable),
+    ] {
+        let failure = runtime(&format!("push-back:{name}:1500")).deliver(&sample_event(), timeout).await.unwrap_err();
+        assert_eq!(failure.class, FailureClass::Retryable);
+        assert_eq!(failure.pressure, Some(pressure), "{name}");
+        assert_eq!(failure.retry_after, Some(std::time::Duration::from_millis(1_500)));
+    }
+    let delivered = runtime("push-back-delivered:throttled").deliver(&sample_event(), timeout).await;
+    assert_eq!(delivered, Ok(Delivered::Delivered), "a push-back with a success means nothing");
+    let plain = runtime("retryable").deliver(&sample_event(), timeout).await.unwrap_err();
+    assert_eq!(plain.pressure, None);
+}
+
+/// A room-throttled event is deferred: `retryable` with its attempt not counted, the
+/// pressure named in `last_error`, due again after the sink's hint; other rooms go on.
+#[tokio::test]
+async fn a_room_throttled_event_is_deferred_without_counting_the_attempt() {
+    let world = World::new().await;
+    let hot = world.produce("RoomGiftSent", "room-hot", Status::Pending).await;
+    let other = world.produce("RoomGiftSent", "room-other", Status::Pending).await;
+    let config = world.setup("retry_interval: 1h", "room.room-hot: \"push-back:room-throttled:60000\"");
+    let mut host = Running::start(config.parse()).await;
+    host.wait_status(&world, &[&other], Status::Delivered).await;
+    host.wait_status(&world, &[&hot], Status::Retryable).await;
+    host.stop().await;
+    let row = world.row(&hot).await;
+    assert_eq!(row.retry_count, 0, "a deferral is not a failure of the event: {row:?}");
+    assert_eq!(row.last_error.as_deref(), Some("room_throttled: fake: pushed back (room-throttled)"));
+    let wait = row.next_retry_at_ms - row.updated_at_ms;
+    assert!((59_000..=60_000).contains(&wait), "due again after the sink's hint, not retry_interval: {wait} ms");
+}
+
 /// An event as the sandbox receives it, for calling a runtime directly.
 fn sample_event() -> outbox_host::sandbox::Event {
     outbox_host::sandbox::Event {

@@ -51,12 +51,17 @@ pub struct Received {
     pub data: Value,
     /// Everything that a real server would have refused; empty when the request is right.
     pub problems: Vec<String>,
+    /// The `ErrorCode` of the answer (0, also for a `MsgFreqCtrl` drop), or the HTTP status
+    /// when not 200, or `u32::MAX` when the request itself was refused.
+    pub answered: u32,
 }
 
 #[derive(Default)]
 struct Shared {
     scripts: HashMap<String, Script>,
     received: Vec<Received>,
+    /// Every group's answer until then, whatever its script.
+    outage: Option<(std::time::Instant, Script)>,
 }
 
 /// The stand-in server.
@@ -68,7 +73,8 @@ pub struct TencentIm {
 impl TencentIm {
     /// Starts on a free loopback port; `scripts` maps a `GroupId` to its answers.
     pub async fn start(scripts: impl IntoIterator<Item = (String, Script)>) -> TencentIm {
-        let shared = Arc::new(Mutex::new(Shared { scripts: scripts.into_iter().collect(), received: vec![] }));
+        let shared =
+            Arc::new(Mutex::new(Shared { scripts: scripts.into_iter().collect(), received: vec![], outage: None }));
         let app = Router::new()
             .route("/v4/group_open_http_svc/send_group_msg", post(send_group_msg))
             .with_state(shared.clone());
@@ -86,6 +92,12 @@ impl TencentIm {
     /// `host:port` for `allowed_hosts`.
     pub fn host_port(&self) -> String {
         self.addr.to_string()
+    }
+
+    /// Answers every request with `script` for `lasting` from now (an app-wide rate limit,
+    /// an outage), then each group's script again.
+    pub fn outage(&self, script: Script, lasting: Duration) {
+        self.shared.lock().unwrap().outage = Some((std::time::Instant::now() + lasting, script));
     }
 
     /// Every request so far.
@@ -112,13 +124,22 @@ async fn send_group_msg(
     let problems = check(&query, &body, &data);
     let group = body["GroupId"].as_str().unwrap_or_default().to_string();
     let script = {
-        let mut shared = shared.lock().unwrap();
-        shared.received.push(Received { query, body, data, problems: problems.clone() });
-        match shared.scripts.get_mut(&group) {
-            Some(Script::Sequence(steps)) if !steps.is_empty() => steps.remove(0),
-            Some(Script::Sequence(_)) | None => Script::Ok,
-            Some(other) => other.clone(),
-        }
+        let mut guard = shared.lock().unwrap();
+        let shared = &mut *guard;
+        let script = match (&shared.outage, shared.scripts.get_mut(&group)) {
+            (Some((until, script)), _) if std::time::Instant::now() < *until => script.clone(),
+            (_, Some(Script::Sequence(steps))) if !steps.is_empty() => steps.remove(0),
+            (_, Some(Script::Sequence(_)) | None) => Script::Ok,
+            (_, Some(other)) => other.clone(),
+        };
+        let answered = match (&script, problems.is_empty()) {
+            (_, false) => u32::MAX,
+            (Script::Code(code), true) => *code,
+            (Script::Http(status), true) => u32::from(*status),
+            _ => 0,
+        };
+        shared.received.push(Received { query, body, data, problems: problems.clone(), answered });
+        script
     };
     if !problems.is_empty() {
         let code = if problems.iter().any(|p| p.contains("usersig")) { 70003 } else { 10004 };

@@ -15,6 +15,7 @@ use std::time::Duration;
 use read::Fields;
 use serde_yaml_ng::Value;
 
+pub use crate::engine::breaker::BreakerSettings;
 pub use crate::engine::settings::*;
 pub use crate::logging::{LogConfig, LogFormat};
 pub use crate::ops::admin::settings::*;
@@ -184,7 +185,10 @@ fn read_config(f: &mut Fields<'_>, notes: &mut Vec<String>) -> Config {
     });
     let worker = f.section("outbox_worker", |f| read_worker(f, notes, backend));
     let sink = f.has("sink").then(|| f.section("sink", |f| read_sink(f, notes)));
-    let worker = WorkerConfig { rate_limit: sink.as_ref().and_then(|s| s.rate_limit), ..worker };
+    let worker = match &sink {
+        Some(sink) => WorkerConfig { rate_limit: sink.rate_limit, breaker: sink.breaker, ..worker },
+        None => worker,
+    };
     let admin = f.section("admin", |f| read_admin(f, notes));
     let log = f.section("log", |f| {
         let format = match f.take::<String>("format").as_deref() {
@@ -392,6 +396,7 @@ fn read_worker(f: &mut Fields<'_>, notes: &mut Vec<String>, backend: Option<crat
         probe_interval,
         // From the `sink:` section, set by `read_config`.
         rate_limit: None,
+        breaker: BreakerSettings::default(),
         ordering,
         failed_blocks_room,
     }
@@ -469,6 +474,8 @@ fn read_sink(f: &mut Fields<'_>, notes: &mut Vec<String>) -> SinkConfig {
     };
     let config = SinkSettings(f.string_map("config"));
     let rate_limit = read_rate_limit(f);
+    let breaker =
+        if f.has("breaker") { f.section("breaker", |f| read_breaker(f, notes)) } else { BreakerSettings::default() };
     SinkConfig {
         name,
         plugin,
@@ -481,7 +488,34 @@ fn read_sink(f: &mut Fields<'_>, notes: &mut Vec<String>) -> SinkConfig {
         budgets,
         config,
         rate_limit,
+        breaker,
     }
+}
+
+/// `sink.breaker`: `failures` (0: only the sink's push-back opens it), `cool_down`,
+/// `max_cool_down` (at least `cool_down`).
+fn read_breaker(f: &mut Fields<'_>, notes: &mut Vec<String>) -> BreakerSettings {
+    let defaults = BreakerSettings::default();
+    let failures = match f.take::<i64>("failures") {
+        None => defaults.failures,
+        Some(n) if (0..=1_000_000).contains(&n) => n as u32,
+        Some(n) => {
+            f.problem(
+                "failures",
+                format!("{n} is outside 0..=1000000 (0: only the sink's push-back opens the breaker)"),
+            );
+            defaults.failures
+        }
+    };
+    let cool_down = positive_duration(f, "cool_down", defaults.cool_down, notes);
+    let max_cool_down = positive_duration(f, "max_cool_down", defaults.max_cool_down.max(cool_down), notes);
+    if max_cool_down < cool_down {
+        f.problem(
+            "max_cool_down",
+            format!("{} is shorter than cool_down {}", format_duration(max_cool_down), format_duration(cool_down)),
+        );
+    }
+    BreakerSettings { failures, cool_down, max_cool_down }
 }
 
 /// `rate_limit: 200/s` (also `/m`, `/h`) and `rate_burst` (default: a tenth of a second's

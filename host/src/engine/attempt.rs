@@ -7,20 +7,22 @@
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
+use super::breaker::Verdict;
 use super::retry::after_failure;
 use super::settings::WorkerConfig;
 use crate::ops::metrics::Metrics;
-use crate::sandbox::{AttemptFailure, Deliver, Delivered};
+use crate::sandbox::{AttemptFailure, Deliver, Delivered, FailureClass, Pressure};
 use crate::store::{Claimed, Outcome, now_ms};
 
-/// Delivers `row` through `sink` and returns the outcome to record.
+/// Delivers `row` through `sink` and returns the outcome to record, and what the attempt
+/// says about the destination (for the circuit breaker).
 pub async fn deliver_one(
     sink: &dyn Deliver,
     config: &WorkerConfig,
     metrics: &Metrics,
     node_id: &str,
     row: &Claimed,
-) -> Outcome {
+) -> (Outcome, Verdict) {
     let span = tracing::info_span!(
         "deliver",
         worker = %"room_outbox",
@@ -41,6 +43,7 @@ pub async fn deliver_one(
             Ok(_) => Outcome::Delivered,
             Err(failure) => after_failure(failure, attempt, config, now_ms(), super::retry::draw()),
         };
+        let verdict = verdict(&result, took.is_some());
         match &result {
             Ok(delivered) => {
                 let skipped = match delivered {
@@ -49,6 +52,21 @@ pub async fn deliver_one(
                 };
                 metrics.delivered(&row.event_type, skipped.is_some(), took.unwrap_or_default());
                 tracing::info!(status = "delivered", skipped, "event delivered");
+            }
+            Err(failure @ AttemptFailure { pressure: Some(pressure), .. })
+                if matches!(outcome, Outcome::Defer { .. }) =>
+            {
+                metrics.failed(&row.event_type, failure.class.as_str(), took);
+                metrics.pushed_back(pressure.as_str());
+                // Not counted against the event: `retry_count` stays where it was.
+                tracing::warn!(
+                    status = outcome.status().as_str(),
+                    attempt,
+                    kind = failure.class.as_str(),
+                    pressure = pressure.as_str(),
+                    error = outcome.error().unwrap_or_default(),
+                    "delivery deferred: the sink pushed back"
+                );
             }
             Err(failure) => {
                 metrics.failed(&row.event_type, failure.class.as_str(), took);
@@ -63,8 +81,24 @@ pub async fn deliver_one(
                 );
             }
         }
-        outcome
+        (outcome, verdict)
     }
     .instrument(span)
     .await
+}
+
+/// What an attempt's result says about the destination. `called`: the sink was called (an
+/// envelope that does not decode never reaches it).
+fn verdict(result: &Result<Delivered, AttemptFailure>, called: bool) -> Verdict {
+    let Err(failure) = result else { return Verdict::Answered };
+    match (failure.class, failure.pressure) {
+        _ if !called => Verdict::Neutral,
+        (FailureClass::Retryable, Some(Pressure::RoomThrottled)) => Verdict::Neutral,
+        (FailureClass::Retryable, Some(pressure)) => {
+            Verdict::PushedBack { throttled: pressure == Pressure::Throttled, retry_after: failure.retry_after }
+        }
+        (FailureClass::Retryable | FailureClass::Timeout, _) => Verdict::Failed,
+        (FailureClass::Permanent, _) => Verdict::Answered,
+        (FailureClass::Trap, _) => Verdict::Neutral,
+    }
 }

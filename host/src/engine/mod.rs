@@ -3,6 +3,7 @@
 //! order (across claims); outcomes go to one writer that batches them. `poll_interval` is
 //! only the longest idle wait: an insert wakes an idle worker sooner (`wake_up`).
 
+pub mod breaker;
 pub mod settings;
 
 use std::panic::AssertUnwindSafe;
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt as _;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -21,6 +22,7 @@ mod buffer;
 mod rate;
 mod retry;
 
+use breaker::{Admit, Breaker, Transition, Verdict};
 use buffer::{Buffer, RoomKey, room_of};
 
 use crate::sandbox::{Deliver, FailureClass};
@@ -62,9 +64,12 @@ pub fn worker_id_len(node_id: &str) -> usize {
 }
 
 /// An outcome on its way to the writer (its event id names it if it cannot be written
-/// before shutdown gives up).
+/// before shutdown gives up), and what it says about the destination.
 struct Pending {
     mark: Mark,
+    verdict: Verdict,
+    /// Whether it was the circuit breaker's half-open probe.
+    probe: bool,
 }
 
 /// The `room_outbox` worker (room-service's compensation worker, as a product), for one sink.
@@ -133,7 +138,9 @@ impl Worker {
         );
         let outstanding = Arc::new(Outstanding::default());
         let (claims, mut claimed) = mpsc::unbounded_channel();
-        let claimer = tokio::spawn(self.clone().claim_ahead(outstanding.clone(), claims, shutdown.clone()));
+        let mut breaker = Breaker::new(self.config.breaker);
+        let (gate, gate_rx) = watch::channel(breaker.state());
+        let claimer = tokio::spawn(self.clone().claim_ahead(outstanding.clone(), claims, gate_rx, shutdown.clone()));
         let mut buffer = Buffer::default();
         let mut running: JoinSet<(RoomKey, Pending)> = JoinSet::new();
         let mut claiming = true;
@@ -141,26 +148,38 @@ impl Worker {
         // When the rate limit has the next token for a delivery that is ready to start.
         let mut next_token = None;
         loop {
+            if let Some(moved) = breaker.poll(std::time::Instant::now()) {
+                self.breaker_moved(&moved, &gate);
+            }
+            if breaker.state() == breaker::State::Open && buffer.len() > 0 {
+                // Paused: what is buffered goes back unattempted, for any host to take.
+                let unstarted = buffer.drain();
+                outstanding.freed(unstarted.len());
+                self.release(&unstarted).await;
+            }
             if !shutdown.is_cancelled() {
-                next_token = self.start_ready(&mut buffer, &mut running, &outstanding, bucket.as_mut()).await;
+                next_token =
+                    self.start_ready(&mut buffer, &mut running, &outstanding, bucket.as_mut(), &mut breaker).await;
             }
             if !claiming && running.is_empty() {
                 break;
             }
-            let token_wait = async {
-                match next_token {
-                    Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
-                    None => std::future::pending().await,
-                }
-            };
+            let token_wait = sleep_until_or_never(next_token);
+            let probe_wait = sleep_until_or_never(breaker.reopens_at());
             tokio::select! {
                 () = token_wait => {}
+                () = probe_wait => {}
                 rows = claimed.recv(), if claiming => match rows {
                     Some(rows) => buffer.push(rows),
                     None => claiming = false,
                 },
                 Some(done) = running.join_next() => {
                     let (key, pending) = done.expect("delivery tasks catch their panics");
+                    // The breaker first, so that the claimer woken by the freed slot sees
+                    // where it went.
+                    if let Some(moved) = breaker.record(&pending.verdict, pending.probe, std::time::Instant::now()) {
+                        self.breaker_moved(&moved, &gate);
+                    }
                     buffer.done(&key);
                     outstanding.freed(1);
                     let _ = marks.send(pending);
@@ -218,10 +237,13 @@ impl Worker {
 
     /// Keeps the buffer topped up: claims a batch whenever at most one batch is claimed and
     /// not finished, and waits (`wake_up`, `poll_interval`) when the table has no more.
+    /// While the sink's circuit breaker is open it claims nothing; half-open, one row for
+    /// the probe.
     async fn claim_ahead(
         self: Arc<Self>,
         outstanding: Arc<Outstanding>,
         claims: mpsc::UnboundedSender<Vec<Claimed>>,
+        mut gate: watch::Receiver<breaker::State>,
         shutdown: CancellationToken,
     ) {
         let lease_ms = self.config.lease.as_millis() as i64;
@@ -236,16 +258,26 @@ impl Worker {
         let probing = self.config.wake_up == WakeUp::Probe || (self.config.wake_up == WakeUp::Auto && !listening);
         tracing::debug!(listening, probing, "idle wake-up");
         while !shutdown.is_cancelled() {
-            // Room for a whole batch: at most one batch claimed ahead of the deliveries.
-            if outstanding.count() > batch {
+            let state = *gate.borrow_and_update();
+            let wanted = match state {
+                breaker::State::Closed => batch,
+                breaker::State::HalfOpen => 1,
+                breaker::State::Open => 0,
+            };
+            // Room for a whole batch: at most one batch claimed ahead of the deliveries
+            // (half-open: nothing outstanding but the probe).
+            let full =
+                if state == breaker::State::Closed { outstanding.count() > batch } else { outstanding.count() > 0 };
+            if wanted == 0 || full {
                 tokio::select! {
                     () = outstanding.space.notified() => {}
+                    _ = gate.changed() => {}
                     () = shutdown.cancelled() => break,
                 }
                 continue;
             }
             let now = now_ms();
-            let claim = self.store.claim_in_order(&self.worker_id, now, now + lease_ms, batch as u32, order);
+            let claim = self.store.claim_in_order(&self.worker_id, now, now + lease_ms, wanted as u32, order);
             // A claim stuck on a database that is away must not hold shutdown past its grace.
             let stuck = async {
                 shutdown.cancelled().await;
@@ -277,7 +309,7 @@ impl Worker {
                 self.release(&rows).await;
                 break;
             }
-            let full = rows.len() >= batch;
+            let full = rows.len() >= wanted;
             self.note_claim(&rows);
             outstanding.taken(rows.len());
             if claims.send(rows).is_err() {
@@ -332,6 +364,7 @@ impl Worker {
         running: &mut JoinSet<(RoomKey, Pending)>,
         outstanding: &Outstanding,
         mut bucket: Option<&mut TokenBucket>,
+        breaker: &mut Breaker,
     ) -> Option<std::time::Instant> {
         let timeout_ms = self.config.publish_timeout.as_millis() as i64;
         let mut late = Vec::new();
@@ -341,9 +374,20 @@ impl Worker {
                 next_token = buffer.has_ready().then_some(at);
                 break;
             }
+            if !buffer.has_ready() {
+                break;
+            }
+            let probe = match breaker.admit() {
+                Admit::Any => false,
+                Admit::Probe => true,
+                Admit::Nothing => break,
+            };
             let Some(row) = buffer.start_next() else { break };
             let key = room_of(&row);
             if row.lease.lock_until_ms - now_ms() < timeout_ms + START_MARGIN_MS {
+                if probe {
+                    breaker.probe_not_run();
+                }
                 buffer.done(&key);
                 late.push(row);
                 continue;
@@ -353,12 +397,12 @@ impl Worker {
             }
             let this = self.clone();
             running.spawn(async move {
-                let outcome = match AssertUnwindSafe(this.deliver_one(&row)).catch_unwind().await {
-                    Ok(outcome) => outcome,
-                    Err(panic) => this.after_panic(&row, panic),
+                let (outcome, verdict) = match AssertUnwindSafe(this.deliver_one(&row)).catch_unwind().await {
+                    Ok(done) => done,
+                    Err(panic) => (this.after_panic(&row, panic), Verdict::Neutral),
                 };
                 let Claimed { id, lease, event_id, .. } = row;
-                (key, Pending { mark: Mark { id, event_id, lease, outcome } })
+                (key, Pending { mark: Mark { id, event_id, lease, outcome }, verdict, probe })
             });
         }
         if !late.is_empty() {
@@ -430,8 +474,34 @@ impl Worker {
         }
     }
 
+    /// The circuit breaker moved: log it, export it, and tell the claimer.
+    fn breaker_moved(&self, moved: &Transition, gate: &watch::Sender<breaker::State>) {
+        let cool_down_ms = moved.cool_down.map(retry::millis);
+        let next_probe_at_ms = cool_down_ms.map(|ms| now_ms().saturating_add(ms));
+        self.metrics.breaker_moved(moved.to, &moved.reason, next_probe_at_ms);
+        let (state, reason, sink) = (moved.to.as_str(), moved.reason.as_str(), self.sink.name());
+        match moved.to {
+            breaker::State::Open => tracing::warn!(
+                worker = "room_outbox",
+                node_id = %self.node_id,
+                sink,
+                state,
+                reason,
+                cool_down_ms,
+                "sink circuit breaker open: deliveries paused, waiting rows are not attempted"
+            ),
+            breaker::State::HalfOpen => {
+                tracing::info!(worker = "room_outbox", node_id = %self.node_id, sink, state, reason, "sink circuit breaker half-open: one probe delivery")
+            }
+            breaker::State::Closed => {
+                tracing::info!(worker = "room_outbox", node_id = %self.node_id, sink, state, reason, "sink circuit breaker closed: delivering again")
+            }
+        }
+        gate.send_replace(moved.to);
+    }
+
     /// Delivers one row and decides its outcome (see `attempt.rs`).
-    async fn deliver_one(&self, row: &Claimed) -> Outcome {
+    async fn deliver_one(&self, row: &Claimed) -> (Outcome, Verdict) {
         attempt::deliver_one(&*self.sink, &self.config, &self.metrics, &self.node_id, row).await
     }
 
@@ -491,6 +561,14 @@ impl Worker {
             self.signal(Signal::Recorded(batch.len()));
         }
         Vec::new()
+    }
+}
+
+/// Sleeps until `at`, or forever when there is none (a `select!` arm that never fires).
+async fn sleep_until_or_never(at: Option<std::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+        None => std::future::pending().await,
     }
 }
 

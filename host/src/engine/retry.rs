@@ -13,10 +13,22 @@ use crate::text::short_error;
 /// `max_attempts` is used up, else `retryable` after the strategy's wait ([`wait`]), or
 /// later if the sink asked (its hint was clamped to `sink.max_retry_after` already; the sum
 /// saturates). `draw` is uniform in `[0, 1)`.
+///
+/// A retryable failure the sink pushed back with (its room or its destination is throttled
+/// or down) is deferred instead: not counted against the event, so never `failed` for it,
+/// and due again after the sink's hint or `retry_interval`.
 pub fn after_failure(failure: &AttemptFailure, attempt: i32, config: &WorkerConfig, now_ms: i64, draw: f64) -> Outcome {
-    let AttemptFailure { class, message, retry_after } = failure;
+    let AttemptFailure { class, message, retry_after, pressure } = failure;
     let exhausted = config.max_attempts > 0 && i64::from(attempt) >= i64::from(config.max_attempts);
-    if *class == FailureClass::Permanent {
+    if let Some(pressure) = pressure
+        && *class == FailureClass::Retryable
+    {
+        let wait = retry_after.unwrap_or(config.retry_interval);
+        Outcome::Defer {
+            error: short_error(&format!("{}: {message}", pressure.as_str())),
+            next_retry_at_ms: now_ms.saturating_add(millis(wait)),
+        }
+    } else if *class == FailureClass::Permanent {
         Outcome::Fail { error: short_error(message) }
     } else if exhausted {
         Outcome::Fail { error: short_error(&format!("gave up after {attempt} attempts: {message}")) }
@@ -55,9 +67,10 @@ pub(super) fn millis(d: Duration) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sandbox::Pressure;
 
     fn failure(class: FailureClass, message: &str, retry_after: Option<Duration>) -> AttemptFailure {
-        AttemptFailure { class, message: message.into(), retry_after }
+        AttemptFailure { class, message: message.into(), retry_after, pressure: None }
     }
 
     fn config(max_attempts: u32) -> WorkerConfig {
@@ -165,5 +178,33 @@ mod tests {
         assert_eq!(hinted, Outcome::Retry { error: "slow down".into(), next_retry_at_ms: 90_000 });
         let jittered = after_failure(&failure(FailureClass::Retryable, "busy", None), 3, &c, 10, 0.25);
         assert_eq!(jittered, Outcome::Retry { error: "busy".into(), next_retry_at_ms: 10 + 1_000 });
+    }
+
+    #[test]
+    fn a_push_back_defers_without_counting_even_on_the_last_attempt() {
+        for pressure in [Pressure::RoomThrottled, Pressure::Throttled, Pressure::Unavailable] {
+            let pushed = |retry_after| AttemptFailure {
+                pressure: Some(pressure),
+                ..failure(FailureClass::Retryable, "error 10006", retry_after)
+            };
+            let label = pressure.as_str();
+            let hinted = after_failure(&pushed(Some(Duration::from_millis(1_500))), 3, &config(3), 100, 0.5);
+            assert_eq!(hinted, Outcome::Defer { error: format!("{label}: error 10006"), next_retry_at_ms: 1_600 });
+            assert_eq!(hinted.counted(), 0);
+            let unhinted = after_failure(&pushed(None), 1, &exponential(700, 60_000), 100, 0.0);
+            assert_eq!(unhinted, Outcome::Defer { error: format!("{label}: error 10006"), next_retry_at_ms: 800 });
+        }
+    }
+
+    #[test]
+    fn a_push_back_with_anything_but_a_retryable_failure_is_ignored() {
+        let permanent =
+            AttemptFailure { pressure: Some(Pressure::Throttled), ..failure(FailureClass::Permanent, "bad", None) };
+        assert_eq!(after_failure(&permanent, 1, &config(0), 0, 0.5), Outcome::Fail { error: "bad".into() });
+        let timeout =
+            AttemptFailure { pressure: Some(Pressure::Unavailable), ..failure(FailureClass::Timeout, "slow", None) };
+        let retry = after_failure(&timeout, 1, &config(0), 0, 0.5);
+        assert_eq!(retry, Outcome::Retry { error: "slow".into(), next_retry_at_ms: 2_000 });
+        assert_eq!(retry.counted(), 1);
     }
 }

@@ -126,6 +126,8 @@ pub struct WorkerConfig {
     pub failed_blocks_room: bool,
     /// The sink's `rate_limit` (set from the `sink:` section): none by default.
     pub rate_limit: Option<RateLimit>,
+    /// The sink's circuit breaker (set from `sink.breaker`).
+    pub breaker: super::breaker::BreakerSettings,
     /// After shutdown begins and in-flight deliveries have finished, how long the host keeps
     /// trying to write their outcomes and hand back unstarted rows before it gives up.
     pub shutdown_grace: Duration,
@@ -165,6 +167,7 @@ impl Default for WorkerConfig {
             retry_strategy: RetryStrategy::FixedInterval,
             max_retry_interval: DEFAULT_MAX_RETRY_INTERVAL,
             rate_limit: None,
+            breaker: super::breaker::BreakerSettings::default(),
             ordering: RoomOrdering::None,
             failed_blocks_room: false,
             concurrency: DEFAULT_CONCURRENCY,

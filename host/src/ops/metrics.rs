@@ -17,6 +17,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::engine::breaker::State;
 use crate::ops::health::DbHealth;
 use crate::store::{Stats, Status};
 
@@ -29,6 +30,8 @@ const BATCH_BUCKETS: [f64; 12] = [0.0, 1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0,
 const SINK_LIMITS: [&str; 7] = ["log", "message", "skip_reason", "stdio", "requests", "request_bytes", "retry_after"];
 /// The database operations of [`Metrics::db_error`], all exported from the start.
 const DB_OPERATIONS: [&str; 4] = ["claim", "mark", "release", "stats"];
+/// The push-backs of [`Metrics::pushed_back`], all exported from the start.
+const PRESSURES: [&str; 3] = ["room_throttled", "throttled", "unavailable"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SinkLabel {
@@ -52,6 +55,18 @@ struct FailureLabels {
 struct LimitLabels {
     sink: String,
     limit: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PressureLabels {
+    sink: String,
+    pressure: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TransitionLabels {
+    sink: String,
+    to: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -90,6 +105,23 @@ pub struct Metrics {
     stats_up: Gauge,
     delivered_total: AtomicU64,
     db_health: DbHealth,
+    push_backs: Family<PressureLabels, Counter>,
+    sink_state: Family<SinkLabel, Gauge>,
+    breaker_transitions: Family<TransitionLabels, Counter>,
+    breaker: Mutex<BreakerReport>,
+}
+
+/// The sink's circuit breaker as the status page and `/api/status` show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BreakerReport {
+    /// `closed`, `half_open` or `open`.
+    pub state: State,
+    /// When it got there, UTC milliseconds (0: closed since start).
+    pub since_ms: i64,
+    /// Why it got there.
+    pub reason: String,
+    /// While open, when the next probe may start, UTC milliseconds.
+    pub next_probe_at_ms: Option<i64>,
 }
 
 impl Metrics {
@@ -116,6 +148,15 @@ impl Metrics {
             stats_up: Gauge::default(),
             delivered_total: AtomicU64::new(0),
             db_health: DbHealth::default(),
+            push_backs: Family::default(),
+            sink_state: Family::default(),
+            breaker_transitions: Family::default(),
+            breaker: Mutex::new(BreakerReport {
+                state: State::Closed,
+                since_ms: 0,
+                reason: String::new(),
+                next_probe_at_ms: None,
+            }),
         };
         m.register();
         // Series that should read 0 rather than be missing before anything happens.
@@ -126,6 +167,14 @@ impl Metrics {
             let _ = m.sink_limits.get_or_create(&m.limit_labels(limit));
         }
         let _ = m.panics.get_or_create(&m.sink_label());
+        for pressure in PRESSURES {
+            let _ = m.push_backs.get_or_create(&PressureLabels { sink: m.sink.clone(), pressure: pressure.into() });
+        }
+        m.sink_state.get_or_create(&m.sink_label()).set(State::Closed.gauge());
+        for to in [State::Open, State::HalfOpen, State::Closed] {
+            let _ =
+                m.breaker_transitions.get_or_create(&TransitionLabels { sink: m.sink.clone(), to: to.as_str().into() });
+        }
         for status in Status::ALL {
             let _ = m.rows.get_or_create(&StatusLabel { status: status.as_str().into() });
         }
@@ -175,6 +224,21 @@ impl Metrics {
             "room_outbox_delivery_panics",
             "Delivery tasks that panicked; their rows were recorded as retryable",
             self.panics.clone(),
+        );
+        r.register(
+            "room_outbox_sink_push_backs",
+            "Retryable failures the sink said concern its room or whole destination; deferred, not counted",
+            self.push_backs.clone(),
+        );
+        r.register(
+            "room_outbox_sink_state",
+            "The sink's circuit breaker: 0 closed, 1 half-open (probing), 2 open (paused)",
+            self.sink_state.clone(),
+        );
+        r.register(
+            "room_outbox_sink_state_transitions",
+            "Circuit breaker transitions by the state entered",
+            self.breaker_transitions.clone(),
         );
         r.register(
             "room_outbox_log_lines_dropped",
@@ -241,6 +305,27 @@ impl Metrics {
     /// A delivery task panicked; its row was recorded as retryable.
     pub fn delivery_panic(&self) {
         self.panics.get_or_create(&self.sink_label()).inc();
+    }
+
+    /// The sink pushed back (`room_throttled`, `throttled`, `unavailable`).
+    pub fn pushed_back(&self, pressure: &'static str) {
+        self.push_backs.get_or_create(&PressureLabels { sink: self.sink.clone(), pressure: pressure.into() }).inc();
+    }
+
+    /// The circuit breaker moved to `state`.
+    pub fn breaker_moved(&self, state: State, reason: &str, next_probe_at_ms: Option<i64>) {
+        self.sink_state.get_or_create(&self.sink_label()).set(state.gauge());
+        self.breaker_transitions
+            .get_or_create(&TransitionLabels { sink: self.sink.clone(), to: state.as_str().into() })
+            .inc();
+        let mut report = self.breaker.lock().unwrap_or_else(|p| p.into_inner());
+        *report =
+            BreakerReport { state, since_ms: crate::clock::now_ms(), reason: reason.to_string(), next_probe_at_ms };
+    }
+
+    /// The circuit breaker, for the page and the API.
+    pub fn breaker(&self) -> BreakerReport {
+        self.breaker.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// A database operation failed: counted, and remembered for readiness and the page.

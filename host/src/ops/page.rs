@@ -3,7 +3,9 @@
 
 use std::fmt::Write as _;
 
+use crate::engine::breaker::State;
 use crate::ops::health::DbFailure;
+use crate::ops::metrics::BreakerReport;
 use crate::store::{Minute, Row, Stats, Status};
 use crate::units::format_duration;
 
@@ -29,6 +31,8 @@ pub struct PageData<'a> {
     pub form_token: Option<String>,
     /// The worker's last database error since start.
     pub db_failure: Option<DbFailure>,
+    /// The sink's circuit breaker.
+    pub breaker: BreakerReport,
 }
 
 /// Text from the table shown on the page: control and reordering characters made visible,
@@ -43,6 +47,26 @@ fn esc(text: &str) -> String {
 
 fn age(ms: i64) -> String {
     format_duration(std::time::Duration::from_millis(ms.max(0) as u64 / 1000 * 1000))
+}
+
+/// The sink's circuit breaker: one line, which says more when it is not closed.
+fn breaker(b: &BreakerReport, now_ms: i64) -> String {
+    let state = b.state.as_str();
+    let detail = match b.state {
+        State::Closed if b.since_ms == 0 => "closed: delivering".to_string(),
+        State::Closed => format!("closed: delivering (again for {}: {})", age(now_ms - b.since_ms), esc(&b.reason)),
+        State::HalfOpen => format!("half-open: one probe delivery ({})", esc(&b.reason)),
+        State::Open => {
+            let probe =
+                b.next_probe_at_ms.map(|at| format!("; next probe in {}", age(at - now_ms))).unwrap_or_default();
+            format!(
+                "open for {}: deliveries paused, waiting rows are not attempted ({}){probe}",
+                age(now_ms - b.since_ms),
+                esc(&b.reason)
+            )
+        }
+    };
+    format!("<p class=\"breaker {state}\" id=\"breaker\" data-state=\"{state}\">Circuit breaker {detail}</p>")
 }
 
 /// Renders the page.
@@ -69,6 +93,7 @@ pub fn render(d: &PageData<'_>) -> String {
             error = show(&f.error),
         );
     }
+    h.push_str(&breaker(&d.breaker, d.now_ms));
 
     h.push_str("<section><h2>Rows</h2><table id=\"counts\"><tr>");
     for status in Status::ALL {
@@ -219,7 +244,9 @@ table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding
 td.failed{color:#b00}td.retryable{color:#a60}td.delivered{color:#070}code{font-size:12px}\
 .flash{background:#eef6ee;border:1px solid #9c9;padding:.5em}svg .delivered,.legend .delivered{fill:#2a2;color:#2a2}\
 svg .failed,.legend .failed{fill:#c22;color:#c22}svg .axis{stroke:#999}form{margin:0}button{cursor:pointer}\
-.note{color:#555}.dberror{background:#fde8e8;padding:.4em .6em;border-left:4px solid #c62828}";
+.note{color:#555}.dberror{background:#fde8e8;padding:.4em .6em;border-left:4px solid #c62828}\
+.breaker.open{background:#fff3e0;padding:.4em .6em;border-left:4px solid #ef6c00}\
+.breaker.half_open{background:#fffde7;padding:.4em .6em;border-left:4px solid #f9a825}";
 
 #[cfg(test)]
 mod tests {
@@ -241,6 +268,7 @@ mod tests {
             flash: None,
             form_token: form_token.map(str::to_string),
             db_failure,
+            breaker: BreakerReport { state: State::Closed, since_ms: 0, reason: String::new(), next_probe_at_ms: None },
         })
     }
 
@@ -291,5 +319,21 @@ mod tests {
         let html = page_with(&Stats::default(), &[], None, Some(failure));
         assert!(html.contains("id=\"db-error\">Last database error (claim, 5s ago): <code>Unknown column &#39;&lt;b&gt;x&lt;/b&gt;&#39;</code>"), "{html}");
         assert!(!page(&Stats::default(), &[], None).contains("db-error"), "no error, no line");
+    }
+
+    #[test]
+    fn the_breaker_says_when_it_is_open_and_when_it_probes_next() {
+        let open = BreakerReport {
+            state: State::Open,
+            since_ms: 1_000,
+            reason: "the sink says <b>throttled</b>".into(),
+            next_probe_at_ms: Some(9_000),
+        };
+        let line = breaker(&open, 5_000);
+        assert!(line.contains("data-state=\"open\""), "{line}");
+        assert!(line.contains("open for 4s: deliveries paused"), "{line}");
+        assert!(line.contains("next probe in 4s"), "{line}");
+        assert!(line.contains("&lt;b&gt;throttled&lt;/b&gt;") && !line.contains("<b>"), "escaped: {line}");
+        assert!(page(&Stats::default(), &[], None).contains("Circuit breaker closed: delivering</p>"));
     }
 }

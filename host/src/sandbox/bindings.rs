@@ -9,6 +9,7 @@ wasmtime::component::bindgen!({
     exports: { default: async },
 });
 
+pub use outbox::sink::flow::Pressure as WitPressure;
 pub use outbox::sink::http::{HttpError, Request as HttpRequest, Response as HttpResponse};
 pub use outbox::sink::log::Level;
 pub use outbox::sink::types::FailureKind;

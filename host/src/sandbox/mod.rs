@@ -99,6 +99,29 @@ impl FailureClass {
     }
 }
 
+/// What a sink's `flow.push-back` said about its retryable failure: it concerns more than
+/// the event, so the event is deferred without counting the attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pressure {
+    /// The event's room is over a frequency limit.
+    RoomThrottled,
+    /// The destination asks every caller to slow down.
+    Throttled,
+    /// The destination cannot take anything now.
+    Unavailable,
+}
+
+impl Pressure {
+    /// The label used in logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pressure::RoomThrottled => "room_throttled",
+            Pressure::Throttled => "throttled",
+            Pressure::Unavailable => "unavailable",
+        }
+    }
+}
+
 /// A failed attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttemptFailure {
@@ -108,11 +131,18 @@ pub struct AttemptFailure {
     pub message: String,
     /// The sink's hint for the next attempt.
     pub retry_after: Option<Duration>,
+    /// Set when a retryable failure concerns the room or the whole destination.
+    pub pressure: Option<Pressure>,
 }
 
 impl AttemptFailure {
     fn new(class: FailureClass, message: impl Into<String>) -> Self {
-        AttemptFailure { class, message: message.into(), retry_after: None }
+        AttemptFailure { class, message: message.into(), retry_after: None, pressure: None }
+    }
+
+    /// A retryable failure (for native stand-ins of a sink).
+    pub fn retryable(message: impl Into<String>) -> Self {
+        Self::new(FailureClass::Retryable, message)
     }
 
     /// A failure retrying cannot help (e.g. an envelope that does not decode).
@@ -163,13 +193,13 @@ impl SinkRuntime {
         bindings::Sink::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
         let instance_pre = linker.instantiate_pre(&component).map_err(|e| {
             anyhow::anyhow!(
-                "sink.plugin: {} needs imports the host does not grant (only outbox:sink config/http/log and WASI p2 without files, env or sockets): {e:#}",
+                "sink.plugin: {} needs imports the host does not grant (only outbox:sink config/http/log/flow and WASI p2 without files, env or sockets): {e:#}",
                 plugin.display()
             )
         })?;
         let pre = SinkPre::new(instance_pre).map_err(|e| {
             anyhow::anyhow!(
-                "sink.plugin: {} does not implement world outbox:sink/sink@0.1.0 (it must export `deliver`): {e:#}",
+                "sink.plugin: {} does not implement world outbox:sink/sink@0.1.x (it must export `deliver`): {e:#}",
                 plugin.display()
             )
         })?;
@@ -245,6 +275,7 @@ impl SinkRuntime {
         };
         let returned = tokio::time::timeout_at(call.deadline, run).await;
         let called = std::time::Instant::now();
+        let pressure = call.store.data().pressure();
         let outcome = self.finish(call, returned, timeout);
         let finished = std::time::Instant::now();
         let phases = Phases {
@@ -253,12 +284,16 @@ impl SinkRuntime {
             call: called.saturating_duration_since(instantiated),
             teardown: finished - called,
         };
-        (outcome.and_then(|o| self.bounded(o)), phases)
+        (outcome.and_then(|o| self.bounded(o, pressure)), phases)
     }
 
     /// What the sink returned, bounded: reasons and messages escaped and clipped, a long
-    /// `retry-after-ms` clamped.
-    fn bounded(&self, outcome: Result<Outcome, bindings::Failure>) -> Result<Delivered, AttemptFailure> {
+    /// `retry-after-ms` clamped. A push-back counts only with a retryable failure.
+    fn bounded(
+        &self,
+        outcome: Result<Outcome, bindings::Failure>,
+        pressure: Option<Pressure>,
+    ) -> Result<Delivered, AttemptFailure> {
         let budgets = &self.shared.budgets;
         match outcome {
             Ok(Outcome::Delivered) => Ok(Delivered::Delivered),
@@ -274,13 +309,15 @@ impl SinkRuntime {
                 if clipped {
                     self.shared.metrics.sink_limit("message");
                 }
+                let (class, pressure) = match failure.kind {
+                    FailureKind::Retryable => (FailureClass::Retryable, pressure),
+                    FailureKind::Permanent => (FailureClass::Permanent, None),
+                };
                 Err(AttemptFailure {
-                    class: match failure.kind {
-                        FailureKind::Retryable => FailureClass::Retryable,
-                        FailureKind::Permanent => FailureClass::Permanent,
-                    },
+                    class,
                     message,
                     retry_after: failure.retry_after_ms.map(|ms| self.clamp_retry_after(ms)),
+                    pressure,
                 })
             }
         }

@@ -52,6 +52,8 @@ pub struct SinkConfig {
     pub config: SinkSettings,
     /// Deliveries per second this host starts through the sink, at most (`rate_limit`).
     pub rate_limit: Option<crate::engine::settings::RateLimit>,
+    /// The sink's circuit breaker (`breaker:`).
+    pub breaker: crate::engine::breaker::BreakerSettings,
 }
 
 /// Bounds on what one attempt of a sink may emit or ask for; the excess is clamped or dropped

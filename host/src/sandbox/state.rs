@@ -9,7 +9,7 @@ use wasmtime::StoreLimits;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::bindings::{self, HttpError, HttpRequest, HttpResponse, Level};
+use super::bindings::{self, HttpError, HttpRequest, HttpResponse, Level, WitPressure};
 use super::capture::Capture;
 use super::http::HttpPolicy;
 use super::settings::SinkBudgets;
@@ -44,11 +44,21 @@ pub struct DeliveryState {
     shared: Arc<Shared>,
     deadline: Instant,
     spent: Spent,
+    /// The last `flow.push-back` of this attempt.
+    pressure: Option<WitPressure>,
 }
 
 impl DeliveryState {
     pub fn new(wasi: WasiCtx, limits: StoreLimits, shared: Arc<Shared>, deadline: Instant) -> Self {
-        DeliveryState { wasi, table: ResourceTable::new(), limits, shared, deadline, spent: Spent::default() }
+        DeliveryState {
+            wasi,
+            table: ResourceTable::new(),
+            limits,
+            shared,
+            deadline,
+            spent: Spent::default(),
+            pressure: None,
+        }
     }
 
     /// One line into the host's log, within the attempt's line and byte budgets: escaped
@@ -74,6 +84,15 @@ impl DeliveryState {
             tracing::Level::WARN => tracing::warn!(sink, stream, "{text}"),
             tracing::Level::ERROR => tracing::error!(sink, stream, "{text}"),
         }
+    }
+
+    /// What the sink's last `flow.push-back` said, if it called it.
+    pub fn pressure(&self) -> Option<super::Pressure> {
+        self.pressure.map(|p| match p {
+            WitPressure::RoomThrottled => super::Pressure::RoomThrottled,
+            WitPressure::Throttled => super::Pressure::Throttled,
+            WitPressure::Unavailable => super::Pressure::Unavailable,
+        })
     }
 
     /// Logs what the guest wrote to stdout and stderr (within the same budgets), then says
@@ -129,6 +148,12 @@ impl bindings::outbox::sink::http::Host for DeliveryState {
             self.shared.metrics.sink_limit("request_bytes");
         }
         self.shared.http.send(req, self.deadline).await
+    }
+}
+
+impl bindings::outbox::sink::flow::Host for DeliveryState {
+    async fn push_back(&mut self, pressure: WitPressure) {
+        self.pressure = Some(pressure);
     }
 }
 

@@ -188,6 +188,14 @@ pub enum Outcome {
         /// Short, secret-free reason.
         error: String,
     },
+    /// `retryable` without counting the attempt (`retry_count` stays): the sink pushed back
+    /// for its room or its whole destination, so the event itself is not at fault.
+    Defer {
+        /// Short, secret-free reason.
+        error: String,
+        /// Earliest next claim.
+        next_retry_at_ms: i64,
+    },
 }
 
 impl Outcome {
@@ -195,7 +203,7 @@ impl Outcome {
     pub fn status(&self) -> Status {
         match self {
             Outcome::Delivered => Status::Delivered,
-            Outcome::Retry { .. } => Status::Retryable,
+            Outcome::Retry { .. } | Outcome::Defer { .. } => Status::Retryable,
             Outcome::Fail { .. } => Status::Failed,
         }
     }
@@ -204,14 +212,23 @@ impl Outcome {
     pub fn error(&self) -> Option<&str> {
         match self {
             Outcome::Delivered => None,
-            Outcome::Retry { error, .. } | Outcome::Fail { error } => Some(error),
+            Outcome::Retry { error, .. } | Outcome::Fail { error } | Outcome::Defer { error, .. } => Some(error),
+        }
+    }
+
+    /// What the outcome adds to `retry_count`: 1 for an attempt that counts against the
+    /// event, 0 for a deferral (and for `delivered`, which leaves the count as it was).
+    pub fn counted(&self) -> i32 {
+        match self {
+            Outcome::Retry { .. } | Outcome::Fail { .. } => 1,
+            Outcome::Delivered | Outcome::Defer { .. } => 0,
         }
     }
 
     /// When the row may be claimed again: `next_retry_at_ms` of a retry, else 0.
     pub fn next_retry_at_ms(&self) -> i64 {
         match self {
-            Outcome::Retry { next_retry_at_ms, .. } => *next_retry_at_ms,
+            Outcome::Retry { next_retry_at_ms, .. } | Outcome::Defer { next_retry_at_ms, .. } => *next_retry_at_ms,
             _ => 0,
         }
     }

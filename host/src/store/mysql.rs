@@ -62,11 +62,12 @@ impl Dialect for MysqlDialect {
             failed: ByCount::new(move |n| {
                 let case = |column: &str| format!("{column} = CASE {key}{} END", " WHEN ? THEN ?".repeat(n));
                 format!(
-                    "UPDATE {failed_table} SET {}, {}, {}, retry_count = retry_count + 1, worker_id = {no_worker}, \
-                     lock_until_ms = 0, updated_at_ms = ? WHERE 1 = 1{}",
+                    "UPDATE {failed_table} SET {}, {}, {}, retry_count = retry_count + CASE {key}{} END, \
+                     worker_id = {no_worker}, lock_until_ms = 0, updated_at_ms = ? WHERE 1 = 1{}",
                     case("status"),
                     case("last_error"),
                     case("next_retry_at_ms"),
+                    " WHEN ? THEN ?".repeat(n),
                     lease_filter(key, n)
                 )
             }),
@@ -228,7 +229,7 @@ impl Dialect for MysqlDialect {
         let mut q = sqlx::query(&sql);
         let by_event = store.profile.key.is_text();
         // Bound in the order of the text: (key, status) …, (key, error) …, (key, next
-        // retry) …, then the time, then the leases.
+        // retry) …, (key, counted) …, then the time, then the leases.
         macro_rules! key {
             ($q:expr, $m:expr) => {
                 if by_event { $q.bind($m.event_id.as_str()) } else { $q.bind($m.id) }
@@ -242,6 +243,9 @@ impl Dialect for MysqlDialect {
         }
         for m in marks {
             q = key!(q, m).bind(m.outcome.next_retry_at_ms());
+        }
+        for m in marks {
+            q = key!(q, m).bind(m.outcome.counted());
         }
         q = q.bind(now_ms);
         for m in marks {

@@ -62,10 +62,10 @@ impl Dialect for PostgresDialect {
                  updated_at_ms = $1, delivered_at_ms = $1 WHERE status <> 'delivered' AND {key} = ANY($2::{keys})"
             ),
             failed: format!(
-                "UPDATE {t} AS o SET status = m.status, retry_count = o.retry_count + 1, last_error = m.error, \
-                 next_retry_at_ms = m.next_retry_at_ms, worker_id = {no_worker}, lock_until_ms = 0, updated_at_ms = $7 \
-                 FROM UNNEST($1::{keys}, $2::TEXT[], $3::BIGINT[], $4::TEXT[], $5::TEXT[], $6::BIGINT[]) \
-                      AS m(k, worker_id, lock_until_ms, status, error, next_retry_at_ms) \
+                "UPDATE {t} AS o SET status = m.status, retry_count = o.retry_count + m.counted, last_error = m.error, \
+                 next_retry_at_ms = m.next_retry_at_ms, worker_id = {no_worker}, lock_until_ms = 0, updated_at_ms = $8 \
+                 FROM UNNEST($1::{keys}, $2::TEXT[], $3::BIGINT[], $4::TEXT[], $5::TEXT[], $6::BIGINT[], $7::INT4[]) \
+                      AS m(k, worker_id, lock_until_ms, status, error, next_retry_at_ms, counted) \
                  WHERE o.{key} = m.k AND o.status = 'delivering' AND o.worker_id = m.worker_id AND o.lock_until_ms = m.lock_until_ms"
             ),
             release: format!(
@@ -264,6 +264,7 @@ impl Dialect for PostgresDialect {
                 .bind(&failed.statuses)
                 .bind(errors.iter().map(|e| e.as_ref()).collect::<Vec<&str>>())
                 .bind(&failed.next_retry_ats)
+                .bind(&failed.counted)
                 .bind(now_ms)
                 .execute(&store.pool)
                 .await?
@@ -304,6 +305,7 @@ struct FailedMarks<'a> {
     statuses: Vec<&'static str>,
     errors: Vec<&'a str>,
     next_retry_ats: Vec<i64>,
+    counted: Vec<i32>,
 }
 
 impl<'a> From<&[&'a Mark]> for FailedMarks<'a> {
@@ -316,6 +318,7 @@ impl<'a> From<&[&'a Mark]> for FailedMarks<'a> {
             statuses: vec![],
             errors: vec![],
             next_retry_ats: vec![],
+            counted: vec![],
         };
         for m in marks {
             let Some(error) = m.outcome.error() else { continue };
@@ -326,6 +329,7 @@ impl<'a> From<&[&'a Mark]> for FailedMarks<'a> {
             out.statuses.push(m.outcome.status().as_str());
             out.errors.push(error);
             out.next_retry_ats.push(m.outcome.next_retry_at_ms());
+            out.counted.push(m.outcome.counted());
         }
         out
     }

@@ -91,7 +91,7 @@ impl Dialect for SqliteDialect {
                  ORDER BY c.created_at_ms, c.{key} LIMIT ?2"
             ),
             failed: format!(
-                "UPDATE {t} SET status = ?, retry_count = retry_count + 1, last_error = ?, next_retry_at_ms = ?, \
+                "UPDATE {t} SET status = ?, retry_count = retry_count + ?, last_error = ?, next_retry_at_ms = ?, \
                  worker_id = {no_worker}, lock_until_ms = 0, updated_at_ms = ? \
                  WHERE {key} = ? AND status = 'delivering' AND worker_id = ? AND lock_until_ms = ?"
             ),
@@ -225,6 +225,7 @@ impl Dialect for SqliteDialect {
         for m in marks {
             changed += sqlx::query(&store.own.failed)
                 .bind(m.outcome.status().as_str())
+                .bind(m.outcome.counted())
                 .bind(m.outcome.error().map(|e| store.fit_error(e)))
                 .bind(m.outcome.next_retry_at_ms())
                 .bind(now_ms)

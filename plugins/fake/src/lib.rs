@@ -5,7 +5,9 @@
 //!   at most N), `retry-after:MS` (retryable with that hint), `trap`, `loop`, `oom`,
 //!   `sleep:MS` (then ok), `http:URL` (GET through the host; ok on 2xx), `log` (log a line, ok),
 //!   `remember` (skipped, saying how many deliveries this instance's static counter and heap
-//!   have seen: 1 in a fresh instance).
+//!   have seen: 1 in a fresh instance), `push-back:PRESSURE[:MS]` (`flow.push-back` with
+//!   `room-throttled`, `throttled` or `unavailable`, then retryable with that hint),
+//!   `push-back-delivered:PRESSURE` (pushes back, then delivered: the host ignores it).
 //! - Hostile ones, for the host's hardening tests: `log-flood` (log without end),
 //!   `log-flood:N` (N lines, then ok), `log-big:BYTES` (one huge line, ok), `log-forge` (a line
 //!   with a newline, ESC, NUL and U+202E, ok), `print:BYTES` (that much to stdout, ok),
@@ -24,6 +26,7 @@ mod bindings {
 }
 
 use bindings::outbox::sink::config;
+use bindings::outbox::sink::flow::{self, Pressure};
 use bindings::outbox::sink::http::{self, HttpError, Request};
 use bindings::outbox::sink::log::{self, Level};
 use bindings::outbox::sink::types::FailureKind;
@@ -46,6 +49,8 @@ const BEHAVIOURS: &[&str] = &[
     "http",
     "log",
     "remember",
+    "push-back",
+    "push-back-delivered",
     "log-flood",
     "log-big",
     "log-forge",
@@ -134,6 +139,15 @@ fn run(behaviour: &str, event: &Event) -> Result<Outcome, Failure> {
             Ok(resp) => Err(retryable(format!("http: status {}", resp.status), None)),
             Err(e) => Err(retryable(format!("http: {}", describe(&e)), None)),
         },
+        "push-back" => {
+            let (pressure, hint) = arg.split_once(':').map_or((arg, None), |(p, ms)| (p, ms.parse().ok()));
+            flow::push_back(pressure_named(pressure));
+            Err(retryable(format!("fake: pushed back ({pressure})"), hint))
+        }
+        "push-back-delivered" => {
+            flow::push_back(pressure_named(arg));
+            Ok(Outcome::Delivered)
+        }
         "remember" => {
             // A counter in the data segment and a list on the heap: both start empty in a
             // fresh instance, so anything above 1 means state crossed deliveries.
@@ -244,3 +258,12 @@ fn describe(e: &HttpError) -> String {
 }
 
 bindings::export!(FakeSink with_types_in bindings);
+
+/// The `flow.pressure` a config value names (`unavailable` for anything else).
+fn pressure_named(name: &str) -> Pressure {
+    match name {
+        "room-throttled" => Pressure::RoomThrottled,
+        "throttled" => Pressure::Throttled,
+        _ => Pressure::Unavailable,
+    }
+}

@@ -1,5 +1,7 @@
 //! What a `send_group_msg` reply means for the event: delivered, worth retrying, or
-//! permanently failed.
+//! permanently failed; and whether a retry concerns more than the event (the host's
+//! `flow.push-back`): the app's rate limits and server errors concern every event, a
+//! group's frequency control only that group's.
 
 /// How long to hold off after Tencent pushes back (rate limits, frequency control).
 pub const BACKOFF_MS: u64 = 1_000;
@@ -9,7 +11,8 @@ const RETRYABLE: &[u32] = &[
     10002, 10006, 10023, 60007, 60008, 60011, 60018, 60019, 70050, 70169, 70202, 70500, 80003, 90992, 90994, 90995,
     91000,
 ];
-/// Of those, the rate limits: retry, but not before [`BACKOFF_MS`].
+/// Of those, the app's rate limits: retry, but not before [`BACKOFF_MS`], and tell the
+/// host to hold back the whole sink.
 const RATE_LIMITED: &[u32] = &[10006, 10023, 60007, 60011];
 /// Error codes retrying cannot fix: invalid group, permissions, parameters, signature, content.
 const PERMANENT: &[(u32, u32)] = &[
@@ -28,6 +31,17 @@ const PERMANENT: &[(u32, u32)] = &[
     (90010, 90010),
 ];
 
+/// What a retry concerns beyond its event (mirrors the host's `flow.pressure`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pressure {
+    /// The group is over its frequency limit (`MsgFreqCtrl`).
+    RoomThrottled,
+    /// The app is over a rate limit.
+    Throttled,
+    /// Tencent IM cannot be reached or answers with server errors.
+    Unavailable,
+}
+
 /// The outcome of one reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -41,6 +55,8 @@ pub enum Verdict {
         retry_after_ms: Option<u64>,
         /// An error code this sink does not know (worth a log line).
         unknown: bool,
+        /// Whether it concerns the group or the whole app, not only the event.
+        pressure: Option<Pressure>,
     },
     /// Retrying cannot help.
     Permanent {
@@ -50,15 +66,21 @@ pub enum Verdict {
 }
 
 fn retry(message: String, retry_after_ms: Option<u64>) -> Verdict {
-    Verdict::Retry { message, retry_after_ms, unknown: false }
+    Verdict::Retry { message, retry_after_ms, unknown: false, pressure: None }
+}
+
+fn pushed_back(message: String, pressure: Pressure) -> Verdict {
+    let retry_after_ms = (pressure != Pressure::Unavailable).then_some(BACKOFF_MS);
+    Verdict::Retry { message, retry_after_ms, unknown: false, pressure: Some(pressure) }
 }
 
 /// Classifies an HTTP reply from the REST API.
 pub fn reply(status: u16, body: &[u8]) -> Verdict {
     match status {
         200 => {}
-        429 => return retry("HTTP 429 from Tencent IM".into(), Some(BACKOFF_MS)),
-        408 | 500..=599 => return retry(format!("HTTP {status} from Tencent IM"), None),
+        429 => return pushed_back("HTTP 429 from Tencent IM".into(), Pressure::Throttled),
+        408 => return retry(format!("HTTP {status} from Tencent IM"), None),
+        500..=599 => return pushed_back(format!("HTTP {status} from Tencent IM"), Pressure::Unavailable),
         _ => return Verdict::Permanent { message: format!("HTTP {status} from Tencent IM (check endpoint)") },
     }
     let Ok(reply) = serde_json::from_slice::<serde_json::Value>(body) else {
@@ -68,18 +90,23 @@ pub fn reply(status: u16, body: &[u8]) -> Verdict {
     let info: String = reply["ErrorInfo"].as_str().unwrap_or("").chars().take(200).collect();
     if code == 0 {
         return if reply["MsgDropReason"] == "MsgFreqCtrl" {
-            retry("Tencent IM dropped the message for frequency control (MsgFreqCtrl)".into(), Some(BACKOFF_MS))
+            pushed_back(
+                "Tencent IM dropped the message for frequency control (MsgFreqCtrl)".into(),
+                Pressure::RoomThrottled,
+            )
         } else {
             Verdict::Delivered
         };
     }
     let message = format!("Tencent IM error {code}: {info}");
-    if RETRYABLE.contains(&code) {
-        retry(message, RATE_LIMITED.contains(&code).then_some(BACKOFF_MS))
+    if RATE_LIMITED.contains(&code) {
+        pushed_back(message, Pressure::Throttled)
+    } else if RETRYABLE.contains(&code) {
+        retry(message, None)
     } else if PERMANENT.iter().any(|(lo, hi)| (*lo..=*hi).contains(&code)) {
         Verdict::Permanent { message }
     } else {
-        Verdict::Retry { message, retry_after_ms: None, unknown: true }
+        Verdict::Retry { message, retry_after_ms: None, unknown: true, pressure: None }
     }
 }
 
@@ -95,7 +122,13 @@ mod tests {
     fn ok_is_delivered_unless_dropped_for_frequency_control() {
         assert_eq!(reply(200, br#"{"ActionStatus":"OK","ErrorCode":0,"MsgSeq":1}"#), Verdict::Delivered);
         let dropped = reply(200, br#"{"ActionStatus":"OK","ErrorCode":0,"MsgDropReason":"MsgFreqCtrl"}"#);
-        assert!(matches!(dropped, Verdict::Retry { retry_after_ms: Some(BACKOFF_MS), .. }), "{dropped:?}");
+        assert!(
+            matches!(
+                dropped,
+                Verdict::Retry { retry_after_ms: Some(BACKOFF_MS), pressure: Some(Pressure::RoomThrottled), .. }
+            ),
+            "only the group is held back: {dropped:?}"
+        );
     }
 
     #[test]
@@ -104,8 +137,17 @@ mod tests {
             let v = code(*c);
             assert!(matches!(v, Verdict::Retry { unknown: false, .. }), "{c}: {v:?}");
         }
-        assert!(matches!(code(10023), Verdict::Retry { retry_after_ms: Some(BACKOFF_MS), .. }));
-        assert!(matches!(code(70500), Verdict::Retry { retry_after_ms: None, .. }));
+        for c in RATE_LIMITED {
+            let v = code(*c);
+            assert!(
+                matches!(
+                    v,
+                    Verdict::Retry { retry_after_ms: Some(BACKOFF_MS), pressure: Some(Pressure::Throttled), .. }
+                ),
+                "{c}: the app's rate limit holds back the whole sink: {v:?}"
+            );
+        }
+        assert!(matches!(code(70500), Verdict::Retry { retry_after_ms: None, pressure: None, .. }));
     }
 
     #[test]
@@ -121,14 +163,21 @@ mod tests {
 
     #[test]
     fn unknown_codes_are_retried_and_flagged() {
-        assert!(matches!(code(12345), Verdict::Retry { unknown: true, .. }));
+        assert!(matches!(code(12345), Verdict::Retry { unknown: true, pressure: None, .. }));
         assert!(matches!(code(70021), Verdict::Retry { unknown: true, .. }));
     }
 
     #[test]
     fn http_statuses() {
-        assert!(matches!(reply(502, b""), Verdict::Retry { retry_after_ms: None, .. }));
-        assert!(matches!(reply(429, b""), Verdict::Retry { retry_after_ms: Some(_), .. }));
+        assert!(matches!(
+            reply(502, b""),
+            Verdict::Retry { retry_after_ms: None, pressure: Some(Pressure::Unavailable), .. }
+        ));
+        assert!(matches!(
+            reply(429, b""),
+            Verdict::Retry { retry_after_ms: Some(_), pressure: Some(Pressure::Throttled), .. }
+        ));
+        assert!(matches!(reply(408, b""), Verdict::Retry { pressure: None, .. }), "a timeout is about one request");
         assert!(matches!(reply(404, b""), Verdict::Permanent { .. }));
         assert!(matches!(reply(200, b"<html>"), Verdict::Retry { .. }));
     }

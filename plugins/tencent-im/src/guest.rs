@@ -5,6 +5,7 @@ mod bindings {
     wit_bindgen::generate!({ path: "../../wit", world: "sink" });
 }
 
+use bindings::outbox::sink::flow::{self, Pressure};
 use bindings::outbox::sink::http::{self, HttpError, Request};
 use bindings::outbox::sink::log::{self, Level};
 use bindings::outbox::sink::types::FailureKind;
@@ -64,15 +65,26 @@ impl Guest for TencentIm {
         let response = http::send(&request).map_err(|e| match e {
             HttpError::Denied(why) => permanent(format!("Tencent IM endpoint refused by the host: {why}")),
             HttpError::InvalidRequest(why) => permanent(format!("Tencent IM request invalid: {why}")),
-            HttpError::Transport(why) => retryable(format!("Tencent IM unreachable: {why}"), None),
+            HttpError::Transport(why) => {
+                // Nothing gets through while the endpoint cannot be reached: pause the sink.
+                flow::push_back(Pressure::Unavailable);
+                retryable(format!("Tencent IM unreachable: {why}"), None)
+            }
             HttpError::Timeout => retryable("Tencent IM did not answer within publish_timeout".into(), None),
             HttpError::TooLarge(limit) => retryable(format!("Tencent IM reply larger than {limit} bytes"), None),
         })?;
         match classify::reply(response.status, &response.body) {
             Verdict::Delivered => Ok(Outcome::Delivered),
-            Verdict::Retry { message, retry_after_ms, unknown } => {
+            Verdict::Retry { message, retry_after_ms, unknown, pressure } => {
                 if unknown {
                     log::log(Level::Warn, &format!("unknown Tencent IM error, retrying: {message}"));
+                }
+                if let Some(pressure) = pressure {
+                    flow::push_back(match pressure {
+                        classify::Pressure::RoomThrottled => Pressure::RoomThrottled,
+                        classify::Pressure::Throttled => Pressure::Throttled,
+                        classify::Pressure::Unavailable => Pressure::Unavailable,
+                    });
                 }
                 Err(retryable(message, retry_after_ms))
             }

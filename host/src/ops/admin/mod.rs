@@ -147,6 +147,7 @@ async fn status_page(State(s): State<Arc<AdminState>>, Query(flash): Query<Flash
         flash: flash.as_deref(),
         form_token,
         db_failure: s.metrics.db_health().last_failure(),
+        breaker: s.metrics.breaker(),
     }))
     .into_response()
 }
@@ -166,6 +167,7 @@ async fn status_json(State(s): State<Arc<AdminState>>) -> Response {
         "delivered_last_minute": stats.delivered_last_minute,
         "top_errors": stats.top_errors.iter().map(|(e, n)| json!({ "error": e, "count": n })).collect::<Vec<_>>(),
         "db_failures_in_a_row": s.metrics.db_health().failures_in_a_row(),
+        "breaker": breaker_json(&s.metrics.breaker()),
         "last_db_error": s.metrics.db_health().last_failure().map(|f| json!({
             "operation": f.operation,
             "error": f.error,
@@ -173,6 +175,17 @@ async fn status_json(State(s): State<Arc<AdminState>>) -> Response {
         })),
     }))
     .into_response()
+}
+
+/// The sink's circuit breaker for `/api/status`.
+fn breaker_json(b: &crate::ops::metrics::BreakerReport) -> serde_json::Value {
+    let now = now_ms();
+    json!({
+        "state": b.state.as_str(),
+        "for_ms": (b.since_ms > 0).then(|| (now - b.since_ms).max(0)),
+        "reason": b.reason,
+        "next_probe_in_ms": b.next_probe_at_ms.map(|at| (at - now).max(0)),
+    })
 }
 
 async fn show_event(State(s): State<Arc<AdminState>>, Path(event_id): Path<String>) -> Response {
