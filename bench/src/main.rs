@@ -443,18 +443,33 @@ async fn main() -> anyhow::Result<()> {
             "ratio_ours_over_seed": vs_seed,
         }));
 
-        // What per-room order costs: the same drain with `ordering: none` and `per_room`.
+        // What per-room order costs: the same drain with `ordering: none`, with `per_room`
+        // taking only each room's head (runs of 1: a `publish_timeout` of half the lease
+        // leaves room for no more), and with `per_room` taking each room's run.
+        let free_config = WorkerConfig { ordering: RoomOrdering::None, ..config.clone() };
         let ordered_config = WorkerConfig { ordering: RoomOrdering::PerRoom, ..config.clone() };
+        let heads_config = WorkerConfig { publish_timeout: config.lease / 2, ..ordered_config.clone() };
+        assert_eq!(heads_config.room_run(), 1);
         for (label, n, rooms) in [("1,000 rooms", args.order_events, 1_000), ("one hot room", args.hot_events, 1)] {
-            eprintln!("{name}: room order over {label}, {n} events, none then per_room …");
-            let free = drain_rooms(&Db::fresh(*backend).await?, n, rooms, 1, &config, wasm.clone()).await?;
+            eprintln!("{name}: room order over {label}, {n} events, none, then per_room by heads, then by runs …");
+            let free = drain_rooms(&Db::fresh(*backend).await?, n, rooms, 1, &free_config, wasm.clone()).await?;
+            let heads = drain_rooms(&Db::fresh(*backend).await?, n, rooms, 1, &heads_config, wasm.clone()).await?;
             let ordered = drain_rooms(&Db::fresh(*backend).await?, n, rooms, 1, &ordered_config, wasm.clone()).await?;
             let cost = ordered.per_second() / free.per_second();
+            let heads_cost = heads.per_second() / free.per_second();
             row(&mut table, name, &format!("{label}, ordering: none"), free.events, free.seconds, String::new());
             row(
                 &mut table,
                 name,
-                &format!("{label}, ordering: per_room"),
+                &format!("{label}, ordering: per_room, heads only"),
+                heads.events,
+                heads.seconds,
+                format!("{heads_cost:.2}× of none"),
+            );
+            row(
+                &mut table,
+                name,
+                &format!("{label}, ordering: per_room, runs of {}", ordered_config.room_run()),
                 ordered.events,
                 ordered.seconds,
                 format!("{cost:.2}× of none"),
@@ -463,8 +478,11 @@ async fn main() -> anyhow::Result<()> {
                 "backend": name,
                 "room_order": label,
                 "none_per_s": free.per_second(),
+                "per_room_heads_per_s": heads.per_second(),
                 "per_room_per_s": ordered.per_second(),
+                "per_room_run": ordered_config.room_run(),
                 "per_room_over_none": cost,
+                "per_room_heads_over_none": heads_cost,
             }));
         }
 

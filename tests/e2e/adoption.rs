@@ -3,7 +3,7 @@
 //! delivers exactly the claimable rows, and a column that cannot work is refused with the
 //! statement that would fix it, before anything changes.
 
-use outbox_host::store::{NewEvent, Status, now_ms};
+use outbox_host::store::{Held, NewEvent, RoomOrder, Status, now_ms};
 
 use crate::support::{Running, World, per_backend};
 
@@ -12,7 +12,8 @@ per_backend!(
     a_column_that_cannot_work_is_refused_and_the_table_left_untouched,
     the_producer_crate_works_on_an_adopted_table,
     readiness_tells_the_truth_on_an_adopted_table,
-    run_lists_every_problem_of_a_table_changed_after_migrate
+    run_lists_every_problem_of_a_table_changed_after_migrate,
+    per_room_runs_on_an_adopted_table_follow_each_rooms_order
 );
 
 const TABLE: &str = "go_outbox";
@@ -331,4 +332,60 @@ async fn postgres_migrate_rebuilds_an_index_left_invalid() {
     assert!(!valid().await, "the index was not made invalid");
     outbox_host::store::open(&world.db_url(), 2, "room_outbox").await.unwrap().migrate().await.unwrap();
     assert!(valid().await, "migrate kept the invalid index");
+}
+
+/// Per-room order on a table keyed by `event_id`: the claim routines adapted to it take each
+/// room's run in `(created_at_ms, event_id)` order (two events of one millisecond included),
+/// stop a run at an event that waits for its retry time, and the host delivers each room in
+/// that order.
+async fn per_room_runs_on_an_adopted_table_follow_each_rooms_order(world: World) {
+    let url = world.db_url();
+    world.db.execute(&go_ddl(&url, "VARCHAR(16)")).await.unwrap();
+    let now = now_ms();
+    let row = |event_id, room, age_ms| GoRow {
+        event_id,
+        room,
+        status: "pending",
+        age_ms,
+        retry_count: 0,
+        last_error: "",
+        worker_id: "",
+        lock_until_in_ms: 0,
+        next_retry_in_ms: 0,
+    };
+    // room-a in order: z-first, the two of one millisecond (by event id), m-last.
+    let rows = [
+        row("evt-z-first", "room-a", 9_000),
+        row("evt-b-same", "room-a", 8_000),
+        row("evt-c-same", "room-a", 8_000),
+        row("evt-a-last", "room-a", 7_000),
+        row("evt-b0", "room-b", 6_500),
+        GoRow { status: "retryable", retry_count: 1, next_retry_in_ms: HOUR, ..row("evt-b1-later", "room-b", 6_000) },
+        row("evt-b2", "room-b", 5_500),
+    ];
+    for row in &rows {
+        world.db.execute(&insert_sql(&url, row, now)).await.unwrap();
+    }
+    let store = outbox_host::store::open(&url, 2, TABLE).await.unwrap();
+    store.migrate().await.unwrap();
+    let store = outbox_host::store::open(&url, 2, TABLE).await.unwrap();
+
+    let order = RoomOrder::PerRoom { failed_blocks: false, run: 3 };
+    let claimed = store.claim_in_order("w", now, now + 60_000, 10, order).await.unwrap();
+    let ids: Vec<&str> = claimed.iter().map(|c| c.event_id.as_str()).collect();
+    assert_eq!(ids, ["evt-z-first", "evt-b-same", "evt-c-same", "evt-b0"], "room-a's run of 3, room-b's head");
+    let held: Vec<Held> = claimed.iter().map(Held::from).collect();
+    store.release(&held, now).await.unwrap();
+
+    let config = world.setup("poll_interval: 100ms\nordering: per_room", "").set(&["outbox", "table"], TABLE).parse();
+    let mut host = Running::start(config).await;
+    let done = ["evt-z-first", "evt-b-same", "evt-c-same", "evt-a-last", "evt-b0"];
+    host.wait_status_in(store.as_ref(), &done, Status::Delivered).await;
+    host.stop().await;
+    let got: Vec<String> = world.collector.reports().into_iter().map(|r| r.event_id).collect();
+    let room_a: Vec<&str> = got.iter().map(String::as_str).filter(|id| done[..4].contains(id)).collect();
+    assert_eq!(room_a, done[..4], "room-a out of order");
+    for held_back in ["evt-b1-later", "evt-b2"] {
+        assert!(world.collector.attempts_of(held_back).is_empty(), "{held_back} was attempted");
+    }
 }

@@ -21,6 +21,7 @@ async fn plan(pool: &sqlx::PgPool, body: &str, settings: &[String]) -> String {
         .replace("p_limit", "100")
         .replace("p_ordered", "true")
         .replace("p_failed_blocks", "false")
+        .replace("p_run", "8")
         .replace(';', "");
     let lines: Vec<String> = sqlx::query(&format!("EXPLAIN (COSTS OFF) {statement}"))
         .fetch_all(&mut *tx)
@@ -48,12 +49,21 @@ async fn postgres_claims_walk_the_claim_index_when_statistics_are_stale() {
         world.producer.insert(chunk).await.unwrap();
     }
 
-    let (body, settings): (String, Vec<String>) =
-        sqlx::query_as("SELECT prosrc, proconfig FROM pg_proc WHERE proname = 'room_outbox_claim' AND pronamespace = current_schema()::regnamespace")
+    let function = |name: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_as::<_, (String, Vec<String>)>(
+                "SELECT prosrc, proconfig FROM pg_proc WHERE proname = $1 AND pronamespace = current_schema()::regnamespace",
+            )
+            .bind(name)
             .fetch_one(&pool)
             .await
-            .unwrap();
-    assert_eq!(settings, vec!["enable_sort=off".to_string(), "enable_bitmapscan=off".into()]);
+            .unwrap()
+        }
+    };
+    // The pick of the heads, with the settings that keep it on the claim index.
+    let (body, settings) = function("room_outbox_claim_heads").await;
+    assert_eq!(settings, vec!["enable_sort=off".to_string(), "enable_bitmapscan=off".into(), "jit=off".into()]);
 
     let with_settings = plan(&pool, &body, &settings).await;
     assert!(with_settings.contains("Index Scan using room_outbox_claim_idx"), "{with_settings}");
@@ -65,6 +75,24 @@ async fn postgres_claims_walk_the_claim_index_when_statistics_are_stale() {
     eprintln!("{with_settings}");
     let without = plan(&pool, &body, &[]).await;
     assert!(without.contains("Sort"), "without its settings the planner would walk the index anyway:\n{without}");
+    // The claim around it (runs, the cut, the update) sorts only what the pick returned,
+    // finds its rows by key, and never pays for JIT.
+    let (claim, settings) = function("room_outbox_claim").await;
+    let expected =
+        ["enable_hashjoin=off", "enable_mergejoin=off", "enable_seqscan=off", "enable_bitmapscan=off", "jit=off"];
+    assert_eq!(settings, expected.map(String::from));
+    let around = plan(&pool, &claim, &settings).await;
+    assert!(around.contains("Function Scan on room_outbox_claim_heads"), "{around}");
+    assert!(around.contains("Index Scan using room_outbox_room_order_idx"), "the runs walk the room index:\n{around}");
+    assert!(around.contains("Index Scan using room_outbox_pkey on room_outbox o"), "updated by key:\n{around}");
+    for reads_all in ["Seq Scan", "Hash Join", "Bitmap"] {
+        assert!(!around.contains(reads_all), "the claim reads every claimable row ({reads_all}):\n{around}");
+    }
+    let unpinned = plan(&pool, &claim, &[]).await;
+    assert!(
+        unpinned.contains("Hash Join"),
+        "without its settings the planner would find rows by key anyway:\n{unpinned}"
+    );
 
     // And the claim itself: one statement, in creation order.
     let claimed = world

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use outbox_host::store::{Held, Lease, Mark, Outcome, RetryFilter, Status, Store, StoreError, now_ms};
+use outbox_host::store::{Held, Lease, Mark, Outcome, RetryFilter, RoomOrder, Status, Store, StoreError, now_ms};
 
 use crate::support::{World, per_backend};
 
@@ -28,6 +28,7 @@ per_backend!(
     operator_retry_moves_failed_rows_back_by_each_filter,
     purge_deletes_old_delivered_rows_in_bounded_batches,
     history_and_recent_failures_describe_the_last_hour,
+    per_room_claims_take_each_rooms_run_and_nothing_that_could_overtake,
 );
 
 async fn claims_follow_creation_order_and_batch_size(world: World) {
@@ -430,6 +431,46 @@ async fn history_and_recent_failures_describe_the_last_hour(world: World) {
 }
 
 /// Marks every claimed row with the outcome `outcome_of` picks by room.
+/// Under per-room order a claim takes each room's head and, after it, the room's next
+/// events while each is claimable, up to the run length; a later claim takes nothing of a
+/// room whose run is held; and a claim cut short by its limit keeps each room's prefix.
+async fn per_room_claims_take_each_rooms_run_and_nothing_that_could_overtake(world: World) {
+    let mut a = Vec::new();
+    for _ in 0..5 {
+        a.push(world.produce("RoomGiftSent", "room-a", Status::Pending).await);
+    }
+    let mut b = Vec::new();
+    for _ in 0..3 {
+        b.push(world.produce("RoomGiftSent", "room-b", Status::Pending).await);
+    }
+    let now = now_ms();
+    // room-b's second event waits for its retry time: room-b's run stops before it.
+    let later = now + 3_600_000;
+    world
+        .db
+        .execute(&format!(
+            "UPDATE room_outbox SET status = 'retryable', retry_count = 1, next_retry_at_ms = {later} WHERE event_id = '{}'",
+            b[1]
+        ))
+        .await
+        .unwrap();
+    let store = &world.producer;
+    let order = RoomOrder::PerRoom { failed_blocks: false, run: 3 };
+    let ids = |rows: &[outbox_host::store::Claimed]| rows.iter().map(|c| c.event_id.clone()).collect::<Vec<_>>();
+
+    let first = store.claim_in_order("w1", now, now + 60_000, 10, order).await.unwrap();
+    assert_eq!(ids(&first), [&a[0], &a[1], &a[2], &b[0]].map(String::clone), "room-a's run of 3 and room-b's head");
+    let second = store.claim_in_order("w2", now, now + 60_000, 10, order).await.unwrap();
+    assert!(second.is_empty(), "another claim took events a held run could be overtaken by: {:?}", ids(&second));
+
+    let held: Vec<Held> = first.iter().map(Held::from).collect();
+    store.release(&held, now).await.unwrap();
+    let cut = store.claim_in_order("w3", now, now + 60_000, 2, order).await.unwrap();
+    assert_eq!(ids(&cut), [&a[0], &a[1]].map(String::clone), "cut to the limit in creation order");
+    let unordered_run = store.claim_in_order("w4", now, now + 60_000, 10, RoomOrder::Unordered).await.unwrap();
+    assert_eq!(ids(&unordered_run), [&a[2], &a[3], &a[4], &b[0], &b[2]].map(String::clone));
+}
+
 async fn settle(world: &World, outcome_of: impl Fn(&str) -> Outcome) {
     let now = now_ms();
     let claimed = world.producer.claim("w", now, now + 60_000, 100).await.unwrap();

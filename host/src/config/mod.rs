@@ -372,11 +372,11 @@ fn read_worker(f: &mut Fields<'_>, notes: &mut Vec<String>, backend: Option<crat
     };
     let probe_interval = positive_duration(f, "probe_interval", DEFAULT_PROBE_INTERVAL, notes);
     let ordering = match f.take::<String>("ordering").as_deref() {
-        Some("per_room") => RoomOrdering::PerRoom,
-        None | Some("none") => RoomOrdering::None,
+        None | Some("per_room") => RoomOrdering::PerRoom,
+        Some("none") => RoomOrdering::None,
         Some(other) => {
             f.problem("ordering", format!("{other:?} is not one of per_room, none"));
-            RoomOrdering::None
+            RoomOrdering::PerRoom
         }
     };
     let failed_blocks_room = f.take::<bool>("failed_blocks_room").unwrap_or(false);

@@ -70,6 +70,14 @@ impl Buffer {
         }
     }
 
+    /// Takes the room's rows that have not started (its delivery in flight failed, so they
+    /// must not overtake it), for handing back. The room stays busy until [`Buffer::done`].
+    pub fn take_room(&mut self, room: &RoomKey) -> Vec<Claimed> {
+        let rows: Vec<Claimed> = self.queued.remove(room).map(Vec::from).unwrap_or_default();
+        self.len -= rows.len();
+        rows
+    }
+
     /// Takes every row that has not started, for handing back.
     pub fn drain(&mut self) -> Vec<Claimed> {
         self.ready.clear();
@@ -125,6 +133,20 @@ mod tests {
         b.push(vec![row(1, "a"), other_app]);
         assert_eq!(b.start_next().unwrap().id, 1);
         assert_eq!(b.start_next().unwrap().id, 2, "same room id, other app: not held up");
+    }
+
+    #[test]
+    fn a_rooms_unstarted_rows_can_be_taken_and_other_rooms_go_on() {
+        let mut b = Buffer::default();
+        b.push(vec![row(1, "a"), row(2, "a"), row(3, "b"), row(4, "a")]);
+        let first = b.start_next().unwrap();
+        assert_eq!(first.id, 1);
+        let taken: Vec<i64> = b.take_room(&room_of(&first)).iter().map(|r| r.id).collect();
+        assert_eq!(taken, vec![2, 4]);
+        assert_eq!(b.len(), 1);
+        b.done(&room_of(&first));
+        assert_eq!(b.start_next().unwrap().id, 3);
+        assert!(b.start_next().is_none(), "room a has nothing left to start");
     }
 
     #[test]

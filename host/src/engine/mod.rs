@@ -180,6 +180,12 @@ impl Worker {
                     if let Some(moved) = breaker.record(&pending.verdict, pending.probe, std::time::Instant::now()) {
                         self.breaker_moved(&moved, &gate);
                     }
+                    if self.holds_room_back(&pending.mark.outcome) {
+                        // The rest of the room's run must not overtake the event that failed.
+                        let rest = buffer.take_room(&key);
+                        outstanding.freed(rest.len());
+                        self.release(&rest).await;
+                    }
                     buffer.done(&key);
                     outstanding.freed(1);
                     let _ = marks.send(pending);
@@ -472,6 +478,17 @@ impl Worker {
                 tracing::warn!(worker = "room_outbox", node_id = %self.node_id, error = %e, rows = rows.len(), "could not hand back rows; they become claimable when their lease expires")
             }
         }
+    }
+
+    /// Whether, under per-room order, this outcome holds its room's later events back: a
+    /// retry or a deferral, or a failure when `failed_blocks_room`.
+    fn holds_room_back(&self, outcome: &Outcome) -> bool {
+        self.config.ordering == RoomOrdering::PerRoom
+            && match outcome {
+                Outcome::Delivered => false,
+                Outcome::Retry { .. } | Outcome::Defer { .. } => true,
+                Outcome::Fail { .. } => self.config.failed_blocks_room,
+            }
     }
 
     /// The circuit breaker moved: log it, export it, and tell the claimer.

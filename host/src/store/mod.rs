@@ -117,22 +117,32 @@ pub struct NewEvent {
 pub enum RoomOrder {
     /// Any claimable row, in creation order.
     Unordered,
-    /// Only a room's head: every earlier event of the room is `delivered` (or `failed`,
-    /// unless `failed_blocks`).
+    /// A room's run: its head (every earlier event of the room is `delivered`, or `failed`
+    /// unless `failed_blocks`), and up to `run - 1` of the room's next events as long as each
+    /// is claimable too. The claimer must deliver a run in order and hand back the rest of it
+    /// when one fails.
     PerRoom {
         /// A `failed` event holds its room's later events back too.
         failed_blocks: bool,
+        /// The most consecutive events of one room a claim takes (at least 1).
+        run: u32,
     },
 }
 
 impl RoomOrder {
-    /// `(ordered, failed_blocks)`, as the claim routines take them.
-    pub fn flags(self) -> (bool, bool) {
+    /// `(ordered, failed_blocks, run)`, as the claim routines take them.
+    pub fn flags(self) -> (bool, bool, u32) {
         match self {
-            RoomOrder::Unordered => (false, false),
-            RoomOrder::PerRoom { failed_blocks } => (true, failed_blocks),
+            RoomOrder::Unordered => (false, false, 1),
+            RoomOrder::PerRoom { failed_blocks, run } => (true, failed_blocks, run.max(1)),
         }
     }
+}
+
+/// Claimed rows in claim order: creation time, then the row key (`id`, or `event_id` where
+/// the table has none and `id` reads 0), as the claims pick them.
+pub(crate) fn sort_claimed(rows: &mut [Claimed]) {
+    rows.sort_by(|a, b| (a.created_at_ms, a.id, &a.event_id).cmp(&(b.created_at_ms, b.id, &b.event_id)));
 }
 
 /// Who holds a claimed row, and until when. Marking a failure applies only while the row

@@ -58,7 +58,7 @@ impl Dialect for MysqlDialect {
         let (failed_table, release_table) = (table.to_string(), table.to_string());
         let (key, no_worker) = (profile.key.column(), profile.no_worker);
         Statements {
-            claim: format!("CALL {table}_claim(?, ?, ?, ?, ?, ?)"),
+            claim: format!("CALL {table}_claim(?, ?, ?, ?, ?, ?, ?)"),
             failed: ByCount::new(move |n| {
                 let case = |column: &str| format!("{column} = CASE {key}{} END", " WHEN ? THEN ?".repeat(n));
                 format!(
@@ -96,14 +96,45 @@ impl Dialect for MysqlDialect {
         ]
     }
 
-    /// The claim procedure (version 3) of a table without `id` picks in `event_id` order,
+    /// The claim procedure (versions 3, 4 and 5) of a table without `id` picks in `event_id` order,
     /// carries the event ids (as text, so that a binary column reads the same in JSON),
     /// and returns 0 for `id`.
     fn adapt_migration(version: i64, sql: String, key: Key) -> Result<String, String> {
-        if !matches!(version, 3 | 4) || key != Key::EventId {
+        if !matches!(version, 3..=5) || key != Key::EventId {
             return Ok(sql);
         }
-        let sql = if version == 4 {
+        let sql = if version == 5 {
+            super::sql::replace_all(
+                sql,
+                &[
+                    (
+                        "SELECT r.id FROM (\n                    SELECT x.id,",
+                        "SELECT r.id FROM (\n                    SELECT CONVERT(x.event_id USING utf8mb4) AS id,",
+                    ),
+                    ("COLUMNS (id BIGINT PATH '$[0]')) AS hp", "COLUMNS (id VARCHAR(255) PATH '$[0]')) AS hp"),
+                    ("COLUMNS (id BIGINT PATH '$[0]')) AS lp", "COLUMNS (id VARCHAR(255) PATH '$[0]')) AS lp"),
+                    ("AS o ON o.id = lp.id", "AS o ON o.event_id = lp.id"),
+                    ("AS h ON h.id = hp.id", "AS h ON h.event_id = hp.id"),
+                    ("x.id > h.id", "x.event_id > h.event_id"),
+                    ("ORDER BY x.created_at_ms, x.id", "ORDER BY x.created_at_ms, x.event_id"),
+                    (
+                        "COLUMNS (id BIGINT PATH '$')) AS nx ON c.id = nx.id",
+                        "COLUMNS (id VARCHAR(255) PATH '$')) AS nx ON c.event_id = nx.id",
+                    ),
+                    (
+                        "SELECT o.id, p.was FROM JSON_TABLE(",
+                        "SELECT CONVERT(o.event_id USING utf8mb4) AS id, p.was FROM JSON_TABLE(",
+                    ),
+                    (
+                        "ORDER BY o.created_at_ms, o.id LIMIT p_limit",
+                        "ORDER BY o.created_at_ms, o.event_id LIMIT p_limit",
+                    ),
+                ],
+            )?
+        } else {
+            sql
+        };
+        let sql = if matches!(version, 4 | 5) {
             super::sql::replace_all(
                 sql,
                 &[
@@ -207,9 +238,9 @@ impl Dialect for MysqlDialect {
         limit: u32,
         order: RoomOrder,
     ) -> Result<Vec<Claimed>, StoreError> {
-        // One round trip: the claim procedure of migration 4 picks, leases and returns the
+        // One round trip: the claim procedure of migration 5 picks, leases and returns the
         // rows in claim order, in its own short transaction.
-        let (ordered, failed_blocks) = order.flags();
+        let (ordered, failed_blocks, run) = order.flags();
         let rows = sqlx::query(&store.own.claim)
             .bind(worker_id)
             .bind(lock_until_ms)
@@ -217,6 +248,7 @@ impl Dialect for MysqlDialect {
             .bind(i32::try_from(limit).unwrap_or(i32::MAX))
             .bind(ordered)
             .bind(failed_blocks)
+            .bind(i32::try_from(run).unwrap_or(i32::MAX))
             .fetch_all(&store.pool)
             .await?;
         let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms };

@@ -56,7 +56,7 @@ impl Dialect for PostgresDialect {
         let (key, no_worker, no_error) = (profile.key.column(), profile.no_worker, profile.no_error);
         let keys = if profile.key.is_text() { "TEXT[]" } else { "BIGINT[]" };
         Statements {
-            claim: format!("SELECT id, {CLAIM_COLUMNS}, was FROM {t}_claim($1, $2, $3, $4, $5, $6)"),
+            claim: format!("SELECT id, {CLAIM_COLUMNS}, was FROM {t}_claim($1, $2, $3, $4, $5, $6, $7)"),
             delivered: format!(
                 "UPDATE {t} SET status = 'delivered', last_error = {no_error}, worker_id = {no_worker}, lock_until_ms = 0, \
                  updated_at_ms = $1, delivered_at_ms = $1 WHERE status <> 'delivered' AND {key} = ANY($2::{keys})"
@@ -93,11 +93,27 @@ impl Dialect for PostgresDialect {
         ]
     }
 
-    /// The claim function (versions 2 and 4) of a table without `id` picks, orders, leases
+    /// The claim function (versions 2, 4 and 5) of a table without `id` picks, orders, leases
     /// and returns its rows by `event_id`, and returns 0 for `id`.
     fn adapt_migration(version: i64, sql: String, key: Key) -> Result<String, String> {
-        if !matches!(version, 2 | 4) || key != Key::EventId {
+        if !matches!(version, 2 | 4 | 5) || key != Key::EventId {
             return Ok(sql);
+        }
+        if version == 5 {
+            return super::sql::replace_all(
+                sql,
+                &[
+                    ("RETURNS TABLE (id BIGINT, was TEXT", "RETURNS TABLE (id TEXT, was TEXT"),
+                    ("SELECT c.id::BIGINT AS id,", "SELECT c.event_id::TEXT AS id,"),
+                    ("ORDER BY c.created_at_ms, c.id", "ORDER BY c.created_at_ms, c.event_id"),
+                    ("e.id < c.id", "e.event_id < c.event_id"),
+                    ("SELECT x.id, x.status::TEXT AS was", "SELECT x.event_id::TEXT AS id, x.status::TEXT AS was"),
+                    ("x.id > h.id", "x.event_id > h.id"),
+                    ("ORDER BY x.created_at_ms, x.id", "ORDER BY x.created_at_ms, x.event_id"),
+                    ("WHERE o.id = taken.id", "WHERE o.event_id = taken.id"),
+                    ("RETURNING o.id,", "RETURNING 0::BIGINT,"),
+                ],
+            );
         }
         let sql = super::sql::replace_all(
             sql,
@@ -218,9 +234,9 @@ impl Dialect for PostgresDialect {
         limit: u32,
         order: RoomOrder,
     ) -> Result<Vec<Claimed>, StoreError> {
-        // One round trip: the claim function of migration 4 (its own planner settings keep
+        // One round trip: the claim function of migration 5 (its own planner settings keep
         // the pick on the claim index when statistics are stale).
-        let (ordered, failed_blocks) = order.flags();
+        let (ordered, failed_blocks, run) = order.flags();
         let rows = sqlx::query(&store.own.claim)
             .bind(worker_id)
             .bind(lock_until_ms)
@@ -228,12 +244,13 @@ impl Dialect for PostgresDialect {
             .bind(i32::try_from(limit).unwrap_or(i32::MAX))
             .bind(ordered)
             .bind(failed_blocks)
+            .bind(i32::try_from(run).unwrap_or(i32::MAX))
             .fetch_all(&store.pool)
             .await?;
         let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms };
         let mut claimed =
             rows.iter().map(|r| decode_routine_claimed::<Self>(r, lease.clone())).collect::<Result<Vec<_>, _>>()?;
-        claimed.sort_by_key(|c| (c.created_at_ms, c.id));
+        super::sort_claimed(&mut claimed);
         Ok(claimed)
     }
 

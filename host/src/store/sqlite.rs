@@ -24,8 +24,12 @@ pub struct SqliteDialect;
 pub struct Statements {
     /// The claim's pick, in claim order.
     pick: String,
-    /// The pick of rooms' heads only (`RoomOrder::PerRoom`; `?3` is `failed_blocks`).
+    /// The pick of rooms' heads only (`RoomOrder::PerRoom`; `?3` is `failed_blocks`), with
+    /// their creation times.
     pick_heads: String,
+    /// The unfinished events after one head (`?2`) in its room, in order, at most `?4`, none
+    /// created after `?5`, each saying whether it is claimable now (`?1`).
+    followers: String,
     /// The claim's take of the picked ids, per count.
     take: ByCount,
     /// One row's failure, under its lease.
@@ -78,7 +82,7 @@ impl Dialect for SqliteDialect {
                  ORDER BY created_at_ms, {key} LIMIT ?2"
             ),
             pick_heads: format!(
-                "SELECT c.{key}, c.status FROM {t} AS c \
+                "SELECT c.{key}, c.status, c.created_at_ms FROM {t} AS c \
                  WHERE (c.status = 'pending' \
                         OR (c.status = 'retryable' AND c.next_retry_at_ms <= ?1) \
                         OR (c.status = 'delivering' AND c.lock_until_ms < ?1)) \
@@ -89,6 +93,20 @@ impl Dialect for SqliteDialect {
                           AND (e.created_at_ms < c.created_at_ms \
                                OR (e.created_at_ms = c.created_at_ms AND e.{key} < c.{key}))) \
                  ORDER BY c.created_at_ms, c.{key} LIMIT ?2"
+            ),
+            followers: format!(
+                "SELECT x.{key}, x.status, x.created_at_ms, \
+                        (x.status = 'pending' \
+                         OR (x.status = 'retryable' AND x.next_retry_at_ms <= ?1) \
+                         OR (x.status = 'delivering' AND x.lock_until_ms < ?1)) \
+                 FROM {t} AS h, {t} AS x \
+                 WHERE h.{key} = ?2 AND x.room_id = h.room_id AND x.app_code = h.app_code \
+                   AND x.status IN ('pending', 'delivering', 'retryable', 'failed') \
+                   AND (x.status <> 'failed' OR ?3) \
+                   AND (x.created_at_ms > h.created_at_ms \
+                        OR (x.created_at_ms = h.created_at_ms AND x.{key} > h.{key})) \
+                   AND x.created_at_ms <= ?5 \
+                 ORDER BY x.created_at_ms, x.{key} LIMIT ?4"
             ),
             failed: format!(
                 "UPDATE {t} SET status = ?, retry_count = retry_count + ?, last_error = ?, next_retry_at_ms = ?, \
@@ -186,13 +204,41 @@ impl Dialect for SqliteDialect {
             RoomOrder::Unordered => {
                 sqlx::query_as(&store.own.pick).bind(now_ms).bind(i64::from(limit)).fetch_all(&mut *tx).await?
             }
-            RoomOrder::PerRoom { failed_blocks } => {
-                sqlx::query_as(&store.own.pick_heads)
+            RoomOrder::PerRoom { failed_blocks, run } => {
+                let heads: Vec<(i64, String, i64)> = sqlx::query_as(&store.own.pick_heads)
                     .bind(now_ms)
                     .bind(i64::from(limit))
                     .bind(failed_blocks)
                     .fetch_all(&mut *tx)
-                    .await?
+                    .await?;
+                // Each head's run: the room's next events while each is claimable. Nobody
+                // else can take them (they are not heads while their head is unfinished),
+                // and this transaction holds the write lock anyway.
+                // When the heads alone fill the claim, only events older than the last head
+                // can make the cut below.
+                let until = match heads.last() {
+                    Some((_, _, last)) if heads.len() >= limit as usize => *last,
+                    _ => i64::MAX,
+                };
+                let mut taken = Vec::with_capacity(heads.len());
+                for (head, status, created_at_ms) in heads {
+                    if run > 1 {
+                        let next: Vec<(i64, String, i64, bool)> = sqlx::query_as(&store.own.followers)
+                            .bind(now_ms)
+                            .bind(head)
+                            .bind(failed_blocks)
+                            .bind(i64::from(run - 1))
+                            .bind(until)
+                            .fetch_all(&mut *tx)
+                            .await?;
+                        taken.extend(next.into_iter().take_while(|f| f.3).map(|(id, status, at, _)| (at, id, status)));
+                    }
+                    taken.push((created_at_ms, head, status));
+                }
+                // At most `limit` rows, in creation order: each room keeps a prefix of its run.
+                taken.sort_by_key(|(at, id, _)| (*at, *id));
+                taken.truncate(limit as usize);
+                taken.into_iter().map(|(_, id, status)| (id, status)).collect()
             }
         };
         if picked.is_empty() {
@@ -214,7 +260,7 @@ impl Dialect for SqliteDialect {
             c.rescued = rescued.contains(&c.id);
         }
         // RETURNING does not promise an order.
-        claimed.sort_by_key(|c| (c.created_at_ms, c.id));
+        super::sort_claimed(&mut claimed);
         Ok(claimed)
     }
 
