@@ -30,6 +30,9 @@ pub struct Statements {
     /// The unfinished events after one head (`?2`) in its room, in order, at most `?4`, none
     /// created after `?5`, each saying whether it is claimable now (`?1`).
     followers: String,
+    /// The runs after many heads (`?5…`) at once: of each room's unfinished events after its
+    /// head, none created after `?4`, the first `?3 - 1` while each is claimable (`?1`).
+    runs_after: ByCount,
     /// The claim's take of the picked ids, per count.
     take: ByCount,
     /// One row's failure, under its lease.
@@ -108,6 +111,29 @@ impl Dialect for SqliteDialect {
                    AND x.created_at_ms <= ?5 \
                  ORDER BY x.created_at_ms, x.{key} LIMIT ?4"
             ),
+            runs_after: {
+                let t = t.clone();
+                ByCount::new(move |n| {
+                    let heads: Vec<String> = (5..5 + n).map(|i| format!("?{i}")).collect();
+                    format!(
+                        "SELECT id, status, created_at_ms FROM ( \
+                           SELECT x.{key} AS id, x.status AS status, x.created_at_ms AS created_at_ms, \
+                                  ROW_NUMBER() OVER w AS n, \
+                                  MIN(x.status = 'pending' \
+                                      OR (x.status = 'retryable' AND x.next_retry_at_ms <= ?1) \
+                                      OR (x.status = 'delivering' AND x.lock_until_ms < ?1)) OVER w AS unbroken \
+                             FROM {t} AS h CROSS JOIN {t} AS x ON x.room_id = h.room_id AND x.app_code = h.app_code \
+                              AND (x.created_at_ms > h.created_at_ms \
+                                   OR (x.created_at_ms = h.created_at_ms AND x.{key} > h.{key})) \
+                            WHERE h.{key} IN ({}) \
+                              AND x.status IN ('pending', 'delivering', 'retryable', 'failed') \
+                              AND (x.status <> 'failed' OR ?2) AND x.created_at_ms <= ?4 \
+                           WINDOW w AS (PARTITION BY x.app_code, x.room_id ORDER BY x.created_at_ms, x.{key})) \
+                         WHERE n < ?3 AND unbroken",
+                        heads.join(", ")
+                    )
+                })
+            },
             failed: format!(
                 "UPDATE {t} SET status = ?, retry_count = retry_count + ?, last_error = ?, next_retry_at_ms = ?, \
                  worker_id = {no_worker}, lock_until_ms = 0, updated_at_ms = ? \
@@ -221,11 +247,24 @@ impl Dialect for SqliteDialect {
                     _ => i64::MAX,
                 };
                 let mut taken = Vec::with_capacity(heads.len());
-                for (head, status, created_at_ms) in heads {
-                    if run > 1 {
+                if run > 1 && until < i64::MAX {
+                    // The heads fill the claim: one statement for every room's run, each
+                    // bounded by the last head (a few rows, mostly none). `CROSS JOIN` makes
+                    // SQLite walk from the heads, never from every unfinished row.
+                    let sql = store.own.runs_after.get(heads.len());
+                    let mut q = sqlx::query_as(&sql).bind(now_ms).bind(failed_blocks).bind(i64::from(run)).bind(until);
+                    for (head, _, _) in &heads {
+                        q = q.bind(*head);
+                    }
+                    let runs: Vec<(i64, String, i64)> = q.fetch_all(&mut *tx).await?;
+                    taken.extend(runs.into_iter().map(|(id, status, at)| (at, id, status)));
+                } else if run > 1 {
+                    // Fewer heads than the claim takes: each room's run walked on its own,
+                    // stopping after `run - 1` events however deep the room's backlog.
+                    for (head, _, _) in &heads {
                         let next: Vec<(i64, String, i64, bool)> = sqlx::query_as(&store.own.followers)
                             .bind(now_ms)
-                            .bind(head)
+                            .bind(*head)
                             .bind(failed_blocks)
                             .bind(i64::from(run - 1))
                             .bind(until)
@@ -233,8 +272,8 @@ impl Dialect for SqliteDialect {
                             .await?;
                         taken.extend(next.into_iter().take_while(|f| f.3).map(|(id, status, at, _)| (at, id, status)));
                     }
-                    taken.push((created_at_ms, head, status));
                 }
+                taken.extend(heads.into_iter().map(|(head, status, created_at_ms)| (created_at_ms, head, status)));
                 // At most `limit` rows, in creation order: each room keeps a prefix of its run.
                 taken.sort_by_key(|(at, id, _)| (*at, *id));
                 taken.truncate(limit as usize);
