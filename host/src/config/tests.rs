@@ -320,3 +320,37 @@ fn wake_up_defaults_to_auto_and_notify_needs_postgres() {
     assert_eq!(durations.worker.poll_interval, Duration::from_secs(90));
     assert_eq!(durations.worker.probe_interval, Duration::from_millis(5));
 }
+
+#[test]
+fn the_example_configs_are_valid_and_mean_what_they_say() {
+    let example = |name: &str| {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name);
+        let text = std::fs::read_to_string(&path).unwrap();
+        Config::from_yaml(&text, std::iter::empty(), &|var| Some(format!("value-of-{var}")))
+            .unwrap_or_else(|e| panic!("{name} is refused: {e}"))
+    };
+    let demo = example("outbox.yaml");
+    assert!(demo.sink.is_some());
+    let tencent = example("tencent-im.yaml");
+    assert_eq!(tencent.worker.ordering, RoomOrdering::PerRoom);
+    assert_eq!(tencent.worker.publish_timeout, Duration::from_secs(5));
+    let sink = tencent.sink.unwrap();
+    assert_eq!(sink.config.0.get("secret_key").map(String::as_str), Some("value-of-TIM_SECRET_KEY"));
+    assert_eq!(tencent.worker.breaker, BreakerSettings::default());
+}
+
+#[test]
+fn the_breaker_reads_its_thresholds_and_names_bad_ones() {
+    let breaker = |extra: &str| parse(&format!("{SINK}  breaker:\n{extra}")).map(|c| c.worker.breaker);
+    assert_eq!(
+        breaker("    failures: 0\n    cool_down: 250ms\n    max_cool_down: 10s\n").unwrap(),
+        BreakerSettings { failures: 0, cool_down: Duration::from_millis(250), max_cool_down: Duration::from_secs(10) }
+    );
+    let defaults = breaker("    failures: 5\n").unwrap();
+    assert_eq!(defaults, BreakerSettings::default());
+    let refused =
+        breaker("    failures: -1\n    cool_down: 1m\n    max_cool_down: 10s\n    colour: red\n").unwrap_err();
+    for key in ["sink.breaker.failures:", "sink.breaker.max_cool_down:", "sink.breaker.colour"] {
+        assert!(refused.problems.iter().any(|p| p.starts_with(key)), "{key} not named: {:?}", refused.problems);
+    }
+}
