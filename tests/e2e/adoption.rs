@@ -82,9 +82,9 @@ struct GoRow {
 
 const HOUR: i64 = 3_600_000;
 
-/// Rows in every status, with leases the Go worker left behind, expired and not.
-fn go_rows() -> Vec<GoRow> {
-    let row = |event_id, room, status, age_ms| GoRow {
+/// A row in `status`, created `age_ms` ago, never failed, held by nobody.
+fn go_row(event_id: &'static str, room: &'static str, status: &'static str, age_ms: i64) -> GoRow {
+    GoRow {
         event_id,
         room,
         status,
@@ -94,7 +94,12 @@ fn go_rows() -> Vec<GoRow> {
         worker_id: "",
         lock_until_in_ms: 0,
         next_retry_in_ms: 0,
-    };
+    }
+}
+
+/// Rows in every status, with leases the Go worker left behind, expired and not.
+fn go_rows() -> Vec<GoRow> {
+    let row = go_row;
     vec![
         row("evt-pending-1", "room-a", "pending", 10_000),
         row("evt-pending-2", "room-a", "pending", 9_000),
@@ -342,18 +347,8 @@ async fn per_room_runs_on_an_adopted_table_follow_each_rooms_order(world: World)
     let url = world.db_url();
     world.db.execute(&go_ddl(&url, "VARCHAR(16)")).await.unwrap();
     let now = now_ms();
-    let row = |event_id, room, age_ms| GoRow {
-        event_id,
-        room,
-        status: "pending",
-        age_ms,
-        retry_count: 0,
-        last_error: "",
-        worker_id: "",
-        lock_until_in_ms: 0,
-        next_retry_in_ms: 0,
-    };
-    // room-a in order: z-first, the two of one millisecond (by event id), m-last.
+    let row = |event_id, room, age_ms| go_row(event_id, room, "pending", age_ms);
+    // room-a in order: z-first, the two of one millisecond (by event id), a-last.
     let rows = [
         row("evt-z-first", "room-a", 9_000),
         row("evt-b-same", "room-a", 8_000),
