@@ -12,7 +12,15 @@ fn main() {
     let target_dir = out_dir.ancestors().nth(4).unwrap().join("wasm-plugins");
     // Relative to this package, so that two checkouts sharing a target directory each
     // watch their own files.
-    for watched in ["plugins/Cargo.toml", "plugins/fake", "plugins/sink-0-1-0", "plugins/tencent-im", "wit", "proto"] {
+    for watched in [
+        "plugins/Cargo.toml",
+        "plugins/fake",
+        "plugins/sink-0-1-0",
+        "plugins/sink-0-2-0",
+        "plugins/tencent-im",
+        "wit",
+        "proto",
+    ] {
         println!("cargo:rerun-if-changed=../{watched}");
     }
 
@@ -39,6 +47,7 @@ fn main() {
         ("FAKE_SINK", "fake_sink.wasm"),
         ("TENCENT_IM_SINK", "tencent_im_sink.wasm"),
         ("SINK_0_1_0", "sink_0_1_0.wasm"),
+        ("SINK_0_2_0", "sink_0_2_0.wasm"),
     ] {
         let path = built.join(file);
         assert!(Path::new(&path).exists(), "{} was not built", path.display());

@@ -248,6 +248,24 @@ async fn a_sink_built_for_0_1_0_still_loads_and_delivers() {
     assert_eq!((row.retry_count, row.last_error.as_deref()), (1, Some("0.1.0 sink: retryable")));
 }
 
+/// A sink built for a contract version this host does not offer (0.2.0) is refused before
+/// anything runs, by `check-config` and at load, naming its version and the host's.
+#[tokio::test]
+async fn a_sink_built_for_another_contract_is_refused_naming_both_versions() {
+    let world = World::new().await;
+    let config = world.setup("", "").set(&["sink", "plugin"], outbox_test_support::SINK_0_2_0);
+    let expected = "was built for outbox:sink@0.2.0, a contract this host does not speak: build the sink against \
+                    this host's wit/sink.wit; this host offers outbox:sink@0.1.0 to 0.1.1";
+    let err = outbox_host::sandbox::SinkRuntime::load(&config.parse().sink.unwrap(), 1).err().unwrap().to_string();
+    assert!(err.starts_with("sink.plugin: ") && err.contains(expected), "{err}");
+
+    crate::binary::write_config(&world, &config.yaml());
+    let out = crate::binary::run_cli(&world, &["check-config"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "check-config passed a 0.2.0 sink");
+    assert!(stderr.contains(expected), "{stderr}");
+}
+
 /// `flow.push-back` rides on a retryable failure as its pressure, and is ignored with any
 /// other result.
 #[tokio::test]

@@ -8,6 +8,7 @@ pub mod settings;
 mod bindings;
 mod cache;
 mod capture;
+pub mod contract;
 mod egress;
 mod http;
 mod state;
@@ -188,6 +189,8 @@ impl SinkRuntime {
             };
             anyhow::anyhow!("sink.plugin: {} is not a usable WebAssembly component{hint}: {e:#}", plugin.display())
         })?;
+        contract::check(&contract::targets(&engine, &component))
+            .map_err(|why| anyhow::anyhow!("sink.plugin: {} {why}", plugin.display()))?;
         let mut linker = Linker::<DeliveryState>::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
         bindings::Sink::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
@@ -199,8 +202,10 @@ impl SinkRuntime {
         })?;
         let pre = SinkPre::new(instance_pre).map_err(|e| {
             anyhow::anyhow!(
-                "sink.plugin: {} does not implement world outbox:sink/sink@0.1.x (it must export `deliver`): {e:#}",
-                plugin.display()
+                "sink.plugin: {} does not implement world {}/sink@{} (it must export `deliver`): {e:#}",
+                plugin.display(),
+                contract::PACKAGE,
+                contract::VERSION
             )
         })?;
         let allowed = config
