@@ -62,6 +62,8 @@ async fn the_status_page_shows_counts_and_its_retry_buttons_work() {
     assert_eq!(browser.text("td[data-status=pending]").await.unwrap(), "0");
     assert_eq!(browser.find_all("#chart rect.delivered").await.unwrap().len(), 1, "one minute with deliveries");
     assert!(browser.text("#errors").await.unwrap().contains("fake: scripted permanent failure"));
+    // Permanent failures are the destination answering: the sink's breaker stays closed.
+    assert_eq!(browser.text("#breaker").await.unwrap(), "Circuit breaker closed: delivering");
 
     // A page on another site posting the same form, even with the right admin token,
     // is refused, and nothing moves.
