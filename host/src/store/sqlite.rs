@@ -22,7 +22,9 @@ pub struct SqliteDialect;
 
 /// SQLite's own statements.
 pub struct Statements {
-    /// The claim's pick, in claim order.
+    /// The claim's pick, in claim order: a walk of `<table>_pick_idx` (named, because
+    /// without statistics SQLite would rather gather every claimable row and sort them)
+    /// that stops at the limit.
     pick: String,
     /// The pick of rooms' heads only (`RoomOrder::PerRoom`; `?3` is `failed_blocks`), with
     /// their creation times.
@@ -78,15 +80,17 @@ impl Dialect for SqliteDialect {
         let returning = super::claim_columns(profile.key);
         Statements {
             pick: format!(
-                "SELECT {key}, status FROM {t} \
-                 WHERE status = 'pending' \
-                    OR (status = 'retryable' AND next_retry_at_ms <= ?1) \
-                    OR (status = 'delivering' AND lock_until_ms < ?1) \
+                "SELECT {key}, status FROM {t} INDEXED BY {t}_pick_idx \
+                 WHERE status IN ('pending', 'retryable', 'delivering') \
+                   AND (status = 'pending' \
+                        OR (status = 'retryable' AND next_retry_at_ms <= ?1) \
+                        OR (status = 'delivering' AND lock_until_ms < ?1)) \
                  ORDER BY created_at_ms, {key} LIMIT ?2"
             ),
             pick_heads: format!(
-                "SELECT c.{key}, c.status, c.created_at_ms FROM {t} AS c \
-                 WHERE (c.status = 'pending' \
+                "SELECT c.{key}, c.status, c.created_at_ms FROM {t} AS c INDEXED BY {t}_pick_idx \
+                 WHERE c.status IN ('pending', 'retryable', 'delivering') \
+                   AND (c.status = 'pending' \
                         OR (c.status = 'retryable' AND c.next_retry_at_ms <= ?1) \
                         OR (c.status = 'delivering' AND c.lock_until_ms < ?1)) \
                    AND NOT EXISTS (SELECT 1 FROM {t} AS e \
@@ -340,5 +344,28 @@ impl Dialect for SqliteDialect {
         }
         tx.commit().await?;
         Ok(changed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Store as _;
+
+    /// Both picks walk the claimable rows in creation order and stop at the limit: no sort
+    /// of the whole backlog, and per-room order's probe runs only for the rows walked.
+    #[tokio::test]
+    async fn the_picks_walk_the_pick_index_without_sorting_the_backlog() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("plan.db").display());
+        let store = SqliteStore::connect(&url, 2, "room_outbox").await.unwrap();
+        store.migrate().await.unwrap();
+        for pick in [&store.own.pick, &store.own.pick_heads] {
+            let plan: Vec<(i64, i64, i64, String)> =
+                sqlx::query_as(&format!("EXPLAIN QUERY PLAN {pick}")).fetch_all(&store.pool).await.unwrap();
+            let plan: Vec<String> = plan.into_iter().map(|(_, _, _, step)| step).collect();
+            assert!(plan.iter().any(|s| s.contains("USING INDEX room_outbox_pick_idx")), "{plan:?}");
+            assert!(!plan.iter().any(|s| s.contains("TEMP B-TREE")), "the pick sorts: {plan:?}");
+        }
     }
 }
