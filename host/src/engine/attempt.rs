@@ -53,31 +53,23 @@ pub async fn deliver_one(
                 metrics.delivered(&row.event_type, skipped.is_some(), took.unwrap_or_default());
                 tracing::info!(status = "delivered", skipped, "event delivered");
             }
-            Err(failure @ AttemptFailure { pressure: Some(pressure), .. })
-                if matches!(outcome, Outcome::Defer { .. }) =>
-            {
-                metrics.failed(&row.event_type, failure.class.as_str(), took);
-                metrics.pushed_back(pressure.as_str());
-                // Not counted against the event: `retry_count` stays where it was.
-                tracing::warn!(
-                    status = outcome.status().as_str(),
-                    attempt,
-                    kind = failure.class.as_str(),
-                    pressure = pressure.as_str(),
-                    error = outcome.error().unwrap_or_default(),
-                    "delivery deferred: the sink pushed back"
-                );
-            }
             Err(failure) => {
                 metrics.failed(&row.event_type, failure.class.as_str(), took);
+                // A deferral is not counted against the event: `retry_count` stays.
+                let pushed = failure.pressure.filter(|_| matches!(outcome, Outcome::Defer { .. }));
+                if let Some(pressure) = pushed {
+                    metrics.pushed_back(pressure.as_str());
+                }
                 // `retry_count` (the span's) is the failures before this attempt; `attempt`
                 // is this one, which is also the row's failure count from now on.
                 tracing::warn!(
                     status = outcome.status().as_str(),
                     attempt,
                     kind = failure.class.as_str(),
+                    pressure = pushed.map(Pressure::as_str),
                     error = outcome.error().unwrap_or_default(),
-                    "delivery failed"
+                    "{}",
+                    if pushed.is_some() { "delivery deferred: the sink pushed back" } else { "delivery failed" }
                 );
             }
         }

@@ -141,11 +141,6 @@ impl AttemptFailure {
         AttemptFailure { class, message: message.into(), retry_after: None, pressure: None }
     }
 
-    /// A retryable failure (for native stand-ins of a sink).
-    pub fn retryable(message: impl Into<String>) -> Self {
-        Self::new(FailureClass::Retryable, message)
-    }
-
     /// A failure retrying cannot help (e.g. an envelope that does not decode).
     pub fn permanent(message: impl Into<String>) -> Self {
         Self::new(FailureClass::Permanent, message)

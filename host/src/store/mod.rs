@@ -432,10 +432,10 @@ pub trait Store: Send + Sync + 'static {
         self.claim_in_order(worker_id, now_ms, lock_until_ms, limit, RoomOrder::Unordered).await
     }
 
-    /// [`Store::claim`], keeping `order`: with [`RoomOrder::PerRoom`], a row is claimed only
-    /// when every earlier row of its room (`app_code`, `room_id`; by `created_at_ms`, then
-    /// key) is finished, so a claim takes at most the head of each room, and no two hosts
-    /// ever hold events of one room at once.
+    /// [`Store::claim`], keeping `order`: with [`RoomOrder::PerRoom`], a claim takes each
+    /// room's head (every earlier row of its room, by `created_at_ms` then key, finished) and
+    /// the claimable rows right behind it, up to the run length, so no two hosts ever hold
+    /// events of one room at once.
     async fn claim_in_order(
         &self,
         worker_id: &str,

@@ -78,21 +78,28 @@ impl Dialect for SqliteDialect {
         let t = table.to_string();
         let (key, no_worker) = (profile.key.column(), profile.no_worker);
         let returning = super::claim_columns(profile.key);
+        // Whether the row aliased `a` may be claimed at `?1`.
+        let claimable = |a: &str| {
+            format!(
+                "({a}status = 'pending' OR ({a}status = 'retryable' AND {a}next_retry_at_ms <= ?1) \
+                 OR ({a}status = 'delivering' AND {a}lock_until_ms < ?1))"
+            )
+        };
+        // `x` is in the room of the head `h`, after it.
+        let after_head = format!(
+            "x.room_id = h.room_id AND x.app_code = h.app_code \
+             AND (x.created_at_ms > h.created_at_ms OR (x.created_at_ms = h.created_at_ms AND x.{key} > h.{key}))"
+        );
+        let (claimable_row, claimable_c, claimable_x) = (claimable(""), claimable("c."), claimable("x."));
         Statements {
             pick: format!(
                 "SELECT {key}, status FROM {t} INDEXED BY {t}_pick_idx \
-                 WHERE status IN ('pending', 'retryable', 'delivering') \
-                   AND (status = 'pending' \
-                        OR (status = 'retryable' AND next_retry_at_ms <= ?1) \
-                        OR (status = 'delivering' AND lock_until_ms < ?1)) \
+                 WHERE status IN ('pending', 'retryable', 'delivering') AND {claimable_row} \
                  ORDER BY created_at_ms, {key} LIMIT ?2"
             ),
             pick_heads: format!(
                 "SELECT c.{key}, c.status, c.created_at_ms FROM {t} AS c INDEXED BY {t}_pick_idx \
-                 WHERE c.status IN ('pending', 'retryable', 'delivering') \
-                   AND (c.status = 'pending' \
-                        OR (c.status = 'retryable' AND c.next_retry_at_ms <= ?1) \
-                        OR (c.status = 'delivering' AND c.lock_until_ms < ?1)) \
+                 WHERE c.status IN ('pending', 'retryable', 'delivering') AND {claimable_c} \
                    AND NOT EXISTS (SELECT 1 FROM {t} AS e \
                         WHERE e.room_id = c.room_id AND e.app_code = c.app_code \
                           AND e.status IN ('pending', 'delivering', 'retryable', 'failed') \
@@ -102,33 +109,24 @@ impl Dialect for SqliteDialect {
                  ORDER BY c.created_at_ms, c.{key} LIMIT ?2"
             ),
             followers: format!(
-                "SELECT x.{key}, x.status, x.created_at_ms, \
-                        (x.status = 'pending' \
-                         OR (x.status = 'retryable' AND x.next_retry_at_ms <= ?1) \
-                         OR (x.status = 'delivering' AND x.lock_until_ms < ?1)) \
+                "SELECT x.{key}, x.status, x.created_at_ms, {claimable_x} \
                  FROM {t} AS h, {t} AS x \
-                 WHERE h.{key} = ?2 AND x.room_id = h.room_id AND x.app_code = h.app_code \
+                 WHERE h.{key} = ?2 AND {after_head} \
                    AND x.status IN ('pending', 'delivering', 'retryable', 'failed') \
-                   AND (x.status <> 'failed' OR ?3) \
-                   AND (x.created_at_ms > h.created_at_ms \
-                        OR (x.created_at_ms = h.created_at_ms AND x.{key} > h.{key})) \
-                   AND x.created_at_ms <= ?5 \
+                   AND (x.status <> 'failed' OR ?3) AND x.created_at_ms <= ?5 \
                  ORDER BY x.created_at_ms, x.{key} LIMIT ?4"
             ),
             runs_after: {
                 let t = t.clone();
+                let after_head = after_head.clone();
                 ByCount::new(move |n| {
                     let heads: Vec<String> = (5..5 + n).map(|i| format!("?{i}")).collect();
                     format!(
                         "SELECT id, status, created_at_ms FROM ( \
                            SELECT x.{key} AS id, x.status AS status, x.created_at_ms AS created_at_ms, \
                                   ROW_NUMBER() OVER w AS n, \
-                                  MIN(x.status = 'pending' \
-                                      OR (x.status = 'retryable' AND x.next_retry_at_ms <= ?1) \
-                                      OR (x.status = 'delivering' AND x.lock_until_ms < ?1)) OVER w AS unbroken \
-                             FROM {t} AS h CROSS JOIN {t} AS x ON x.room_id = h.room_id AND x.app_code = h.app_code \
-                              AND (x.created_at_ms > h.created_at_ms \
-                                   OR (x.created_at_ms = h.created_at_ms AND x.{key} > h.{key})) \
+                                  MIN({claimable_x}) OVER w AS unbroken \
+                             FROM {t} AS h CROSS JOIN {t} AS x ON {after_head} \
                             WHERE h.{key} IN ({}) \
                               AND x.status IN ('pending', 'delivering', 'retryable', 'failed') \
                               AND (x.status <> 'failed' OR ?2) AND x.created_at_ms <= ?4 \
