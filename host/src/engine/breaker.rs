@@ -45,6 +45,9 @@ impl Default for BreakerSettings {
     }
 }
 
+/// A probe time past any the clock can hold is taken as this far off.
+const FAR_FUTURE: Duration = Duration::from_secs(86_400);
+
 /// Where the breaker is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
@@ -240,10 +243,12 @@ impl Breaker {
     fn open(&mut self, now: Instant, exactly: Option<Duration>, reason: String) -> Transition {
         let cool_down = exactly.unwrap_or(self.next_cool_down);
         if exactly.is_none() {
-            self.next_cool_down = (self.next_cool_down * 2).min(self.settings.max_cool_down);
+            self.next_cool_down = self.next_cool_down.saturating_mul(2).min(self.settings.max_cool_down);
         }
         self.state = State::Open;
-        self.reopens_at = Some(now.checked_add(cool_down).unwrap_or(now + self.settings.max_cool_down));
+        // An absurd cool-down (a huge config value or hint) must not overflow the clock:
+        // a day stands in for "for ever" then.
+        self.reopens_at = Some(now.checked_add(cool_down).unwrap_or(now + FAR_FUTURE));
         self.probing = false;
         self.failures_in_a_row = 0;
         Transition { to: State::Open, cool_down: Some(cool_down), reason }
@@ -355,6 +360,21 @@ mod tests {
         assert_eq!(b.admit(), Admit::Probe, "a trap says nothing: probe again");
         b.probe_not_run();
         assert_eq!(b.admit(), Admit::Probe, "a probe handed back unrun: probe again");
+    }
+
+    #[test]
+    fn absurd_settings_do_not_overflow_the_clock_or_the_doubling() {
+        let huge = Duration::from_secs(u64::MAX / 2);
+        let mut b = Breaker::new(BreakerSettings { failures: 1, cool_down: huge, max_cool_down: Duration::MAX });
+        let now = Instant::now();
+        for _ in 0..5 {
+            let opened = b.record(&Verdict::Failed, b.state() == State::HalfOpen, now).unwrap();
+            assert_eq!(opened.to, State::Open);
+            let at = b.reopens_at().unwrap();
+            assert!(at > now);
+            b.poll(at);
+            assert_eq!(b.admit(), Admit::Probe);
+        }
     }
 
     #[test]
