@@ -12,7 +12,8 @@ use outbox_host::ops::metrics::Metrics;
 use outbox_host::sandbox::Deliver;
 use outbox_host::store::schema::TableInfo;
 use outbox_host::store::{
-    Backend, Claimed, Held, Mark, Minute, NewEvent, RetryFilter, RoomOrder, Row, Stats, Store, StoreError,
+    Backend, Backfilled, Claimed, Held, KeyValue, Mark, Minute, NewEvent, RegisteredSink, RetryFilter, RoomOrder, Row,
+    Stats, Store, StoreError,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -113,6 +114,40 @@ impl Store for Counting {
     }
     async fn close(&self) {
         self.inner.close().await
+    }
+    async fn sinks(&self) -> Result<Vec<RegisteredSink>, StoreError> {
+        self.count();
+        self.inner.sinks().await
+    }
+    async fn register_sink(
+        &self,
+        name: &str,
+        start_from_ms: i64,
+        may_be_first: bool,
+        now: i64,
+    ) -> Result<RegisteredSink, StoreError> {
+        self.count();
+        self.inner.register_sink(name, start_from_ms, may_be_first, now).await
+    }
+    async fn sink_store(self: Arc<Self>, sink: &RegisteredSink) -> Result<Arc<dyn Store>, StoreError> {
+        self.inner.clone().sink_store(sink).await
+    }
+    async fn fan_out(&self, limit: u32, now: i64) -> Result<u64, StoreError> {
+        self.count();
+        self.inner.fan_out(limit, now).await
+    }
+    async fn backfill(
+        &self,
+        sink: &RegisteredSink,
+        after: Option<KeyValue>,
+        limit: u32,
+    ) -> Result<Backfilled, StoreError> {
+        self.count();
+        self.inner.backfill(sink, after, limit).await
+    }
+    async fn finish_backfill(&self, name: &str, now: i64) -> Result<(), StoreError> {
+        self.count();
+        self.inner.finish_backfill(name, now).await
     }
 }
 

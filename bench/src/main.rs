@@ -93,6 +93,8 @@ fn wasm_noop(concurrency: u32, cache: &std::path::Path) -> anyhow::Result<SinkRu
         config: SinkSettings([("default".to_string(), "ok".to_string())].into()),
         rate_limit: None,
         breaker: Default::default(),
+        start_from: Default::default(),
+        worker: Default::default(),
     };
     SinkRuntime::load(&config, concurrency)
 }

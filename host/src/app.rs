@@ -14,21 +14,39 @@ use crate::engine::Worker;
 use crate::ops::admin::{self, AdminState};
 use crate::ops::metrics::Metrics;
 use crate::sandbox::SinkRuntime;
-use crate::store::{self, Store};
+use crate::store::{self, RegisteredSink, Store};
 use crate::text::redact_url;
 
-/// A started host: database open and migrated, sink loaded.
+/// A started host: database open and migrated, sinks registered and loaded.
 pub struct Host {
     config: Config,
     store: Arc<dyn Store>,
-    worker: Option<Arc<Worker>>,
+    sinks: Vec<SinkHost>,
+    /// Whether the table has sinks beside the first, so that this host fans out.
+    fans_out: bool,
     metrics: Arc<Metrics>,
     admin: Option<tokio::net::TcpListener>,
 }
 
-/// Opens the configured database, saying which one could not be reached.
+/// One configured sink on this host: where its state is, and its worker.
+pub struct SinkHost {
+    /// The sink as the table knows it.
+    pub registered: RegisteredSink,
+    /// Its delivery state: the outbox itself for the first sink, else its own table.
+    pub store: Arc<dyn Store>,
+    /// Its worker, unless `outbox_worker.enabled` is false.
+    pub worker: Option<Arc<Worker>>,
+    /// Its view of the metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+/// Opens the configured database, saying which one could not be reached. On PostgreSQL each
+/// wake-up listener holds a connection of the pool: with several sinks (a listener each, and
+/// one for the fan-out), the pool grows by one per sink beyond the first, so that the
+/// listeners never starve the claims and writes of `max_connections`.
 pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
-    store::open(&config.database.url, config.database.max_connections, &config.table)
+    let listeners = if config.sinks.len() > 1 { config.sinks.len() as u32 } else { 0 };
+    store::open(&config.database.url, config.database.max_connections + listeners, &config.table)
         .await
         .with_context(|| format!("database.url {}", redact_url(&config.database.url)))
 }
@@ -39,7 +57,7 @@ impl Host {
         for note in &config.notes {
             tracing::warn!("{note}");
         }
-        let sink_config = config.require_sink("run")?.clone();
+        let sink_configs = config.require_sinks("run")?.to_vec();
         let store = open_store(&config).await?;
         store.migrate().await.context("applying migrations")?;
         // Opened again: the store writes to the table as it is after migrating (a table
@@ -47,19 +65,45 @@ impl Host {
         store.close().await;
         let store = open_store(&config).await?;
         check_schema(store.as_ref(), &config.node_id).await?;
-        let metrics = Arc::new(Metrics::new(&sink_config.name));
-        let worker = if config.worker.enabled {
-            let sink = SinkRuntime::load_checked(
-                &sink_config,
-                config.worker.concurrency,
-                config.worker.publish_timeout,
-                metrics.clone(),
-            )
-            .await?;
-            Some(Worker::new(store.clone(), Arc::new(sink), config.worker.clone(), &config.node_id, metrics.clone()))
-        } else {
-            None
-        };
+        let metrics = Arc::new(Metrics::new(&sink_configs[0].name));
+        let mut sinks = Vec::new();
+        for (i, sink_config) in sink_configs.iter().enumerate() {
+            let registered = store
+                .register_sink(
+                    &sink_config.name,
+                    sink_config.start_from.start_ms(store::now_ms()),
+                    i == 0,
+                    store::now_ms(),
+                )
+                .await
+                .with_context(|| format!("registering sink {} on {}", sink_config.name, config.table))?;
+            if i == 0 && !registered.is_first(&config.table) {
+                tracing::warn!(sink = %registered.name, table = %registered.table, "this host's first sink is not the one the outbox's own status columns are for (that one was registered first); it keeps its state in its own table");
+            }
+            let sink_store = store.clone().sink_store(&registered).await?;
+            let sink_metrics = if i == 0 { metrics.clone() } else { Arc::new(metrics.for_sink(&sink_config.name)) };
+            let worker = if config.worker.enabled {
+                let runtime = SinkRuntime::load_checked(
+                    sink_config,
+                    sink_config.worker.concurrency,
+                    sink_config.worker.publish_timeout,
+                    sink_metrics.clone(),
+                )
+                .await
+                .with_context(|| format!("sink {}", sink_config.name))?;
+                Some(Worker::new(
+                    sink_store.clone(),
+                    Arc::new(runtime),
+                    sink_config.worker.clone(),
+                    &config.node_id,
+                    sink_metrics.clone(),
+                ))
+            } else {
+                None
+            };
+            sinks.push(SinkHost { registered, store: sink_store, worker, metrics: sink_metrics });
+        }
+        let fans_out = store.sinks().await?.iter().any(|s| !s.is_first(&config.table));
         let admin = match config.admin.listen {
             Some(addr) => {
                 if !addr.ip().is_loopback() && config.admin.token.is_none() {
@@ -72,7 +116,7 @@ impl Host {
             }
             None => None,
         };
-        Ok(Host { config, store, worker, metrics, admin })
+        Ok(Host { config, store, sinks, fans_out, metrics, admin })
     }
 
     /// The outbox store (tests inspect the table through it).
@@ -80,9 +124,14 @@ impl Host {
         &self.store
     }
 
-    /// The worker, unless `outbox_worker.enabled` is false.
+    /// The first sink's worker, unless `outbox_worker.enabled` is false.
     pub fn worker(&self) -> Option<&Arc<Worker>> {
-        self.worker.as_ref()
+        self.sinks.first().and_then(|s| s.worker.as_ref())
+    }
+
+    /// Every configured sink, in config order.
+    pub fn sinks(&self) -> &[SinkHost] {
+        &self.sinks
     }
 
     /// Where the admin listener is bound (`None` when `admin.listen` is empty).
@@ -99,7 +148,7 @@ impl Host {
             draining: Default::default(),
             table: self.config.table.clone(),
             node_id: self.config.node_id.clone(),
-            sink: self.config.sink.as_ref().map(|s| s.name.clone()).unwrap_or_default(),
+            sink: self.config.sinks.first().map(|s| s.name.clone()).unwrap_or_default(),
             guard: admin::Guard::new(&self.config.admin),
             unready_after_db_failures: self.config.admin.unready_after_db_failures,
         });
@@ -111,30 +160,64 @@ impl Host {
             admin::serve(listener, readiness.clone(), admin_stop.clone())
         });
         // The gauges are only read over the admin listener: without it, no query for them.
-        let refresher = admin.is_some().then(|| {
-            tokio::spawn(refresh_stats(
-                self.store.clone(),
-                self.metrics.clone(),
-                self.config.admin.stats_interval,
-                admin_stop.clone(),
-            ))
-        });
+        let refreshers: Vec<_> = if admin.is_some() {
+            self.sinks
+                .iter()
+                .map(|sink| {
+                    tokio::spawn(refresh_stats(
+                        sink.store.clone(),
+                        sink.metrics.clone(),
+                        self.config.admin.stats_interval,
+                        admin_stop.clone(),
+                    ))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         readiness.worker_running.store(true, Ordering::Relaxed);
         let mark_draining = async {
             shutdown.cancelled().await;
             readiness.draining.store(true, Ordering::Relaxed);
             tracing::info!(worker = "room_outbox", node_id = %self.config.node_id, "shutting down: no new claims; finishing in-flight deliveries");
         };
-        let worked = match self.worker.clone() {
-            Some(worker) => {
-                // Readiness flips (and says so) before the worker winds down.
-                tokio::join!(mark_draining, worker.run(shutdown.clone())).1
+        let workers: Vec<_> =
+            self.sinks.iter().filter_map(|s| Some((s.registered.clone(), s.worker.clone()?))).collect();
+        let worked = if workers.is_empty() {
+            tracing::info!("outbox_worker.enabled is false: this host does not deliver");
+            mark_draining.await;
+            Ok(())
+        } else {
+            let fan_out = self.fans_out.then(|| {
+                let wakes = self
+                    .sinks
+                    .iter()
+                    .filter(|s| !s.registered.is_first(&self.config.table))
+                    .map(|s| s.store.inserted())
+                    .collect();
+                tokio::spawn(crate::engine::fanout::run(
+                    self.store.clone(),
+                    wakes,
+                    self.config.worker.clone(),
+                    self.metrics.clone(),
+                    shutdown.clone(),
+                ))
+            });
+            let runs = workers.into_iter().map(|(registered, worker)| {
+                let (outbox, shutdown) = (self.store.clone(), shutdown.clone());
+                async move {
+                    if registered.backfilled_at_ms.is_none() {
+                        crate::engine::fanout::backfill(outbox.as_ref(), &registered, &shutdown).await;
+                    }
+                    worker.run(shutdown).await
+                }
+            });
+            // Readiness flips (and says so) before the workers wind down.
+            let results = tokio::join!(mark_draining, futures_util::future::join_all(runs)).1;
+            if let Some(task) = fan_out {
+                let _ = task.await;
             }
-            None => {
-                tracing::info!("outbox_worker.enabled is false: this host does not deliver");
-                mark_draining.await;
-                Ok(())
-            }
+            results.into_iter().collect::<anyhow::Result<Vec<()>>>().map(|_| ())
         };
         readiness.worker_running.store(false, Ordering::Relaxed);
         admin_stop.cancel();
@@ -143,7 +226,7 @@ impl Host {
         if let Some(task) = admin {
             let _ = tokio::time::timeout(grace, task).await;
         }
-        if let Some(task) = refresher {
+        for task in refreshers {
             let _ = tokio::time::timeout(grace, task).await;
         }
         if tokio::time::timeout(grace, self.store.close()).await.is_err() {

@@ -143,7 +143,23 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
         Command::Status => {
             let store = app::open_store(&config).await?;
             let stats = store.stats().await?;
-            say(&outbox_host::ops::report::status(&config.table, &stats, now_ms()));
+            let sinks = store.sinks().await.unwrap_or_default();
+            let first = sinks.iter().find(|s| s.is_first(&config.table)).map(|s| format!(" (sink {})", s.name));
+            say(&outbox_host::ops::report::status(
+                &format!("{}{}", config.table, first.unwrap_or_default()),
+                &stats,
+                now_ms(),
+            ));
+            // Every other sink keeps its state in its own table.
+            for sink in sinks.iter().filter(|s| !s.is_first(&config.table)) {
+                let own = store.clone().sink_store(sink).await?;
+                let stats = own.stats().await?;
+                let mut title = format!("{} (sink {})", sink.table, sink.name);
+                if sink.backfilled_at_ms.is_none() {
+                    title.push_str(", still copying the events from before it was added");
+                }
+                say(&format!("\n{}", outbox_host::ops::report::status(&title, &stats, now_ms())));
+            }
             store.close().await;
             Ok(())
         }
@@ -235,28 +251,34 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
             Ok(())
         }
         Command::CheckConfig => {
-            let sink = config.require_sink("deliver")?;
-            let metrics = std::sync::Arc::new(outbox_host::ops::metrics::Metrics::new(&sink.name));
-            outbox_host::sandbox::SinkRuntime::load_checked(
-                sink,
-                config.worker.concurrency,
-                config.worker.publish_timeout,
-                metrics,
-            )
-            .await?;
+            let sinks = config.require_sinks("deliver")?;
+            let metrics = outbox_host::ops::metrics::Metrics::new(&sinks[0].name);
+            for sink in sinks {
+                outbox_host::sandbox::SinkRuntime::load_checked(
+                    sink,
+                    sink.worker.concurrency,
+                    sink.worker.publish_timeout,
+                    std::sync::Arc::new(metrics.for_sink(&sink.name)),
+                )
+                .await
+                .with_context(|| format!("sink {}", sink.name))?;
+            }
             for note in &config.notes {
                 say(&format!("note: {note}\n"));
             }
-            say(&format!(
-                "config OK: sink {} loads; database {}; table {}; batch_size {}, publish_timeout {}, concurrency {}, lease {}\n",
-                config.sink.as_ref().map_or("", |s| s.name.as_str()),
-                outbox_host::text::redact_url(&config.database.url),
-                config.table,
-                config.worker.batch_size,
-                outbox_host::units::format_duration(config.worker.publish_timeout),
-                config.worker.concurrency,
-                outbox_host::units::format_duration(config.worker.lease),
-            ));
+            for sink in sinks {
+                let w = &sink.worker;
+                say(&format!(
+                    "config OK: sink {} loads; database {}; table {}; batch_size {}, publish_timeout {}, concurrency {}, lease {}\n",
+                    sink.name,
+                    outbox_host::text::redact_url(&config.database.url),
+                    config.table,
+                    w.batch_size,
+                    outbox_host::units::format_duration(w.publish_timeout),
+                    w.concurrency,
+                    outbox_host::units::format_duration(w.lease),
+                ));
+            }
             Ok(())
         }
     }

@@ -92,9 +92,73 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     value.checked_mul(factor).ok_or_else(|| format!("{text:?} is too large"))
 }
 
+/// Parses an RFC 3339 time, `2026-11-30T08:00:00Z` or with a fraction and an offset
+/// (`2026-11-30T16:00:00.250+08:00`), into UTC milliseconds. The date alone
+/// (`2026-11-30`) reads as its midnight UTC.
+pub fn parse_rfc3339_ms(text: &str) -> Result<i64, String> {
+    let bad = || format!("{text:?} is not an RFC 3339 time such as 2026-11-30T08:00:00Z");
+    let t = text.trim();
+    let digits = |s: &str| -> Option<i64> { s.bytes().all(|b| b.is_ascii_digit()).then(|| s.parse().ok())? };
+    let (date, rest) =
+        if t.len() == 10 { (t, None) } else { (t.get(..10).ok_or_else(bad)?, Some(t.get(10..).ok_or_else(bad)?)) };
+    let [y, m, d]: [&str; 3] = date.split('-').collect::<Vec<_>>().try_into().map_err(|_| bad())?;
+    let (year, month, day) = (digits(y).ok_or_else(bad)?, digits(m).ok_or_else(bad)?, digits(d).ok_or_else(bad)?);
+    if y.len() != 4 || !(1..=12).contains(&month) || !(1..=31).contains(&day) {
+        return Err(bad());
+    }
+    let mut ms = days_from_civil(year, month, day) * 86_400_000;
+    if let Some(rest) = rest {
+        let rest = rest.strip_prefix(['T', 't', ' ']).ok_or_else(bad)?;
+        let (clock, offset_ms) = if let Some(clock) = rest.strip_suffix(['Z', 'z']) {
+            (clock, 0)
+        } else {
+            let at = rest.rfind(['+', '-']).filter(|&i| i >= 8).ok_or_else(bad)?;
+            let (h, m) = rest[at + 1..].split_once(':').ok_or_else(bad)?;
+            let (h, m) = (digits(h).ok_or_else(bad)?, digits(m).ok_or_else(bad)?);
+            let sign = if rest.as_bytes()[at] == b'-' { -1 } else { 1 };
+            (&rest[..at], sign * (h * 3_600_000 + m * 60_000))
+        };
+        let (whole, fraction) = clock.split_once('.').unwrap_or((clock, ""));
+        let [h, mi, s]: [&str; 3] = whole.split(':').collect::<Vec<_>>().try_into().map_err(|_| bad())?;
+        let (h, mi, s) = (digits(h).ok_or_else(bad)?, digits(mi).ok_or_else(bad)?, digits(s).ok_or_else(bad)?);
+        if h > 23 || mi > 59 || s > 60 || (!fraction.is_empty() && digits(fraction).is_none()) {
+            return Err(bad());
+        }
+        let millis = format!("{fraction:0<3}")[..3].parse::<i64>().map_err(|_| bad())?;
+        ms += h * 3_600_000 + mi * 60_000 + s * 1_000 + millis - offset_ms;
+    }
+    Ok(ms)
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rfc3339_times() {
+        assert_eq!(parse_rfc3339_ms("1970-01-01T00:00:00Z"), Ok(0));
+        assert_eq!(parse_rfc3339_ms("2026-11-30T08:00:00Z"), Ok(1_796_025_600_000));
+        assert_eq!(parse_rfc3339_ms("2026-11-30T16:00:00.25+08:00"), Ok(1_796_025_600_250));
+        assert_eq!(parse_rfc3339_ms("2026-11-30t07:30:00-00:30"), Ok(1_796_025_600_000));
+        assert_eq!(parse_rfc3339_ms("2026-11-30"), Ok(1_795_996_800_000));
+        assert_eq!(parse_rfc3339_ms("2000-02-29T00:00:00Z"), Ok(951_782_400_000));
+        for bad in
+            ["", "now", "2026-13-01", "2026-11-30T25:00:00Z", "2026-11-30T08:00Z", "2026-11-30T08:00:00", "26-11-30"]
+        {
+            assert!(parse_rfc3339_ms(bad).is_err(), "{bad:?} was read");
+        }
+    }
 
     #[test]
     fn durations_in_every_unit() {

@@ -88,11 +88,12 @@ async fn postgres_claims_walk_the_claim_index_when_statistics_are_stale() {
     for reads_all in ["Seq Scan", "Hash Join", "Bitmap"] {
         assert!(!around.contains(reads_all), "the claim reads every claimable row ({reads_all}):\n{around}");
     }
+    // Without its pins the planner's choice here depends on the row's width and the stale
+    // statistics: before migration 7 widened the row it hashed every claimable row; since,
+    // on this burst, it happens to find rows by key too. The pins keep it so either way;
+    // the plan is printed for the record.
     let unpinned = plan(&pool, &claim, &[]).await;
-    assert!(
-        unpinned.contains("Hash Join"),
-        "without its settings the planner would find rows by key anyway:\n{unpinned}"
-    );
+    eprintln!("without the pins:\n{unpinned}");
 
     // And the claim itself: one statement, in creation order.
     let claimed = world

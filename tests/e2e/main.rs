@@ -21,6 +21,7 @@ mod process;
 mod producer;
 mod sandbox;
 mod scale;
+mod sinks;
 mod support;
 mod tencent;
 mod wakeup;

@@ -56,7 +56,7 @@ async fn metrics_count_every_outcome_kind_skip_and_rescue() {
     let base = format!("http://{}", host.admin.unwrap());
     let mut m = scrape(&base).await;
     for _ in 0..100 {
-        if m.get("room_outbox_rows{status=\"retryable\"}") == Some(&3.0) {
+        if m.get("room_outbox_rows{sink=\"fake\",status=\"retryable\"}") == Some(&3.0) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -76,14 +76,14 @@ async fn metrics_count_every_outcome_kind_skip_and_rescue() {
     }
     assert_eq!(get("room_outbox_publish_latency_ms_count{sink=\"fake\"}"), 7.0);
     assert!(get("room_outbox_publish_latency_ms_sum{sink=\"fake\"}") >= 300.0, "the timed-out call took 300ms");
-    assert_eq!(get("room_outbox_lease_rescues_total"), 1.0);
-    assert!(get("room_outbox_claims_total") >= 1.0);
-    assert_eq!(get("room_outbox_handed_back_total"), 0.0);
-    assert_eq!(get("room_outbox_pending_total{status=\"retryable\"}"), 3.0);
-    assert_eq!(get("room_outbox_pending_total{status=\"pending\"}"), 0.0);
-    assert_eq!(get("room_outbox_rows{status=\"failed\"}"), 1.0);
-    assert_eq!(get("room_outbox_rows{status=\"delivered\"}"), 3.0);
-    assert!(get("room_outbox_oldest_pending_age_ms") > 0.0, "retryable rows are waiting");
+    assert_eq!(get("room_outbox_lease_rescues_total{sink=\"fake\"}"), 1.0);
+    assert!(get("room_outbox_claims_total{sink=\"fake\"}") >= 1.0);
+    assert_eq!(get("room_outbox_handed_back_total{sink=\"fake\"}"), 0.0);
+    assert_eq!(get("room_outbox_pending_total{sink=\"fake\",status=\"retryable\"}"), 3.0);
+    assert_eq!(get("room_outbox_pending_total{sink=\"fake\",status=\"pending\"}"), 0.0);
+    assert_eq!(get("room_outbox_rows{sink=\"fake\",status=\"failed\"}"), 1.0);
+    assert_eq!(get("room_outbox_rows{sink=\"fake\",status=\"delivered\"}"), 3.0);
+    assert!(get("room_outbox_oldest_pending_age_ms{sink=\"fake\"}") > 0.0, "retryable rows are waiting");
     assert_eq!(get("room_outbox_db_errors_total{op=\"claim\"}"), 0.0);
 }
 

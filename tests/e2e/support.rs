@@ -71,14 +71,8 @@ impl World {
             .set(&["node_id"], "test-node")
             .set(&["database", "url"], &self.db_url())
             .set(&["database", "max_connections"], "4")
-            .set(&["sink", "name"], sink.name)
-            .set(&["sink", "plugin"], sink.plugin)
-            .set(&["sink", "cache_dir"], &sink_cache_dir().display().to_string())
-            .set(&["sink", "memory_limit"], "16MiB")
-            .set(&["sink", "allow_http"], "true")
+            .value(&["sink"], sink_entry(sink, ""))
             .set(&["admin", "listen"], "");
-        let hosts = sink.allowed_hosts.iter().map(|h| Value::String(h.clone())).collect();
-        config = config.value(&["sink", "allowed_hosts"], Value::Sequence(hosts));
         for (key, value) in
             ["poll_interval: 50ms", "retry_interval: 50ms", "publish_timeout: 2s", "batch_size: 10", "concurrency: 4"]
                 .into_iter()
@@ -86,9 +80,6 @@ impl World {
                 .filter_map(split_line)
         {
             config = config.set(&["outbox_worker", key], value);
-        }
-        for (key, value) in sink.config.lines().filter_map(split_line) {
-            config = config.set(&["sink", "config", key], value);
         }
         config
     }
@@ -202,6 +193,13 @@ impl TestConfig {
         self
     }
 
+    /// Makes `sink:` the first entry of `sinks:`, followed by `more` (see [`sink_entry`]).
+    pub fn with_sinks(mut self, more: Vec<Value>) -> TestConfig {
+        let first = self.root.remove("sink").expect("a sink: section");
+        let list = std::iter::once(first).chain(more).collect();
+        self.value(&["sinks"], Value::Sequence(list))
+    }
+
     /// Turns the admin listener on, on a free loopback port.
     pub fn with_admin(self) -> TestConfig {
         self.set(&["admin", "listen"], "127.0.0.1:0")
@@ -226,6 +224,28 @@ pub struct SinkSpec {
     pub allowed_hosts: Vec<String>,
     /// Lines of the sink's `config:` map.
     pub config: String,
+}
+
+/// One sink's section as [`World::setup_with`] writes it, with `extra` lines of its own
+/// (`start_from: beginning`).
+pub fn sink_entry(sink: &SinkSpec, extra: &str) -> Value {
+    let mut entry = TestConfig::default()
+        .set(&["name"], sink.name)
+        .set(&["plugin"], sink.plugin)
+        .set(&["cache_dir"], &sink_cache_dir().display().to_string())
+        .set(&["memory_limit"], "16MiB")
+        .set(&["allow_http"], "true")
+        .value(
+            &["allowed_hosts"],
+            Value::Sequence(sink.allowed_hosts.iter().map(|h| Value::String(h.clone())).collect()),
+        );
+    for (key, value) in sink.config.lines().filter_map(split_line) {
+        entry = entry.set(&["config", key], value);
+    }
+    for (key, value) in extra.lines().filter_map(split_line) {
+        entry = entry.set(&[key], value);
+    }
+    Value::Mapping(entry.root)
 }
 
 /// Compiled sinks are cached across tests (which also exercises the cache).

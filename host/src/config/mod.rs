@@ -49,8 +49,10 @@ pub struct Config {
     pub table: String,
     /// room-service's worker block plus our additions.
     pub worker: WorkerConfig,
-    /// The WebAssembly sink every event goes to (required by `run` and `check-config`).
-    pub sink: Option<SinkConfig>,
+    /// The WebAssembly sinks every event goes to, each with its own delivery state (`sinks:`,
+    /// or the one-sink shorthand `sink:`; required by `run` and `check-config`). The first
+    /// is the one the outbox's own status columns are for.
+    pub sinks: Vec<SinkConfig>,
     /// The admin HTTP listener.
     pub admin: AdminConfig,
     /// Log output.
@@ -92,12 +94,20 @@ fn source_name(file: &Option<PathBuf>) -> String {
 }
 
 impl Config {
-    /// The sink section, or an error saying it is needed for `what`.
-    pub fn require_sink(&self, what: &str) -> Result<&SinkConfig, ConfigError> {
-        self.sink.as_ref().ok_or_else(|| ConfigError {
-            source_file: None,
-            problems: vec![format!("sink: is required to {what} (at least sink.name and sink.plugin)")],
-        })
+    /// The sinks, or an error saying one is needed for `what`.
+    pub fn require_sinks(&self, what: &str) -> Result<&[SinkConfig], ConfigError> {
+        if self.sinks.is_empty() {
+            return Err(ConfigError {
+                source_file: None,
+                problems: vec![format!("sink: (or sinks:) is required to {what} (at least sink.name and sink.plugin)")],
+            });
+        }
+        Ok(&self.sinks)
+    }
+
+    /// The sink named `name`.
+    pub fn sink(&self, name: &str) -> Option<&SinkConfig> {
+        self.sinks.iter().find(|s| s.name == name)
     }
 
     /// Reads and validates a config file, with `${VAR}` and `OUTBOX__…` overrides from the
@@ -183,12 +193,26 @@ fn read_config(f: &mut Fields<'_>, notes: &mut Vec<String>) -> Config {
         }
         table
     });
-    let worker = f.section("outbox_worker", |f| read_worker(f, notes, backend));
-    let sink = f.has("sink").then(|| f.section("sink", |f| read_sink(f, notes)));
-    let worker = match &sink {
-        Some(sink) => WorkerConfig { rate_limit: sink.rate_limit, breaker: sink.breaker, ..worker },
-        None => worker,
-    };
+    let (worker, lease_explicit) = f.section("outbox_worker", |f| read_worker(f, notes, backend));
+    let mut sinks = Vec::new();
+    if f.has("sink") {
+        sinks.push(f.section("sink", |f| read_sink(f, notes, &worker, lease_explicit)));
+    }
+    let listed = f.has("sinks");
+    if listed {
+        let entries = f.list("sinks", |f| read_sink(f, notes, &worker, lease_explicit));
+        if entries.is_empty() {
+            f.problem("sinks", "lists no sink (each entry needs at least name and plugin)");
+        }
+        if sinks.is_empty() {
+            sinks = entries;
+            check_sink_names(f, &sinks, listed, &table, backend);
+        } else {
+            f.problem("sinks", "cannot be set together with sink: (sink: is the one-sink shorthand of sinks:)");
+        }
+    } else {
+        check_sink_names(f, &sinks, listed, &table, backend);
+    }
     let admin = f.section("admin", |f| read_admin(f, notes));
     let log = f.section("log", |f| {
         let format = match f.take::<String>("format").as_deref() {
@@ -205,7 +229,43 @@ fn read_config(f: &mut Fields<'_>, notes: &mut Vec<String>) -> Config {
         }
         LogConfig { format, level }
     });
-    Config { node_id, database, table, worker, sink, admin, log, notes: Vec::new() }
+    Config { node_id, database, table, worker, sinks, admin, log, notes: Vec::new() }
+}
+
+/// Sink names are unique (state is keyed by them), and so are the tables they give
+/// (`<table>__<name>`), which must also fit the database's identifier limit.
+fn check_sink_names(
+    f: &mut Fields<'_>,
+    sinks: &[SinkConfig],
+    listed: bool,
+    table: &str,
+    backend: Option<crate::store::Backend>,
+) {
+    let key = |i: usize| if listed { format!("sinks[{i}].name") } else { "sink.name".into() };
+    let mut problems = Vec::new();
+    for (i, sink) in sinks.iter().enumerate() {
+        let own = crate::store::sinks::sink_table(table, &sink.name);
+        if let Some(other) = sinks[..i].iter().find(|o| o.name == sink.name) {
+            problems
+                .push((key(i), format!("{:?} is used twice: each sink's state is kept under its name", other.name)));
+        } else if let Some(other) = sinks[..i].iter().find(|o| crate::store::sinks::sink_table(table, &o.name) == own) {
+            problems.push((key(i), format!("{:?} and {:?} would share the table {own}", other.name, sink.name)));
+        }
+        if let Some(limit) = backend.and_then(identifier_limit)
+            && own.len() + crate::store::sinks::LONGEST_OBJECT_SUFFIX > limit
+        {
+            problems.push((
+                key(i),
+                format!(
+                    "{:?} is too long for this table: its own table {own} and its indexes would exceed the database's {limit}-character identifier limit",
+                    sink.name
+                ),
+            ));
+        }
+    }
+    for (key, why) in problems {
+        f.problem(&key, why);
+    }
 }
 
 /// The identifier length limit of a server database (SQLite has none that matters).
@@ -286,7 +346,13 @@ fn positive_count(f: &mut Fields<'_>, key: &str, default: u32, notes: &mut Vec<S
     }
 }
 
-fn read_worker(f: &mut Fields<'_>, notes: &mut Vec<String>, backend: Option<crate::store::Backend>) -> WorkerConfig {
+/// `outbox_worker:`, and whether `lease_duration` was set (a sink's own `concurrency` or
+/// `publish_timeout` then has to fit it, rather than resizing it).
+fn read_worker(
+    f: &mut Fields<'_>,
+    notes: &mut Vec<String>,
+    backend: Option<crate::store::Backend>,
+) -> (WorkerConfig, bool) {
     let enabled = f.take::<bool>("enabled").unwrap_or(true);
     let poll_interval = positive_duration(f, "poll_interval", DEFAULT_POLL_INTERVAL, notes);
     let batch_size = positive_count(f, "batch_size", DEFAULT_BATCH_SIZE, notes);
@@ -294,35 +360,11 @@ fn read_worker(f: &mut Fields<'_>, notes: &mut Vec<String>, backend: Option<crat
         f.problem("batch_size", format!("{batch_size} is more than {MAX_BATCH_SIZE}"));
     }
     let publish_timeout = positive_duration(f, "publish_timeout", DEFAULT_PUBLISH_TIMEOUT, notes);
-    let retry_strategy = match f.take::<String>("retry_strategy").as_deref() {
-        None | Some("") => RetryStrategy::FixedInterval,
-        Some(name) => match RetryStrategy::ALL.iter().find(|(n, _)| *n == name) {
-            Some((_, strategy)) => *strategy,
-            None => {
-                let known: Vec<&str> = RetryStrategy::ALL.iter().map(|(n, _)| *n).collect();
-                f.problem("retry_strategy", format!("{name:?} is not one of {}", known.join(", ")));
-                RetryStrategy::FixedInterval
-            }
-        },
-    };
+    let retry_strategy = read_retry_strategy(f).unwrap_or(RetryStrategy::FixedInterval);
     let retry_interval = positive_duration(f, "retry_interval", poll_interval, notes);
-    let explicit_max = f.has("max_retry_interval");
-    let max_retry_interval =
-        positive_duration(f, "max_retry_interval", DEFAULT_MAX_RETRY_INTERVAL.max(retry_interval), notes);
-    if explicit_max && max_retry_interval < retry_interval {
-        f.problem(
-            "max_retry_interval",
-            format!(
-                "{} is shorter than retry_interval ({})",
-                format_duration(max_retry_interval),
-                format_duration(retry_interval)
-            ),
-        );
-    }
-    let concurrency = positive_count(f, "concurrency", DEFAULT_CONCURRENCY, notes);
-    if concurrency > 1024 {
-        f.problem("concurrency", format!("{concurrency} is more than 1024"));
-    }
+    let max_retry_interval = read_max_retry_interval(f, retry_interval, notes);
+    let concurrency = read_concurrency(f, DEFAULT_CONCURRENCY, notes);
+    let lease_explicit = f.has("lease_duration");
     let min_lease = WorkerConfig::min_lease(batch_size, concurrency, publish_timeout);
     let lease = match f.take_duration("lease_duration") {
         None => WorkerConfig::default_lease(batch_size, concurrency, publish_timeout),
@@ -380,7 +422,7 @@ fn read_worker(f: &mut Fields<'_>, notes: &mut Vec<String>, backend: Option<crat
         }
     };
     let failed_blocks_room = f.take::<bool>("failed_blocks_room").unwrap_or(false);
-    WorkerConfig {
+    let worker = WorkerConfig {
         enabled,
         poll_interval,
         batch_size,
@@ -399,10 +441,99 @@ fn read_worker(f: &mut Fields<'_>, notes: &mut Vec<String>, backend: Option<crat
         breaker: BreakerSettings::default(),
         ordering,
         failed_blocks_room,
+    };
+    (worker, lease_explicit)
+}
+
+/// `retry_strategy`, if set and known.
+fn read_retry_strategy(f: &mut Fields<'_>) -> Option<RetryStrategy> {
+    let name = f.take::<String>("retry_strategy").filter(|n| !n.is_empty())?;
+    match RetryStrategy::ALL.iter().find(|(n, _)| *n == name) {
+        Some((_, strategy)) => Some(*strategy),
+        None => {
+            let known: Vec<&str> = RetryStrategy::ALL.iter().map(|(n, _)| *n).collect();
+            f.problem("retry_strategy", format!("{name:?} is not one of {}", known.join(", ")));
+            None
+        }
     }
 }
 
-fn read_sink(f: &mut Fields<'_>, notes: &mut Vec<String>) -> SinkConfig {
+/// `max_retry_interval` (default: a minute, or `retry_interval` if longer); set, it may not
+/// be shorter than `retry_interval`.
+fn read_max_retry_interval(f: &mut Fields<'_>, retry_interval: Duration, notes: &mut Vec<String>) -> Duration {
+    let explicit = f.has("max_retry_interval");
+    let max = positive_duration(f, "max_retry_interval", DEFAULT_MAX_RETRY_INTERVAL.max(retry_interval), notes);
+    if explicit && max < retry_interval {
+        f.problem(
+            "max_retry_interval",
+            format!("{} is shorter than retry_interval ({})", format_duration(max), format_duration(retry_interval)),
+        );
+    }
+    max
+}
+
+/// `concurrency`, 1 to 1024.
+fn read_concurrency(f: &mut Fields<'_>, default: u32, notes: &mut Vec<String>) -> u32 {
+    let concurrency = positive_count(f, "concurrency", default, notes);
+    if concurrency > 1024 {
+        f.problem("concurrency", format!("{concurrency} is more than 1024"));
+    }
+    concurrency
+}
+
+/// A sink's own delivery settings over `outbox_worker`'s: `concurrency`, `publish_timeout`,
+/// `retry_strategy`, `retry_interval`, `max_retry_interval`, `max_attempts`. The lease is
+/// sized for them, or, where `lease_duration` is set, must cover them.
+fn read_delivery_overrides(
+    f: &mut Fields<'_>,
+    notes: &mut Vec<String>,
+    global: &WorkerConfig,
+    lease_explicit: bool,
+) -> WorkerConfig {
+    let mut worker = global.clone();
+    worker.concurrency = read_concurrency(f, global.concurrency, notes);
+    worker.publish_timeout = positive_duration(f, "publish_timeout", global.publish_timeout, notes);
+    worker.retry_strategy = read_retry_strategy(f).unwrap_or(global.retry_strategy);
+    worker.retry_interval = positive_duration(f, "retry_interval", global.retry_interval, notes);
+    if f.has("max_retry_interval") {
+        worker.max_retry_interval = read_max_retry_interval(f, worker.retry_interval, notes);
+    } else {
+        worker.max_retry_interval = global.max_retry_interval.max(worker.retry_interval);
+    }
+    worker.max_attempts = f.take::<u32>("max_attempts").unwrap_or(global.max_attempts);
+    let min_lease = WorkerConfig::min_lease(worker.batch_size, worker.concurrency, worker.publish_timeout);
+    if !lease_explicit {
+        worker.lease = WorkerConfig::default_lease(worker.batch_size, worker.concurrency, worker.publish_timeout);
+    } else if worker.lease < min_lease {
+        f.problem(
+            "publish_timeout",
+            format!(
+                "with concurrency {} this sink needs a lease of at least {}, more than outbox_worker.lease_duration ({})",
+                worker.concurrency,
+                format_duration(min_lease),
+                format_duration(worker.lease)
+            ),
+        );
+    }
+    worker
+}
+
+/// `start_from: now | beginning | <RFC 3339 time>`.
+fn read_start_from(f: &mut Fields<'_>) -> StartFrom {
+    match f.take::<String>("start_from").as_deref() {
+        None | Some("now") => StartFrom::Now,
+        Some("beginning") => StartFrom::Beginning,
+        Some(text) => match units::parse_rfc3339_ms(text) {
+            Ok(ms) => StartFrom::At(ms),
+            Err(why) => {
+                f.problem("start_from", format!("{why}; or now, or beginning"));
+                StartFrom::Now
+            }
+        },
+    }
+}
+
+fn read_sink(f: &mut Fields<'_>, notes: &mut Vec<String>, global: &WorkerConfig, lease_explicit: bool) -> SinkConfig {
     let name = f.take::<String>("name").unwrap_or_default();
     if !is_name(&name, 64) {
         f.problem("name", "is required: 1-64 characters of letters, digits, '.', '_' or '-'");
@@ -476,6 +607,8 @@ fn read_sink(f: &mut Fields<'_>, notes: &mut Vec<String>) -> SinkConfig {
     let rate_limit = read_rate_limit(f);
     let breaker =
         if f.has("breaker") { f.section("breaker", |f| read_breaker(f, notes)) } else { BreakerSettings::default() };
+    let start_from = read_start_from(f);
+    let worker = WorkerConfig { rate_limit, breaker, ..read_delivery_overrides(f, notes, global, lease_explicit) };
     SinkConfig {
         name,
         plugin,
@@ -489,6 +622,8 @@ fn read_sink(f: &mut Fields<'_>, notes: &mut Vec<String>) -> SinkConfig {
         config,
         rate_limit,
         breaker,
+        start_from,
+        worker,
     }
 }
 

@@ -89,6 +89,34 @@ impl<'p> Fields<'p> {
         out
     }
 
+    /// Removes `key` as a list of sections, reading each as `key[i]`.
+    pub fn list<R>(&mut self, key: &str, mut read: impl FnMut(&mut Fields<'_>) -> R) -> Vec<R> {
+        let path = self.key_path(key);
+        let items = match self.map.remove(key) {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Sequence(items)) => items,
+            Some(_) => {
+                self.problems.push(format!("{path}: must be a list"));
+                Vec::new()
+            }
+        };
+        let mut out = Vec::new();
+        for (i, item) in items.into_iter().enumerate() {
+            let path = format!("{path}[{i}]");
+            let map = match item {
+                Value::Mapping(map) => map,
+                _ => {
+                    self.problems.push(format!("{path}: must be a mapping of keys to values"));
+                    continue;
+                }
+            };
+            let mut fields = Fields { path, map, problems: self.problems };
+            out.push(read(&mut fields));
+            fields.finish();
+        }
+        out
+    }
+
     /// Removes `key` as a map of strings (numbers and booleans are turned into text).
     pub fn string_map(&mut self, key: &str) -> std::collections::BTreeMap<String, String> {
         let mut out = std::collections::BTreeMap::new();

@@ -25,8 +25,8 @@ fn an_empty_file_gets_room_services_defaults() {
     assert_eq!(config.database.url, "sqlite://outbox.db");
     assert_eq!(config.table, "room_outbox");
     assert_eq!(config.admin.listen, Some("127.0.0.1:9464".parse().unwrap()));
-    assert!(config.sink.is_none());
-    assert!(config.require_sink("run").is_err());
+    assert!(config.sinks.is_empty());
+    assert!(config.require_sinks("run").is_err());
 }
 
 #[test]
@@ -36,7 +36,7 @@ fn room_services_example_block_is_accepted() {
     );
     let config = parse(&yaml).unwrap();
     assert_eq!(config.worker.batch_size, 100);
-    assert_eq!(config.require_sink("run").unwrap().name, "fake");
+    assert_eq!(config.require_sinks("run").unwrap()[0].name, "fake");
 }
 
 #[test]
@@ -75,7 +75,7 @@ fn exponential_backoff_reads_its_base_and_ceiling() {
 
 #[test]
 fn a_rate_limit_reads_per_second_minute_or_hour_with_a_burst() {
-    let limit = |extra: &str| parse(&format!("{SINK}{extra}")).unwrap().worker.rate_limit;
+    let limit = |extra: &str| parse(&format!("{SINK}{extra}")).unwrap().sinks[0].worker.rate_limit;
     assert_eq!(limit(""), None);
     assert_eq!(limit("  rate_limit: 200/s\n"), Some(RateLimit { per_second: 200.0, burst: 20 }));
     assert_eq!(limit("  rate_limit: 600/m\n  rate_burst: 3\n"), Some(RateLimit { per_second: 10.0, burst: 3 }));
@@ -159,7 +159,7 @@ fn env_placeholders_fill_values_and_missing_ones_are_named() {
 
     let env = |name: &str| Some(format!("{name}-value"));
     let config = Config::from_yaml(&yaml, std::iter::empty(), &env).unwrap();
-    let settings = &config.sink.unwrap().config;
+    let settings = &config.sinks[0].config;
     assert_eq!(settings.0["secret_key"], "TIM_KEY-value");
     assert_eq!(settings.0["region"], "REGION-value-1");
     assert!(!format!("{settings:?}").contains("value"), "Debug must not print values");
@@ -194,7 +194,7 @@ fn sink_limits_and_hosts_are_checked() {
     assert!(p.iter().any(|p| p.starts_with("sink.memory_limit:")), "{p:?}");
     assert!(p.iter().any(|p| p.starts_with("sink.allowed_hosts:")), "{p:?}");
     let config = parse(&format!("{SINK}  memory_limit: 32MiB\n  cache_dir: \"\"\n")).unwrap();
-    let sink = config.sink.unwrap();
+    let sink = config.sinks[0].clone();
     assert_eq!(sink.memory_limit, 32 << 20);
     assert_eq!(sink.cache_dir, None);
 }
@@ -224,7 +224,7 @@ fn a_table_whose_migrations_table_would_be_too_long_is_refused_per_database() {
 
 #[test]
 fn sink_budgets_and_egress_settings_have_defaults_and_bounds() {
-    let sink = parse(SINK).unwrap().sink.unwrap();
+    let sink = parse(SINK).unwrap().sinks[0].clone();
     assert_eq!(sink.budgets, SinkBudgets::default());
     assert_eq!(sink.budgets.max_retry_after, Duration::from_secs(3600));
     assert!(!sink.allow_http, "plain http is opt-in");
@@ -235,7 +235,7 @@ fn sink_budgets_and_egress_settings_have_defaults_and_bounds() {
     ));
     {
         let config = custom.unwrap();
-        let sink = config.sink.as_ref().unwrap();
+        let sink = &config.sinks[0];
         assert_eq!(sink.budgets.max_retry_after, Duration::from_secs(90));
         assert!(sink.allow_http);
         assert_eq!(sink.budgets.max_log_lines, 5);
@@ -282,8 +282,8 @@ fn every_non_positive_duration_falls_back_to_its_default_with_a_note() {
             );
             assert_eq!(format!("{:?}", config.worker), format!("{:?}", defaults.worker), "{section}.{key}: {value}");
             assert_eq!(config.admin.stats_interval, defaults.admin.stats_interval);
-            let sink = config.sink.unwrap();
-            assert_eq!(sink.budgets.max_retry_after, defaults.sink.as_ref().unwrap().budgets.max_retry_after);
+            let sink = config.sinks[0].clone();
+            assert_eq!(sink.budgets.max_retry_after, defaults.sinks[0].budgets.max_retry_after);
         }
     }
 }
@@ -330,18 +330,18 @@ fn the_example_configs_are_valid_and_mean_what_they_say() {
             .unwrap_or_else(|e| panic!("{name} is refused: {e}"))
     };
     let demo = example("outbox.yaml");
-    assert!(demo.sink.is_some());
+    assert!(!demo.sinks.is_empty());
     let tencent = example("tencent-im.yaml");
     assert_eq!(tencent.worker.ordering, RoomOrdering::PerRoom);
     assert_eq!(tencent.worker.publish_timeout, Duration::from_secs(5));
-    let sink = tencent.sink.unwrap();
+    let sink = tencent.sinks[0].clone();
     assert_eq!(sink.config.0.get("secret_key").map(String::as_str), Some("value-of-TIM_SECRET_KEY"));
-    assert_eq!(tencent.worker.breaker, BreakerSettings::default());
+    assert_eq!(tencent.sinks[0].worker.breaker, BreakerSettings::default());
 }
 
 #[test]
 fn the_breaker_reads_its_thresholds_and_names_bad_ones() {
-    let breaker = |extra: &str| parse(&format!("{SINK}  breaker:\n{extra}")).map(|c| c.worker.breaker);
+    let breaker = |extra: &str| parse(&format!("{SINK}  breaker:\n{extra}")).map(|c| c.sinks[0].worker.breaker);
     assert_eq!(
         breaker("    failures: 0\n    cool_down: 250ms\n    max_cool_down: 10s\n").unwrap(),
         BreakerSettings { failures: 0, cool_down: Duration::from_millis(250), max_cool_down: Duration::from_secs(10) }
@@ -353,4 +353,56 @@ fn the_breaker_reads_its_thresholds_and_names_bad_ones() {
     for key in ["sink.breaker.failures:", "sink.breaker.max_cool_down:", "sink.breaker.colour"] {
         assert!(refused.problems.iter().any(|p| p.starts_with(key)), "{key} not named: {:?}", refused.problems);
     }
+}
+
+#[test]
+fn several_sinks_each_with_their_own_delivery_settings() {
+    let config = parse(
+        "outbox_worker:\n  concurrency: 8\n  publish_timeout: 2s\nsinks:\n  - name: tencent-im\n    plugin: im.wasm\n  - name: audit\n    plugin: audit.wasm\n    start_from: beginning\n    concurrency: 2\n    publish_timeout: 10s\n    retry_strategy: exponential\n    max_attempts: 3\n    rate_limit: 50/s\n  - name: activity\n    plugin: activity.wasm\n    start_from: \"2026-11-30T08:00:00Z\"\n",
+    )
+    .unwrap();
+    let names: Vec<&str> = config.sinks.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["tencent-im", "audit", "activity"]);
+    let (im, audit, activity) = (&config.sinks[0], &config.sinks[1], &config.sinks[2]);
+    assert_eq!(im.start_from, StartFrom::Now);
+    assert_eq!((im.worker.concurrency, im.worker.publish_timeout), (8, Duration::from_secs(2)));
+    assert_eq!(audit.start_from, StartFrom::Beginning);
+    assert_eq!((audit.worker.concurrency, audit.worker.publish_timeout), (2, Duration::from_secs(10)));
+    assert_eq!(audit.worker.retry_strategy, RetryStrategy::Exponential);
+    assert_eq!(audit.worker.max_attempts, 3);
+    assert!(audit.worker.rate_limit.is_some() && im.worker.rate_limit.is_none());
+    // The lease is sized for the sink's own settings: 100 events, 2 at a time, 10 s each.
+    assert_eq!(audit.worker.lease, WorkerConfig::default_lease(100, 2, Duration::from_secs(10)));
+    assert!(audit.worker.lease > im.worker.lease);
+    assert_eq!(activity.start_from, StartFrom::At(1_796_025_600_000));
+}
+
+#[test]
+fn sink_lists_name_every_bad_entry() {
+    let p = problems(
+        "sinks:\n  - name: b\n    plugin: b.wasm\n  - name: b\n    plugin: c.wasm\n  - name: B\n    plugin: d.wasm\n    start_from: yesterday\n  - plugin: e.wasm\n  - just text\n",
+    );
+    for expected in [
+        "sinks[1].name: \"b\" is used twice",
+        "sinks[2].name: \"b\" and \"B\" would share the table room_outbox__b",
+        "sinks[2].start_from: \"yesterday\" is not an RFC 3339 time",
+        "sinks[3].name: is required",
+        "sinks[4]: must be a mapping",
+    ] {
+        assert!(p.iter().any(|p| p.starts_with(expected)), "{expected} missing from {p:?}");
+    }
+    let p = problems("sink:\n  name: a\n  plugin: a.wasm\nsinks:\n  - name: b\n    plugin: b.wasm\n");
+    assert!(p.iter().any(|p| p.starts_with("sinks: cannot be set together with sink:")), "{p:?}");
+    let p = problems(
+        "outbox_worker:\n  lease_duration: 40s\nsinks:\n  - name: slow\n    plugin: s.wasm\n    publish_timeout: 30s\n    concurrency: 1\n",
+    );
+    assert!(
+        p.iter().any(|p| p.starts_with("sinks[0].publish_timeout: with concurrency 1 this sink needs a lease")),
+        "{p:?}"
+    );
+    let long = "x".repeat(40);
+    let p = problems(&format!(
+        "database:\n  url: postgres://h/db\nsinks:\n  - name: first\n    plugin: a.wasm\n  - name: {long}\n    plugin: b.wasm\n"
+    ));
+    assert!(p.iter().any(|p| p.starts_with("sinks[1].name:") && p.contains("identifier limit")), "{p:?}");
 }

@@ -4,6 +4,7 @@
 //! only the longest idle wait: an insert wakes an idle worker sooner (`wake_up`).
 
 pub mod breaker;
+pub mod fanout;
 pub mod settings;
 
 use std::panic::AssertUnwindSafe;

@@ -29,7 +29,7 @@ const BATCH_BUCKETS: [f64; 12] = [0.0, 1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0,
 /// The budgets of [`Metrics::sink_limit`], all exported from the start.
 const SINK_LIMITS: [&str; 7] = ["log", "message", "skip_reason", "stdio", "requests", "request_bytes", "retry_after"];
 /// The database operations of [`Metrics::db_error`], all exported from the start.
-const DB_OPERATIONS: [&str; 4] = ["claim", "mark", "release", "stats"];
+const DB_OPERATIONS: [&str; 5] = ["claim", "mark", "release", "fan_out", "stats"];
 /// The push-backs of [`Metrics::pushed_back`], all exported from the start.
 const PRESSURES: [&str; 3] = ["room_throttled", "throttled", "unavailable"];
 
@@ -70,7 +70,8 @@ struct TransitionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StatusLabel {
+struct StatusLabels {
+    sink: String,
     status: String,
 }
 
@@ -83,111 +84,50 @@ fn latency_histogram() -> Histogram {
     Histogram::new(LATENCY_BUCKETS_MS)
 }
 
-/// Everything `/metrics` shows, for one host and its sink.
-pub struct Metrics {
-    sink: String,
+fn batch_histogram() -> Histogram {
+    Histogram::new(BATCH_BUCKETS)
+}
+
+/// Everything `/metrics` shows, for one host and all its sinks: the families every sink's
+/// [`Metrics`] writes into under its own `sink` label.
+struct Families {
     registry: Mutex<Registry>,
     success: Family<EventLabels, Counter>,
     skipped: Family<EventLabels, Counter>,
     failure: Family<FailureLabels, Counter>,
     latency: Family<SinkLabel, Histogram, fn() -> Histogram>,
-    claims: Counter,
-    claimed_rows: Histogram,
-    rescues: Counter,
-    handed_back: Counter,
+    claims: Family<SinkLabel, Counter>,
+    claimed_rows: Family<SinkLabel, Histogram, fn() -> Histogram>,
+    rescues: Family<SinkLabel, Counter>,
+    handed_back: Family<SinkLabel, Counter>,
     db_errors: Family<OpLabel, Counter>,
     sink_limits: Family<LimitLabels, Counter>,
     panics: Family<SinkLabel, Counter>,
     log_dropped: Counter,
-    pending: Family<StatusLabel, Gauge>,
-    rows: Family<StatusLabel, Gauge>,
-    oldest_waiting_age_ms: Gauge,
-    stats_up: Gauge,
-    delivered_total: AtomicU64,
+    pending: Family<StatusLabels, Gauge>,
+    rows: Family<StatusLabels, Gauge>,
+    oldest_waiting_age_ms: Family<SinkLabel, Gauge>,
+    stats_up: Family<SinkLabel, Gauge>,
     db_health: DbHealth,
     push_backs: Family<PressureLabels, Counter>,
     sink_state: Family<SinkLabel, Gauge>,
     breaker_transitions: Family<TransitionLabels, Counter>,
+}
+
+/// One sink's view of the host's metrics: what it records carries its `sink` label. The
+/// database's health and the dropped log lines are the host's, shared by every view.
+pub struct Metrics {
+    sink: String,
+    shared: std::sync::Arc<Families>,
+    delivered_total: AtomicU64,
     breaker: Mutex<BreakerReport>,
 }
 
-/// The sink's circuit breaker as the status page and `/api/status` show it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BreakerReport {
-    /// `closed`, `half_open` or `open`.
-    pub state: State,
-    /// When it got there, UTC milliseconds (0: closed since start).
-    pub since_ms: i64,
-    /// Why it got there.
-    pub reason: String,
-    /// While open, when the next probe may start, UTC milliseconds.
-    pub next_probe_at_ms: Option<i64>,
-}
-
-impl Metrics {
-    /// Metrics for the sink named `sink`.
-    pub fn new(sink: &str) -> Metrics {
-        let m = Metrics {
-            sink: sink.to_string(),
-            registry: Mutex::new(Registry::default()),
-            success: Family::default(),
-            skipped: Family::default(),
-            failure: Family::default(),
-            latency: Family::new_with_constructor(latency_histogram),
-            claims: Counter::default(),
-            claimed_rows: Histogram::new(BATCH_BUCKETS),
-            rescues: Counter::default(),
-            handed_back: Counter::default(),
-            db_errors: Family::default(),
-            sink_limits: Family::default(),
-            panics: Family::default(),
-            log_dropped: Counter::default(),
-            pending: Family::default(),
-            rows: Family::default(),
-            oldest_waiting_age_ms: Gauge::default(),
-            stats_up: Gauge::default(),
-            delivered_total: AtomicU64::new(0),
-            db_health: DbHealth::default(),
-            push_backs: Family::default(),
-            sink_state: Family::default(),
-            breaker_transitions: Family::default(),
-            breaker: Mutex::new(BreakerReport {
-                state: State::Closed,
-                since_ms: 0,
-                reason: String::new(),
-                next_probe_at_ms: None,
-            }),
-        };
-        m.register();
-        // Series that should read 0 rather than be missing before anything happens.
-        for op in DB_OPERATIONS {
-            let _ = m.db_errors.get_or_create(&OpLabel { op: op.into() });
-        }
-        for limit in SINK_LIMITS {
-            let _ = m.sink_limits.get_or_create(&m.limit_labels(limit));
-        }
-        let _ = m.panics.get_or_create(&m.sink_label());
-        for pressure in PRESSURES {
-            let _ = m.push_backs.get_or_create(&PressureLabels { sink: m.sink.clone(), pressure: pressure.into() });
-        }
-        m.sink_state.get_or_create(&m.sink_label()).set(State::Closed.gauge());
-        for to in [State::Open, State::HalfOpen, State::Closed] {
-            let _ =
-                m.breaker_transitions.get_or_create(&TransitionLabels { sink: m.sink.clone(), to: to.as_str().into() });
-        }
-        for status in Status::ALL {
-            let _ = m.rows.get_or_create(&StatusLabel { status: status.as_str().into() });
-        }
-        for status in [Status::Pending, Status::Retryable] {
-            let _ = m.pending.get_or_create(&StatusLabel { status: status.as_str().into() });
-        }
-        m
-    }
-
+impl Families {
     fn register(&self) {
         let mut r = self.registry.lock().unwrap_or_else(|p| p.into_inner());
         r.register("room_outbox_pending_total", "Rows waiting for delivery (pending, retryable)", self.pending.clone());
-        r.register("room_outbox_rows", "Rows in the outbox table by status", self.rows.clone());
+        r.register("room_outbox_rows", "Rows by status, in each sink's delivery state", self.rows.clone());
         r.register(
             "room_outbox_oldest_pending_age_ms",
             "Age of the oldest pending or retryable row (0 when none)",
@@ -246,6 +186,107 @@ impl Metrics {
             self.log_dropped.clone(),
         );
     }
+}
+
+/// The sink's circuit breaker as the status page and `/api/status` show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BreakerReport {
+    /// `closed`, `half_open` or `open`.
+    pub state: State,
+    /// When it got there, UTC milliseconds (0: closed since start).
+    pub since_ms: i64,
+    /// Why it got there.
+    pub reason: String,
+    /// While open, when the next probe may start, UTC milliseconds.
+    pub next_probe_at_ms: Option<i64>,
+}
+
+impl Metrics {
+    /// Metrics for a host whose (first) sink is named `sink`.
+    pub fn new(sink: &str) -> Metrics {
+        let shared = Families {
+            registry: Mutex::new(Registry::default()),
+            success: Family::default(),
+            skipped: Family::default(),
+            failure: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram),
+            claims: Family::default(),
+            claimed_rows: Family::new_with_constructor(batch_histogram),
+            rescues: Family::default(),
+            handed_back: Family::default(),
+            db_errors: Family::default(),
+            sink_limits: Family::default(),
+            panics: Family::default(),
+            log_dropped: Counter::default(),
+            pending: Family::default(),
+            rows: Family::default(),
+            oldest_waiting_age_ms: Family::default(),
+            stats_up: Family::default(),
+            db_health: DbHealth::default(),
+            push_backs: Family::default(),
+            sink_state: Family::default(),
+            breaker_transitions: Family::default(),
+        };
+        shared.register();
+        for op in DB_OPERATIONS {
+            let _ = shared.db_errors.get_or_create(&OpLabel { op: op.into() });
+        }
+        Metrics::view(std::sync::Arc::new(shared), sink)
+    }
+
+    /// Another sink's view of the same metrics.
+    pub fn for_sink(&self, sink: &str) -> Metrics {
+        Metrics::view(self.shared.clone(), sink)
+    }
+
+    fn view(shared: std::sync::Arc<Families>, sink: &str) -> Metrics {
+        let m = Metrics {
+            sink: sink.to_string(),
+            shared,
+            delivered_total: AtomicU64::new(0),
+            breaker: Mutex::new(BreakerReport {
+                state: State::Closed,
+                since_ms: 0,
+                reason: String::new(),
+                next_probe_at_ms: None,
+            }),
+        };
+        // Series that should read 0 rather than be missing before anything happens.
+        let f = &m.shared;
+        for limit in SINK_LIMITS {
+            let _ = f.sink_limits.get_or_create(&m.limit_labels(limit));
+        }
+        let _ = f.panics.get_or_create(&m.sink_label());
+        let _ = f.claims.get_or_create(&m.sink_label());
+        let _ = f.rescues.get_or_create(&m.sink_label());
+        let _ = f.handed_back.get_or_create(&m.sink_label());
+        let _ = f.stats_up.get_or_create(&m.sink_label());
+        let _ = f.oldest_waiting_age_ms.get_or_create(&m.sink_label());
+        for pressure in PRESSURES {
+            let _ = f.push_backs.get_or_create(&PressureLabels { sink: m.sink.clone(), pressure: pressure.into() });
+        }
+        f.sink_state.get_or_create(&m.sink_label()).set(State::Closed.gauge());
+        for to in [State::Open, State::HalfOpen, State::Closed] {
+            let _ =
+                f.breaker_transitions.get_or_create(&TransitionLabels { sink: m.sink.clone(), to: to.as_str().into() });
+        }
+        for status in Status::ALL {
+            let _ = f.rows.get_or_create(&m.status_labels(status));
+        }
+        for status in [Status::Pending, Status::Retryable] {
+            let _ = f.pending.get_or_create(&m.status_labels(status));
+        }
+        m
+    }
+
+    /// The sink these metrics are labelled with.
+    pub fn sink(&self) -> &str {
+        &self.sink
+    }
+
+    fn status_labels(&self, status: Status) -> StatusLabels {
+        StatusLabels { sink: self.sink.clone(), status: status.as_str().into() }
+    }
 
     fn sink_label(&self) -> SinkLabel {
         SinkLabel { sink: self.sink.clone() }
@@ -261,11 +302,11 @@ impl Metrics {
 
     /// A delivery the sink accepted (`skipped` is also counted apart).
     pub fn delivered(&self, event_type: &str, skipped: bool, took: Duration) {
-        self.success.get_or_create(&self.event_labels(event_type)).inc();
+        self.shared.success.get_or_create(&self.event_labels(event_type)).inc();
         if skipped {
-            self.skipped.get_or_create(&self.event_labels(event_type)).inc();
+            self.shared.skipped.get_or_create(&self.event_labels(event_type)).inc();
         }
-        self.latency.get_or_create(&self.sink_label()).observe(took.as_secs_f64() * 1000.0);
+        self.shared.latency.get_or_create(&self.sink_label()).observe(took.as_secs_f64() * 1000.0);
         self.delivered_total.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -278,44 +319,48 @@ impl Metrics {
     pub fn failed(&self, event_type: &str, kind: &str, took: Option<Duration>) {
         let labels =
             FailureLabels { sink: self.sink.clone(), event_type: event_type.to_string(), kind: kind.to_string() };
-        self.failure.get_or_create(&labels).inc();
+        self.shared.failure.get_or_create(&labels).inc();
         if let Some(took) = took {
-            self.latency.get_or_create(&self.sink_label()).observe(took.as_secs_f64() * 1000.0);
+            self.shared.latency.get_or_create(&self.sink_label()).observe(took.as_secs_f64() * 1000.0);
         }
     }
 
     /// A claim returned `rows` rows, `rescued` of them with an expired lease.
     pub fn claimed(&self, rows: usize, rescued: usize) {
-        self.claims.inc();
-        self.claimed_rows.observe(rows as f64);
-        self.rescues.inc_by(rescued as u64);
+        self.shared.claims.get_or_create(&self.sink_label()).inc();
+        self.shared.claimed_rows.get_or_create(&self.sink_label()).observe(rows as f64);
+        self.shared.rescues.get_or_create(&self.sink_label()).inc_by(rescued as u64);
     }
 
     /// Rows handed back unstarted.
     pub fn handed_back(&self, rows: u64) {
-        self.handed_back.inc_by(rows);
+        self.shared.handed_back.get_or_create(&self.sink_label()).inc_by(rows);
     }
 
     /// A sink went past one of its budgets (`log`, `message`, `skip_reason`, `stdio`,
     /// `requests`, `request_bytes`, `retry_after`); the excess was dropped or clamped.
     pub fn sink_limit(&self, limit: &'static str) {
-        self.sink_limits.get_or_create(&self.limit_labels(limit)).inc();
+        self.shared.sink_limits.get_or_create(&self.limit_labels(limit)).inc();
     }
 
     /// A delivery task panicked; its row was recorded as retryable.
     pub fn delivery_panic(&self) {
-        self.panics.get_or_create(&self.sink_label()).inc();
+        self.shared.panics.get_or_create(&self.sink_label()).inc();
     }
 
     /// The sink pushed back (`room_throttled`, `throttled`, `unavailable`).
     pub fn pushed_back(&self, pressure: &'static str) {
-        self.push_backs.get_or_create(&PressureLabels { sink: self.sink.clone(), pressure: pressure.into() }).inc();
+        self.shared
+            .push_backs
+            .get_or_create(&PressureLabels { sink: self.sink.clone(), pressure: pressure.into() })
+            .inc();
     }
 
     /// The circuit breaker moved to `state`.
     pub fn breaker_moved(&self, state: State, reason: &str, next_probe_at_ms: Option<i64>) {
-        self.sink_state.get_or_create(&self.sink_label()).set(state.gauge());
-        self.breaker_transitions
+        self.shared.sink_state.get_or_create(&self.sink_label()).set(state.gauge());
+        self.shared
+            .breaker_transitions
             .get_or_create(&TransitionLabels { sink: self.sink.clone(), to: state.as_str().into() })
             .inc();
         let mut report = self.breaker.lock().unwrap_or_else(|p| p.into_inner());
@@ -330,39 +375,40 @@ impl Metrics {
 
     /// A database operation failed: counted, and remembered for readiness and the page.
     pub fn db_error(&self, operation: &'static str, error: &dyn std::fmt::Display) {
-        self.db_errors.get_or_create(&OpLabel { op: operation.into() }).inc();
-        self.db_health.failed(operation, error, crate::clock::now_ms());
+        self.shared.db_errors.get_or_create(&OpLabel { op: operation.into() }).inc();
+        self.shared.db_health.failed(operation, error, crate::clock::now_ms());
     }
 
     /// A claim or an outcome write succeeded: ends its run of failures.
     pub fn db_ok(&self, operation: &'static str) {
-        self.db_health.succeeded(operation);
+        self.shared.db_health.succeeded(operation);
     }
 
     /// The run of failed claims and writes, and the last database error.
     pub fn db_health(&self) -> &DbHealth {
-        &self.db_health
+        &self.shared.db_health
     }
 
     /// The latest table counts (from the periodic refresh).
     pub fn set_stats(&self, stats: &Stats, now_ms: i64) {
         for status in Status::ALL {
             let n = stats.count(status);
-            self.rows.get_or_create(&StatusLabel { status: status.as_str().into() }).set(n);
+            self.shared.rows.get_or_create(&self.status_labels(status)).set(n);
             if matches!(status, Status::Pending | Status::Retryable) {
-                self.pending.get_or_create(&StatusLabel { status: status.as_str().into() }).set(n);
+                self.shared.pending.get_or_create(&self.status_labels(status)).set(n);
             }
         }
-        self.oldest_waiting_age_ms.set(stats.oldest_waiting_created_at_ms.map_or(0, |c| (now_ms - c).max(0)));
-        self.stats_up.set(1);
+        let age = stats.oldest_waiting_created_at_ms.map_or(0, |c| (now_ms - c).max(0));
+        self.shared.oldest_waiting_age_ms.get_or_create(&self.sink_label()).set(age);
+        self.shared.stats_up.get_or_create(&self.sink_label()).set(1);
     }
 
     /// The OpenMetrics text exposition.
     pub fn render(&self) -> String {
-        let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        let registry = self.shared.registry.lock().unwrap_or_else(|p| p.into_inner());
         // Log lines are counted where they are dropped, outside any one host's metrics.
         let dropped = crate::logging::dropped_lines();
-        self.log_dropped.inc_by(dropped.saturating_sub(self.log_dropped.get()));
+        self.shared.log_dropped.inc_by(dropped.saturating_sub(self.shared.log_dropped.get()));
         let mut out = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &registry) {
             tracing::warn!(error = %e, "could not encode the metrics");
@@ -409,9 +455,9 @@ mod tests {
             "room_outbox_db_errors_total{op=\"claim\"} 0",
             "room_outbox_sink_limit_hits_total{sink=\"fake\",limit=\"retry_after\"} 0",
             "room_outbox_delivery_panics_total{sink=\"fake\"} 0",
-            "room_outbox_rows{status=\"failed\"} 0",
-            "room_outbox_pending_total{status=\"retryable\"} 0",
-            "room_outbox_stats_up 0",
+            "room_outbox_rows{sink=\"fake\",status=\"failed\"} 0",
+            "room_outbox_pending_total{sink=\"fake\",status=\"retryable\"} 0",
+            "room_outbox_stats_up{sink=\"fake\"} 0",
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }

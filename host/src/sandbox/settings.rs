@@ -54,6 +54,35 @@ pub struct SinkConfig {
     pub rate_limit: Option<crate::engine::settings::RateLimit>,
     /// The sink's circuit breaker (`breaker:`).
     pub breaker: crate::engine::breaker::BreakerSettings,
+    /// Which events a sink added to a table that already has events starts from.
+    pub start_from: StartFrom,
+    /// `outbox_worker` with this sink's own `concurrency`, `publish_timeout`, retry keys,
+    /// `rate_limit` and `breaker` applied.
+    pub worker: crate::engine::settings::WorkerConfig,
+}
+
+/// `start_from`: where a sink added to a table with events begins. Read once, when the
+/// sink is registered on the table; afterwards it keeps where it started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StartFrom {
+    /// Events created from the moment it is registered (the default).
+    #[default]
+    Now,
+    /// Every event still in the table.
+    Beginning,
+    /// Events created at or after this time, UTC milliseconds.
+    At(i64),
+}
+
+impl StartFrom {
+    /// The earliest `created_at_ms` the sink takes, registering at `now_ms`.
+    pub fn start_ms(self, now_ms: i64) -> i64 {
+        match self {
+            StartFrom::Now => now_ms,
+            StartFrom::Beginning => 0,
+            StartFrom::At(ms) => ms,
+        }
+    }
 }
 
 /// Bounds on what one attempt of a sink may emit or ask for; the excess is clamped or dropped

@@ -5,6 +5,7 @@ pub mod migrate;
 mod mysql;
 mod postgres;
 pub mod schema;
+pub mod sinks;
 mod sql;
 mod sqlite;
 
@@ -13,6 +14,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 pub use mysql::MysqlStore;
 pub use postgres::PostgresStore;
+pub use sinks::{Backfilled, KeyValue, RegisteredSink};
 pub use sql::{Dialect, SqlStore};
 pub use sqlite::SqliteStore;
 
@@ -499,6 +501,40 @@ pub trait Store: Send + Sync + 'static {
 
     /// Closes the pool once in-flight work has been recorded.
     async fn close(&self);
+
+    /// The sinks registered on this outbox, oldest first (see [`sinks`]).
+    async fn sinks(&self) -> Result<Vec<RegisteredSink>, StoreError>;
+
+    /// Registers the sink `name`, starting from events created at `start_from_ms`, unless
+    /// the outbox knows it already (then it keeps where it started). The first sink ever
+    /// registered, when `may_be_first`, keeps its state in the outbox's own columns; any
+    /// other gets its own table, which this creates.
+    async fn register_sink(
+        &self,
+        name: &str,
+        start_from_ms: i64,
+        may_be_first: bool,
+        now_ms: i64,
+    ) -> Result<RegisteredSink, StoreError>;
+
+    /// The store of a registered sink's state: this one for the first sink, else one over
+    /// its own table on the same pool (migrated).
+    async fn sink_store(self: Arc<Self>, sink: &RegisteredSink) -> Result<Arc<dyn Store>, StoreError>;
+
+    /// Copies up to `limit` rows not fanned out yet into every other sink's table; returns
+    /// how many rows (0 when there is nothing to do or another host is at it).
+    async fn fan_out(&self, limit: u32, now_ms: i64) -> Result<u64, StoreError>;
+
+    /// One step of copying the rows fanned out before `sink` was registered into its table.
+    async fn backfill(
+        &self,
+        sink: &RegisteredSink,
+        after: Option<KeyValue>,
+        limit: u32,
+    ) -> Result<Backfilled, StoreError>;
+
+    /// Records that `name`'s back-fill is complete.
+    async fn finish_backfill(&self, name: &str, now_ms: i64) -> Result<(), StoreError>;
 }
 
 /// Which database a URL names.

@@ -181,7 +181,9 @@ struct SharedStatements {
 }
 
 impl SharedStatements {
-    fn new<D: Dialect>(table: &str, profile: &Profile) -> Self {
+    /// `outbox`: the table is an outbox (which may have sinks' copies to wait for before a
+    /// purge), not a sink's copy.
+    fn new<D: Dialect>(table: &str, profile: &Profile, outbox: bool) -> Self {
         let t = table.to_string();
         let (p1, p2) = (D::param(1), D::param(2));
         let (key, no_worker, no_error) = (profile.key.column(), profile.no_worker, profile.no_error);
@@ -227,9 +229,19 @@ impl SharedStatements {
             // A row delivered by its producer's own publish may never have had updated_at_ms
             // set (a table adopted from elsewhere defaults it to 0): it is at least as young
             // as its created_at_ms.
+            // An outbox row the other sinks still need (not yet copied to their tables) stays.
             purge_pick: format!(
-                "SELECT {key} FROM {t} WHERE status = 'delivered' AND updated_at_ms < {p1} AND created_at_ms < {p2} \
+                "SELECT {key} FROM {t} WHERE status = 'delivered' AND updated_at_ms < {p1} AND created_at_ms < {p2}{} \
                  ORDER BY {key} LIMIT {}",
+                if outbox {
+                    format!(
+                        " AND (fanned_out_at_ms <> 0 OR created_at_ms < COALESCE((SELECT MIN(start_from_ms) \
+                         FROM {t}_sinks WHERE sink_table <> '{t}'), {}))",
+                        i64::MAX
+                    )
+                } else {
+                    String::new()
+                },
                 D::param(3)
             ),
             purge_delete: ByCount::new({
@@ -256,7 +268,10 @@ pub struct SqlStore<D: Dialect> {
     /// The dialect's own statements' text, built once.
     pub(super) own: D::Statements,
     inserted: std::sync::Arc<tokio::sync::Notify>,
-    writes: tokio::sync::Mutex<()>,
+    /// Shared with the stores of the sinks' own tables on the same pool.
+    writes: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// The outbox this table keeps a sink's copy of (`<outbox>__<sink>`), if it is one.
+    copy_of: Option<String>,
     dialect: PhantomData<D>,
 }
 
@@ -267,11 +282,28 @@ impl<D: Dialect> SqlStore<D> {
         SqlStore {
             pool,
             table: table.to_string(),
-            sql: SharedStatements::new::<D>(table, &profile),
+            sql: SharedStatements::new::<D>(table, &profile, true),
             own: D::statements(table, &profile),
             profile,
             inserted: Default::default(),
-            writes: tokio::sync::Mutex::new(()),
+            writes: Default::default(),
+            copy_of: None,
+            dialect: PhantomData,
+        }
+    }
+
+    /// A store for `table`, a sink's own copy of this outbox, on the same pool.
+    pub(super) fn sink_copy(&self, table: &str) -> Self {
+        let profile = Profile::native();
+        SqlStore {
+            pool: self.pool.clone(),
+            table: table.to_string(),
+            sql: SharedStatements::new::<D>(table, &profile, false),
+            own: D::statements(table, &profile),
+            profile,
+            inserted: Default::default(),
+            writes: self.writes.clone(),
+            copy_of: Some(self.table.clone()),
             dialect: PhantomData,
         }
     }
@@ -288,7 +320,7 @@ impl<D: Dialect> SqlStore<D> {
         }
         let profile = review.profile;
         Ok(SqlStore {
-            sql: SharedStatements::new::<D>(&self.table, &profile),
+            sql: SharedStatements::new::<D>(&self.table, &profile, self.copy_of.is_none()),
             own: D::statements(&self.table, &profile),
             profile,
             ..self
@@ -297,7 +329,10 @@ impl<D: Dialect> SqlStore<D> {
 
     /// The table as the database describes it, read on `conn` (which sees what a
     /// migration running on it has not committed yet).
-    async fn describe_on(&self, conn: &mut <D::Db as Database>::Connection) -> Result<Option<TableInfo>, StoreError>
+    pub(super) async fn describe_on(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+    ) -> Result<Option<TableInfo>, StoreError>
     where
         for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
         for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
@@ -348,7 +383,7 @@ impl<D: Dialect> SqlStore<D> {
     }
 
     /// Holds this process's other writes off while one runs, where the dialect wants that.
-    async fn writing(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+    pub(super) async fn writing(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
         if D::one_writer() { Some(self.writes.lock().await) } else { None }
     }
 }
@@ -554,6 +589,8 @@ where
                 }
                 let description = if step.version == 1 && adopted {
                     "adopted an existing table".to_string()
+                } else if step.version == super::sinks::REGISTRY_VERSION && self.copy_of.is_some() {
+                    "not needed by a sink's own table".to_string()
                 } else {
                     let sql = D::adapt_migration(step.version, step.sql, key).map_err(StoreError::Migration)?;
                     Executor::execute(&mut *conn, sql.as_str())
@@ -752,5 +789,52 @@ where
 
     async fn close(&self) {
         self.pool.close().await;
+    }
+
+    async fn sinks(&self) -> Result<Vec<super::RegisteredSink>, StoreError> {
+        self.registered_sinks().await
+    }
+
+    async fn register_sink(
+        &self,
+        name: &str,
+        start_from_ms: i64,
+        may_be_first: bool,
+        now_ms: i64,
+    ) -> Result<super::RegisteredSink, StoreError> {
+        let sink = self.register(name, start_from_ms, may_be_first, now_ms).await?;
+        if !sink.is_first(&self.table) {
+            self.sink_copy(&sink.table).migrate().await?;
+        }
+        Ok(sink)
+    }
+
+    async fn sink_store(
+        self: std::sync::Arc<Self>,
+        sink: &super::RegisteredSink,
+    ) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+        if sink.is_first(&self.table) {
+            return Ok(self);
+        }
+        let store = self.sink_copy(&sink.table);
+        store.migrate().await?;
+        Ok(std::sync::Arc::new(store))
+    }
+
+    async fn fan_out(&self, limit: u32, now_ms: i64) -> Result<u64, StoreError> {
+        self.fan_out_rows(limit, now_ms).await
+    }
+
+    async fn backfill(
+        &self,
+        sink: &super::RegisteredSink,
+        after: Option<super::KeyValue>,
+        limit: u32,
+    ) -> Result<super::Backfilled, StoreError> {
+        self.backfill_step(sink, after, limit).await
+    }
+
+    async fn finish_backfill(&self, name: &str, now_ms: i64) -> Result<(), StoreError> {
+        SqlStore::finish_backfill(self, name, now_ms).await
     }
 }

@@ -1,0 +1,250 @@
+//! Several sinks on one outbox, each with its own delivery state: every sink gets every
+//! event once, whatever the others do; a sink added later starts where it is told; a
+//! single-sink table upgrades in place with every state kept.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use outbox_host::store::{NewEvent, RegisteredSink, Status, Store};
+use outbox_test_support::Collector;
+use outbox_test_support::tencent::TencentIm;
+
+use crate::support::{Running, SinkSpec, World, per_backend, sink_entry};
+
+per_backend!(
+    two_sinks_on_one_table_each_get_every_event_once_from_four_hosts,
+    a_sink_failing_every_event_does_not_hold_back_the_other,
+    a_sink_added_later_starts_from_the_beginning_or_from_now,
+    a_single_sink_table_upgrades_in_place_keeping_every_state,
+);
+
+/// `n` gift events over 50 rooms, inserted by the producer in chunks.
+async fn produce(world: &World, n: usize) -> Vec<NewEvent> {
+    let events: Vec<NewEvent> =
+        (0..n).map(|i| world.event("RoomGiftSent", &format!("room-{}", i % 50), Status::Pending)).collect();
+    for chunk in events.chunks(500) {
+        world.producer.insert(chunk).await.unwrap();
+    }
+    events
+}
+
+/// The fake sink as a second (or third) sink named `name`, reporting to `collector`.
+fn fake_named(name: &'static str, collector: &Collector, config: &str) -> SinkSpec {
+    SinkSpec {
+        name,
+        plugin: outbox_test_support::FAKE_SINK,
+        allowed_hosts: vec![collector.host_port()],
+        config: format!("collector: \"{}\"\n{config}", collector.url("/report")),
+    }
+}
+
+/// How many times the collector saw each event.
+fn counts(collector: &Collector) -> HashMap<String, usize> {
+    let mut seen = HashMap::new();
+    for r in collector.reports() {
+        *seen.entry(r.event_id).or_insert(0) += 1;
+    }
+    seen
+}
+
+/// The store of the sink `name`'s state.
+async fn state_of(world: &World, name: &str) -> (RegisteredSink, Arc<dyn Store>) {
+    let sinks = world.producer.sinks().await.unwrap();
+    let sink = sinks.into_iter().find(|s| s.name == name).unwrap_or_else(|| panic!("sink {name} not registered"));
+    let store = world.producer.clone().sink_store(&sink).await.unwrap();
+    (sink, store)
+}
+
+async fn count(store: &dyn Store, status: Status) -> i64 {
+    store.stats().await.unwrap().count(status)
+}
+
+/// The fake sink (first) and the Tencent IM sink against its stand-in (second), four hosts
+/// on one table, 10,000 events: each sink receives every event exactly once, and each
+/// sink's own state says delivered for all of them.
+async fn two_sinks_on_one_table_each_get_every_event_once_from_four_hosts(world: World) {
+    const EVENTS: usize = 10_000;
+    let im = TencentIm::start([]).await;
+    let config = world
+        .setup("concurrency: 16\nbatch_size: 100", "")
+        .with_sinks(vec![sink_entry(&crate::tencent::sink(&im, &im.endpoint()), "start_from: beginning")])
+        .parse();
+    let mut hosts = Vec::new();
+    for _ in 0..4 {
+        hosts.push(Running::start(config.clone()).await);
+    }
+    let events = produce(&world, EVENTS).await;
+    let (im_sink, im_state) = state_of(&world, "tencent-im").await;
+    assert_eq!(im_sink.table, "room_outbox__tencent_im");
+    hosts[0]
+        .wait_for_within("both sinks to deliver every event", std::time::Duration::from_secs(240), || async {
+            count(world.producer.as_ref(), Status::Delivered).await == EVENTS as i64
+                && count(im_state.as_ref(), Status::Delivered).await == EVENTS as i64
+        })
+        .await;
+    for host in hosts {
+        host.stop().await;
+    }
+    let fake = counts(&world.collector);
+    let mut tencent: HashMap<String, usize> = HashMap::new();
+    for r in im.received() {
+        *tencent.entry(r.data["event_id"].as_str().unwrap().to_string()).or_insert(0) += 1;
+    }
+    for e in &events {
+        assert_eq!(fake.get(&e.event_id), Some(&1), "the fake sink got {} once", e.event_id);
+        assert_eq!(tencent.get(&e.event_id), Some(&1), "Tencent IM got {} once", e.event_id);
+    }
+    assert_eq!((fake.len(), tencent.len()), (EVENTS, EVENTS), "and nothing else");
+    // The first sink's state is the outbox's own columns; the second's is its own table.
+    let row = world.row(&events[0].event_id).await;
+    let copy = im_state.get(&events[0].event_id).await.unwrap().expect("a copy in the sink's table");
+    assert_eq!((row.status, copy.status), (Status::Delivered, Status::Delivered));
+    assert_eq!((copy.id, copy.envelope.as_slice()), (row.id, events[0].envelope.as_slice()), "the same event, id kept");
+}
+
+/// The first sink fails every event permanently; the second (Tencent IM) still gets every
+/// event once, and each sink's table says what happened to it: all `failed` in one, all
+/// `delivered` in the other.
+async fn a_sink_failing_every_event_does_not_hold_back_the_other(world: World) {
+    const EVENTS: usize = 500;
+    let im = TencentIm::start([]).await;
+    let config = world
+        .setup("concurrency: 8\nbatch_size: 50", "default: permanent")
+        .with_sinks(vec![sink_entry(&crate::tencent::sink(&im, &im.endpoint()), "start_from: beginning")])
+        .parse();
+    let mut host = Running::start(config).await;
+    let events = produce(&world, EVENTS).await;
+    let (_, im_state) = state_of(&world, "tencent-im").await;
+    host.wait_for("each sink to finish every event", || async {
+        count(world.producer.as_ref(), Status::Failed).await == EVENTS as i64
+            && count(im_state.as_ref(), Status::Delivered).await == EVENTS as i64
+    })
+    .await;
+    host.stop().await;
+    let received: Vec<String> =
+        im.received().iter().map(|r| r.data["event_id"].as_str().unwrap().to_string()).collect();
+    assert_eq!(received.len(), EVENTS, "Tencent IM got each event once");
+    let failed = world.row(&events[0].event_id).await;
+    assert_eq!(failed.last_error.as_deref(), Some("fake: scripted permanent failure"));
+    assert_eq!(im_state.get(&events[0].event_id).await.unwrap().unwrap().last_error, None);
+}
+
+/// 5,000 events delivered to the first sink; then a host with two more sinks: `audit`
+/// (`start_from: beginning`) gets those 5,000 once and then the new ones; `activity`
+/// (`start_from: now`) only the new ones. The first sink gets nothing twice.
+async fn a_sink_added_later_starts_from_the_beginning_or_from_now(world: World) {
+    const BEFORE: usize = 5_000;
+    const AFTER: usize = 300;
+    let config = world.setup("concurrency: 16\nbatch_size: 100", "").parse();
+    let mut host = Running::start(config).await;
+    let before = produce(&world, BEFORE).await;
+    host.wait_for_within("the first sink to deliver the first events", std::time::Duration::from_secs(120), || async {
+        count(world.producer.as_ref(), Status::Delivered).await == BEFORE as i64
+    })
+    .await;
+    host.stop().await;
+
+    let (audit, activity) = (Collector::start().await, Collector::start().await);
+    let config = world
+        .setup("concurrency: 16\nbatch_size: 100", "")
+        .with_sinks(vec![
+            sink_entry(&fake_named("audit", &audit, ""), "start_from: beginning"),
+            sink_entry(&fake_named("activity", &activity, ""), "start_from: now"),
+        ])
+        .parse();
+    let mut host = Running::start(config).await;
+    let (audit_sink, audit_state) = state_of(&world, "audit").await;
+    let (activity_sink, activity_state) = state_of(&world, "activity").await;
+    assert_eq!(audit_sink.start_from_ms, 0);
+    assert!(activity_sink.start_from_ms > before.last().unwrap().created_at_ms);
+    let after = produce(&world, AFTER).await;
+    host.wait_for_within("the new sinks to deliver", std::time::Duration::from_secs(120), || async {
+        count(audit_state.as_ref(), Status::Delivered).await == (BEFORE + AFTER) as i64
+            && count(activity_state.as_ref(), Status::Delivered).await == AFTER as i64
+            && count(world.producer.as_ref(), Status::Delivered).await == (BEFORE + AFTER) as i64
+    })
+    .await;
+    host.stop().await;
+    let (first, audit, activity) = (counts(&world.collector), counts(&audit), counts(&activity));
+    for e in &before {
+        assert_eq!(first.get(&e.event_id), Some(&1), "the first sink got {} once", e.event_id);
+        assert_eq!(audit.get(&e.event_id), Some(&1), "audit got the earlier {} once", e.event_id);
+        assert_eq!(activity.get(&e.event_id), None, "activity started from now: not {}", e.event_id);
+    }
+    for e in &after {
+        for (name, seen) in [("the first sink", &first), ("audit", &audit), ("activity", &activity)] {
+            assert_eq!(seen.get(&e.event_id), Some(&1), "{name} got the later {} once", e.event_id);
+        }
+    }
+    assert_eq!(
+        world.producer.sinks().await.unwrap().iter().map(|s| s.backfilled_at_ms.is_some()).collect::<Vec<_>>(),
+        [true, true, true],
+        "every back-fill recorded as complete"
+    );
+}
+
+/// A table as the host left it before several sinks (migration 6), with `delivered`,
+/// `retryable` and `failed` rows: `migrate` keeps every state, and a host with a second sink
+/// delivers nothing twice to the first.
+async fn a_single_sink_table_upgrades_in_place_keeping_every_state(world: World) {
+    let url = world.db_url();
+    let undo_version_7: &[&str] = &[
+        "DROP TABLE room_outbox_sinks",
+        "ALTER TABLE room_outbox DROP COLUMN fanned_out_at_ms",
+        "DELETE FROM room_outbox_migrations WHERE version = 7",
+    ];
+    for statement in undo_version_7 {
+        world.db.execute(statement).await.unwrap();
+    }
+    let delivered = world.produce("RoomGiftSent", "room-1", Status::Delivered).await;
+    let retryable = world.produce("RoomGiftSent", "room-2", Status::Pending).await;
+    let failed = world.produce("RoomGiftSent", "room-3", Status::Pending).await;
+    let pending = world.produce("RoomGiftSent", "room-4", Status::Pending).await;
+    for (id, status, error) in
+        [(&retryable, "retryable", "was failing"), (&failed, "failed", "gave up after 3 attempts: nope")]
+    {
+        world
+            .db
+            .execute(&format!(
+                "UPDATE room_outbox SET status = '{status}', retry_count = 3, last_error = '{error}', \
+                 next_retry_at_ms = 0 WHERE event_id = '{id}'"
+            ))
+            .await
+            .unwrap();
+    }
+    let before: Vec<_> =
+        futures_util::future::join_all([&delivered, &retryable, &failed, &pending].map(|id| world.row(id))).await;
+
+    let upgraded = outbox_host::store::open(&url, 2, "room_outbox").await.unwrap();
+    upgraded.migrate().await.unwrap();
+    let after: Vec<_> =
+        futures_util::future::join_all([&delivered, &retryable, &failed, &pending].map(|id| world.row(id))).await;
+    assert_eq!(after, before, "migrate keeps every row as it was");
+
+    let audit = Collector::start().await;
+    let config = world
+        .setup("", "")
+        .with_sinks(vec![sink_entry(&fake_named("audit", &audit, ""), "start_from: beginning")])
+        .parse();
+    let mut host = Running::start(config).await;
+    let (_, audit_state) = state_of(&world, "audit").await;
+    host.wait_for("both sinks to settle", || async {
+        count(audit_state.as_ref(), Status::Delivered).await == 4
+            && world.row(&retryable).await.status == Status::Delivered
+            && world.row(&pending).await.status == Status::Delivered
+    })
+    .await;
+    host.stop().await;
+    let first = counts(&world.collector);
+    assert_eq!(first.get(&delivered), None, "the producer's delivered row is not delivered again to the first sink");
+    assert_eq!(first.get(&failed), None, "a failed row waits for an operator");
+    assert_eq!((first.get(&retryable), first.get(&pending)), (Some(&1), Some(&1)));
+    let failed_row = world.row(&failed).await;
+    assert_eq!((failed_row.status, failed_row.retry_count), (Status::Failed, 3));
+    // The new sink gets all four: the producer's `delivered` was for the first sink only.
+    let audit = counts(&audit);
+    for id in [&delivered, &retryable, &failed, &pending] {
+        assert_eq!(audit.get(id), Some(&1), "audit got {id} once");
+    }
+    upgraded.close().await;
+}
