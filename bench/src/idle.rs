@@ -12,8 +12,8 @@ use outbox_host::ops::metrics::Metrics;
 use outbox_host::sandbox::Deliver;
 use outbox_host::store::schema::TableInfo;
 use outbox_host::store::{
-    Backend, Backfilled, Claimed, Held, KeyValue, Mark, Minute, NewEvent, RegisteredSink, RetryFilter, RoomOrder, Row,
-    Stats, Store, StoreError,
+    Backend, Backfilled, Claimed, Held, KeyValue, Mark, Minute, NewEvent, RegisteredSink, ReplayFilter, RetryFilter,
+    RoomOrder, Row, Stats, Store, StoreError,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -148,6 +148,14 @@ impl Store for Counting {
     async fn finish_backfill(&self, name: &str, now: i64) -> Result<(), StoreError> {
         self.count();
         self.inner.finish_backfill(name, now).await
+    }
+    async fn replay(&self, filter: &ReplayFilter, now: i64) -> Result<u64, StoreError> {
+        self.count();
+        self.inner.replay(filter, now).await
+    }
+    async fn recopy(&self, sink: &RegisteredSink, filter: &ReplayFilter) -> Result<u64, StoreError> {
+        self.count();
+        self.inner.recopy(sink, filter).await
     }
 }
 

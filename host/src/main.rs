@@ -79,6 +79,24 @@ enum Command {
         #[arg(long, short)]
         yes: bool,
     },
+    /// Deliver a range of events again to one sink only (its delivered and failed ones).
+    Replay {
+        /// The sink, by name.
+        #[arg(long)]
+        sink: String,
+        /// Events created at or after this RFC 3339 time (or date).
+        #[arg(long)]
+        from: String,
+        /// Events created before this RFC 3339 time (default: now).
+        #[arg(long)]
+        to: Option<String>,
+        /// Only events of this type.
+        #[arg(long = "event-type")]
+        event_type: Option<String>,
+        /// Only events of this room.
+        #[arg(long)]
+        room: Option<String>,
+    },
     /// Delete delivered rows older than DURATION (e.g. 7d), in bounded batches.
     Purge {
         /// Age of the delivered rows to delete, e.g. 7d or 72h.
@@ -214,10 +232,13 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
         }
         Command::Show { event_id } => {
             let store = app::open_store(&config).await?;
-            let row = store.get(&event_id).await?;
+            let described = match store.get(&event_id).await {
+                Ok(Some(row)) => outbox_host::ops::describe_everywhere(store.clone(), &row).await.map(Some),
+                other => other.map(|_| None),
+            };
             store.close().await;
-            let row = row.with_context(|| format!("no event {event_id} in {}", config.table))?;
-            let json = serde_json::to_string_pretty(&outbox_host::ops::describe(&row))?;
+            let described = described?.with_context(|| format!("no event {event_id} in {}", config.table))?;
+            let json = serde_json::to_string_pretty(&described)?;
             say(&format!("{}\n", outbox_host::text::json_for_terminal(&json)));
             Ok(())
         }
@@ -236,6 +257,14 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
             let moved = outbox_host::ops::retry(store.as_ref(), &filter).await?;
             store.close().await;
             say(&format!("moved {moved} failed event(s) back to pending\n"));
+            Ok(())
+        }
+        Command::Replay { sink, from, to, event_type, room } => {
+            let filter = outbox_host::ops::replay_filter(&from, to.as_deref(), event_type, room)?;
+            let store = app::open_store(&config).await?;
+            let replayed = outbox_host::ops::replay(store.clone(), &sink, &filter).await;
+            store.close().await;
+            say(&format!("replaying {} event(s) to sink {sink}\n", replayed?));
             Ok(())
         }
         Command::Purge { delivered_before, batch } => {

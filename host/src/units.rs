@@ -130,6 +130,28 @@ pub fn parse_rfc3339_ms(text: &str) -> Result<i64, String> {
     Ok(ms)
 }
 
+/// UTC milliseconds as RFC 3339 with milliseconds: `2026-11-30T08:00:00.250Z`.
+pub fn format_rfc3339_ms(ms: i64) -> String {
+    let (days, rest) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rest / 3_600_000,
+        rest / 60_000 % 60,
+        rest / 1_000 % 60,
+        rest % 1_000
+    )
+}
+
 /// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
 fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     let y = if month <= 2 { year - 1 } else { year };
@@ -153,6 +175,10 @@ mod tests {
         assert_eq!(parse_rfc3339_ms("2026-11-30t07:30:00-00:30"), Ok(1_796_025_600_000));
         assert_eq!(parse_rfc3339_ms("2026-11-30"), Ok(1_795_996_800_000));
         assert_eq!(parse_rfc3339_ms("2000-02-29T00:00:00Z"), Ok(951_782_400_000));
+        assert_eq!(format_rfc3339_ms(1_796_025_600_250), "2026-11-30T08:00:00.250Z");
+        for ms in [0, 951_782_400_000, 1_796_025_600_250, 4_102_444_799_999] {
+            assert_eq!(parse_rfc3339_ms(&format_rfc3339_ms(ms)), Ok(ms), "{ms} round trips");
+        }
         for bad in
             ["", "now", "2026-13-01", "2026-11-30T25:00:00Z", "2026-11-30T08:00Z", "2026-11-30T08:00:00", "26-11-30"]
         {

@@ -2,7 +2,9 @@
 
 use serde_json::{Value, json};
 
-use crate::store::{RetryFilter, Row, Store, StoreError, now_ms};
+use std::sync::Arc;
+
+use crate::store::{ReplayFilter, RetryFilter, Row, Store, StoreError, now_ms};
 
 /// Rows a purge deletes per statement, so it never holds locks for long.
 pub const PURGE_BATCH: u32 = 1_000;
@@ -23,6 +25,98 @@ pub async fn purge(store: &dyn Store, before_ms: i64, batch: u32) -> Result<u64,
 /// Moves the `failed` rows `filter` selects back to `pending`. Returns how many.
 pub async fn retry(store: &dyn Store, filter: &RetryFilter) -> Result<u64, StoreError> {
     store.retry_failed(filter, now_ms()).await
+}
+
+/// Why a replay did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// No sink of that name is registered on the table.
+    #[error("no sink {name:?} on this table (its sinks: {known})")]
+    UnknownSink {
+        /// The name asked for.
+        name: String,
+        /// The registered names, comma-separated.
+        known: String,
+    },
+    /// The range is empty or backwards.
+    #[error("{0}")]
+    BadRange(String),
+    /// The database refused or is away.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Delivers the events `filter` selects again to the sink `name` only: its `delivered` and
+/// `failed` ones move back to `pending` in its own state (rows waiting or in flight are
+/// left alone), and for a sink beside the first, events its table no longer has (purged
+/// there) are copied in again from the outbox. Returns how many events will be delivered.
+pub async fn replay(outbox: Arc<dyn Store>, name: &str, filter: &ReplayFilter) -> Result<u64, ReplayError> {
+    if filter.to_ms.is_some_and(|to| to <= filter.from_ms) {
+        return Err(ReplayError::BadRange("--to must be later than --from".into()));
+    }
+    let sinks = outbox.sinks().await?;
+    let Some(sink) = sinks.iter().find(|s| s.name == name) else {
+        let known = sinks.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ");
+        return Err(ReplayError::UnknownSink { name: name.to_string(), known });
+    };
+    let recopied = outbox.recopy(sink, filter).await?;
+    let state = outbox.clone().sink_store(sink).await?;
+    let moved = state.replay(filter, now_ms()).await?;
+    tracing::info!(sink = %name, moved, recopied, ?filter, "replay");
+    Ok(moved + recopied)
+}
+
+/// One registered sink and its counts, for `/api/status` and the page.
+#[derive(Debug, Clone)]
+pub struct SinkSummary {
+    /// Its name.
+    pub name: String,
+    /// Where its state lives.
+    pub table: String,
+    /// Its counts, oldest waiting event and top errors.
+    pub stats: crate::store::Stats,
+    /// Still copying the events from before it was added (not delivering yet).
+    pub backfilling: bool,
+}
+
+/// Every sink registered on the outbox, with its counts (the first sink's are `first`).
+pub async fn sink_summaries(
+    outbox: Arc<dyn Store>,
+    first: &crate::store::Stats,
+) -> Result<Vec<SinkSummary>, StoreError> {
+    let mut out = Vec::new();
+    for sink in outbox.sinks().await? {
+        let stats = if sink.is_first(outbox.table()) {
+            first.clone()
+        } else {
+            outbox.clone().sink_store(&sink).await?.stats().await?
+        };
+        out.push(SinkSummary {
+            backfilling: sink.backfilled_at_ms.is_none(),
+            name: sink.name,
+            table: sink.table,
+            stats,
+        });
+    }
+    Ok(out)
+}
+
+/// A replay's range from an operator's text: RFC 3339 times (or dates).
+pub fn replay_filter(
+    from: &str,
+    to: Option<&str>,
+    event_type: Option<String>,
+    room_id: Option<String>,
+) -> Result<ReplayFilter, ReplayError> {
+    let time = |key: &str, text: &str| {
+        crate::units::parse_rfc3339_ms(text).map_err(|why| ReplayError::BadRange(format!("{key}: {why}")))
+    };
+    Ok(ReplayFilter {
+        from_ms: time("from", from)?,
+        to_ms: to.filter(|t| !t.is_empty()).map(|t| time("to", t)).transpose()?,
+        event_type: event_type.filter(|t| !t.is_empty()),
+        room_id: room_id.filter(|r| !r.is_empty()),
+    })
 }
 
 /// The filter an operator's parameters name: exactly one of them, or an error saying so.
@@ -58,8 +152,61 @@ pub fn retry_filter(
 
 /// A row as JSON, with its envelope and body decoded where they decode.
 pub fn describe(row: &Row) -> Value {
+    let mut described = describe_state(row);
+    described["envelope"] = describe_envelope(row);
+    described
+}
+
+/// A row without its envelope: one sink's state of the event.
+pub fn describe_state(row: &Row) -> Value {
+    json!({
+        "id": row.id,
+        "app_code": row.app_code,
+        "event_id": row.event_id,
+        "event_type": row.event_type,
+        "room_id": row.room_id,
+        "status": row.status.as_str(),
+        "created_at_ms": row.created_at_ms,
+        "retry_count": row.retry_count,
+        "last_error": row.last_error,
+        "worker_id": row.worker_id,
+        "lock_until_ms": row.lock_until_ms,
+        "next_retry_at_ms": row.next_retry_at_ms,
+        "updated_at_ms": row.updated_at_ms,
+        "delivered_at_ms": row.delivered_at_ms,
+    })
+}
+
+/// An event as `show` and `/api/events/ID` give it: the outbox row (the first sink's state)
+/// with its envelope decoded, and under `sinks` every registered sink's state of it (a sink
+/// whose table does not have it reads `null`: before its start, or not copied yet).
+pub async fn describe_everywhere(outbox: Arc<dyn Store>, row: &Row) -> Result<Value, StoreError> {
+    let mut described = describe(row);
+    let mut sinks = serde_json::Map::new();
+    for sink in outbox.sinks().await.unwrap_or_default() {
+        let state = if sink.is_first(outbox.table()) {
+            Some(row.clone())
+        } else {
+            outbox.clone().sink_store(&sink).await?.get(&row.event_id).await?
+        };
+        let mut shown = state.as_ref().map_or(Value::Null, describe_state);
+        if let Value::Object(fields) = &mut shown {
+            for shared in ["app_code", "event_id", "event_type", "room_id", "created_at_ms"] {
+                fields.remove(shared);
+            }
+            fields.insert("table".into(), json!(sink.table));
+        }
+        sinks.insert(sink.name.clone(), shown);
+    }
+    if !sinks.is_empty() {
+        described["sinks"] = Value::Object(sinks);
+    }
+    Ok(described)
+}
+
+fn describe_envelope(row: &Row) -> Value {
     use outbox_proto::Message as _;
-    let envelope = match outbox_proto::EventEnvelope::decode(row.envelope.as_slice()) {
+    match outbox_proto::EventEnvelope::decode(row.envelope.as_slice()) {
         Ok(e) => {
             let body = match outbox_proto::body_to_json(&e.event_type, &e.body) {
                 Some(Ok(body)) => body,
@@ -77,24 +224,7 @@ pub fn describe(row: &Row) -> Value {
             })
         }
         Err(err) => json!({ "error": format!("not a protobuf EventEnvelope: {err}"), "bytes": row.envelope.len() }),
-    };
-    json!({
-        "id": row.id,
-        "app_code": row.app_code,
-        "event_id": row.event_id,
-        "event_type": row.event_type,
-        "room_id": row.room_id,
-        "status": row.status.as_str(),
-        "created_at_ms": row.created_at_ms,
-        "retry_count": row.retry_count,
-        "last_error": row.last_error,
-        "worker_id": row.worker_id,
-        "lock_until_ms": row.lock_until_ms,
-        "next_retry_at_ms": row.next_retry_at_ms,
-        "updated_at_ms": row.updated_at_ms,
-        "delivered_at_ms": row.delivered_at_ms,
-        "envelope": envelope,
-    })
+    }
 }
 
 #[cfg(test)]

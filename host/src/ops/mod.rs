@@ -8,4 +8,7 @@ pub mod metrics;
 pub mod page;
 pub mod report;
 
-pub use actions::{PURGE_BATCH, describe, purge, retry, retry_filter};
+pub use actions::{
+    PURGE_BATCH, ReplayError, SinkSummary, describe, describe_everywhere, purge, replay, replay_filter, retry,
+    retry_filter, sink_summaries,
+};

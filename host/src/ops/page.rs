@@ -33,6 +33,8 @@ pub struct PageData<'a> {
     pub db_failure: Option<DbFailure>,
     /// The sink's circuit breaker.
     pub breaker: BreakerReport,
+    /// Every sink registered on the table, with its counts.
+    pub sinks: &'a [crate::ops::SinkSummary],
 }
 
 /// Text from the table shown on the page: control and reordering characters made visible,
@@ -67,6 +69,51 @@ fn breaker(b: &BreakerReport, now_ms: i64) -> String {
         }
     };
     format!("<p class=\"breaker {state}\" id=\"breaker\" data-state=\"{state}\">Circuit breaker {detail}</p>")
+}
+
+/// Every sink's counts, and the replay form (with the admin token set).
+fn sinks(h: &mut String, d: &PageData<'_>) {
+    if d.sinks.is_empty() {
+        return;
+    }
+    h.push_str("<section><h2>Sinks</h2><table id=\"sinks\"><tr><th>sink</th><th>state in</th>");
+    for status in Status::ALL {
+        let _ = write!(h, "<th>{status}</th>");
+    }
+    h.push_str("<th>oldest waiting</th></tr>");
+    for sink in d.sinks {
+        let _ = write!(
+            h,
+            "<tr data-sink=\"{name}\"><td>{name}</td><td><code>{}</code></td>",
+            esc(&sink.table),
+            name = esc(&sink.name)
+        );
+        for status in Status::ALL {
+            let _ = write!(h, "<td class=\"{status}\" data-status=\"{status}\">{}</td>", sink.stats.count(status));
+        }
+        let oldest = if sink.backfilling {
+            "copying the events from before it was added".to_string()
+        } else {
+            sink.stats.oldest_waiting_created_at_ms.map_or("none".into(), |c| format!("{} old", age(d.now_ms - c)))
+        };
+        let _ = write!(h, "<td>{oldest}</td></tr>");
+    }
+    h.push_str("</table>");
+    if let Some(csrf) = &d.form_token {
+        let _ = write!(
+            h,
+            "<form id=\"replay\" method=\"post\" action=\"/replay\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+             <p>Deliver again to one sink: <select name=\"sink\">{}</select> \
+             events created from <input name=\"from\" placeholder=\"2026-11-30T08:00:00Z\" required> \
+             to <input name=\"to\" placeholder=\"(now)\"> type <input name=\"event_type\" placeholder=\"(any)\"> \
+             room <input name=\"room\" placeholder=\"(any)\"> \
+             <label>admin token <input type=\"password\" name=\"token\" autocomplete=\"off\" required></label> \
+             <button id=\"replay-button\">replay</button></p></form>",
+            esc(csrf),
+            d.sinks.iter().map(|s| format!("<option>{}</option>", esc(&s.name))).collect::<String>()
+        );
+    }
+    h.push_str("</section>");
 }
 
 /// Renders the page.
@@ -120,6 +167,8 @@ pub fn render(d: &PageData<'_>) -> String {
         "<p>Oldest waiting event: <b id=\"oldest\">{oldest}</b> · delivered in the last minute: <b id=\"rate\">{}</b></p></section>",
         d.stats.delivered_last_minute
     );
+
+    sinks(&mut h, d);
 
     h.push_str("<section><h2>Last hour</h2>");
     h.push_str(&chart(d.history, d.now_ms));
@@ -199,8 +248,8 @@ pub fn render(d: &PageData<'_>) -> String {
     h
 }
 
-/// A path segment with everything but unreserved characters percent-encoded.
-fn percent_encode(text: &str) -> String {
+/// A path segment or query value with everything but unreserved characters percent-encoded.
+pub(crate) fn percent_encode(text: &str) -> String {
     text.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
@@ -269,6 +318,7 @@ mod tests {
             form_token: form_token.map(str::to_string),
             db_failure,
             breaker: BreakerReport { state: State::Closed, since_ms: 0, reason: String::new(), next_probe_at_ms: None },
+            sinks: &[],
         })
     }
 

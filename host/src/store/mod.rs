@@ -535,6 +535,47 @@ pub trait Store: Send + Sync + 'static {
 
     /// Records that `name`'s back-fill is complete.
     async fn finish_backfill(&self, name: &str, now_ms: i64) -> Result<(), StoreError>;
+
+    /// Moves the `delivered` and `failed` rows `filter` selects back to `pending` (attempts
+    /// reset, last error kept), so that this table's sink receives them again; rows waiting
+    /// or in flight are left alone. Returns how many.
+    async fn replay(&self, filter: &ReplayFilter, now_ms: i64) -> Result<u64, StoreError>;
+
+    /// Copies the outbox rows `filter` selects that `sink`'s table no longer has (purged
+    /// there) back into it, as `pending`; rows it has are left alone. Returns how many.
+    async fn recopy(&self, sink: &RegisteredSink, filter: &ReplayFilter) -> Result<u64, StoreError>;
+}
+
+/// Which events a replay delivers again to one sink: created in `[from_ms, to_ms)`, and of
+/// one type or room if given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayFilter {
+    /// Created at or after, UTC ms.
+    pub from_ms: i64,
+    /// Created before, UTC ms (`None`: up to now).
+    pub to_ms: Option<i64>,
+    /// Only this event type.
+    pub event_type: Option<String>,
+    /// Only this room.
+    pub room_id: Option<String>,
+}
+
+impl ReplayFilter {
+    /// ` AND …` conditions on `prefix`-qualified columns, their first placeholder numbered
+    /// `first`, and the values to bind after `from_ms` and `to_ms` (always bound, `i64::MAX`
+    /// standing for no end).
+    fn conditions(&self, prefix: &str, param: impl Fn(usize) -> String, first: usize) -> (String, Vec<String>) {
+        let mut sql =
+            format!(" AND {prefix}created_at_ms >= {} AND {prefix}created_at_ms < {}", param(first), param(first + 1));
+        let mut values = Vec::new();
+        for (column, value) in [("event_type", &self.event_type), ("room_id", &self.room_id)] {
+            if let Some(value) = value {
+                sql.push_str(&format!(" AND {prefix}{column} = {}", param(first + 2 + values.len())));
+                values.push(value.clone());
+            }
+        }
+        (sql, values)
+    }
 }
 
 /// Which database a URL names.

@@ -335,6 +335,47 @@ where
         Ok(fanned)
     }
 
+    /// The outbox rows `filter` selects, fanned out and not before `sink`'s start, copied
+    /// into its table where it no longer has them.
+    pub(super) async fn recopy_rows(
+        &self,
+        sink: &RegisteredSink,
+        filter: &super::ReplayFilter,
+    ) -> Result<u64, StoreError> {
+        if sink.is_first(&self.table) {
+            return Ok(0);
+        }
+        let _writing = self.writing().await;
+        let (into, from) = self.copied_columns();
+        let (verb, tail) = insert_if_absent(D::BACKEND);
+        let (conditions, values) = filter.conditions("o.", D::param, 2);
+        let sql = format!(
+            "{verb} {} ({into}) SELECT {from} FROM {} o WHERE o.fanned_out_at_ms <> 0 AND o.created_at_ms >= {}{conditions} \
+             ORDER BY o.created_at_ms, o.{}{tail}",
+            sink.table,
+            self.table,
+            D::param(1),
+            self.profile.key.column()
+        );
+        let mut q =
+            sqlx::query(&sql).bind(sink.start_from_ms).bind(filter.from_ms).bind(filter.to_ms.unwrap_or(i64::MAX));
+        for value in values {
+            q = q.bind(value);
+        }
+        Ok(D::rows_affected(&q.execute(&self.pool).await?))
+    }
+
+    /// The columns a copy writes into a sink's table, and what it reads for them from the
+    /// outbox (`o`). The copy keeps the outbox's id, so that its claim order (creation time,
+    /// then id) is the outbox's and `show` finds one event under one id everywhere.
+    fn copied_columns(&self) -> (String, String) {
+        match self.profile.key {
+            super::schema::Key::Id => (format!("id, {COPIED}"), format!("o.id, {}", prefixed(COPIED))),
+            super::schema::Key::RowId => (format!("id, {COPIED}"), format!("o.rowid, {}", prefixed(COPIED))),
+            super::schema::Key::EventId => (COPIED.to_string(), prefixed(COPIED)),
+        }
+    }
+
     /// Copies the rows named by `keys` into `sink`'s table, those created at or after its
     /// start; rows it has already are left as they are.
     async fn copy_rows(
@@ -348,18 +389,8 @@ where
         }
         let t = &self.table;
         let key = self.profile.key.column();
-        // The copy keeps the outbox's id, so that its claim order (creation time, then id)
-        // is the outbox's and `show` finds one event under one id everywhere.
-        let (into, from) = match self.profile.key {
-            super::schema::Key::Id => (format!("id, {COPIED}"), format!("o.id, {}", prefixed(COPIED))),
-            super::schema::Key::RowId => (format!("id, {COPIED}"), format!("o.rowid, {}", prefixed(COPIED))),
-            super::schema::Key::EventId => (COPIED.to_string(), prefixed(COPIED)),
-        };
-        let (verb, tail) = match D::BACKEND {
-            Backend::Mysql => ("INSERT IGNORE INTO", ""),
-            // SQLite reads ON CONFLICT after a SELECT only when it has a WHERE (it has).
-            Backend::Sqlite | Backend::Postgres => ("INSERT INTO", " ON CONFLICT DO NOTHING"),
-        };
+        let (into, from) = self.copied_columns();
+        let (verb, tail) = insert_if_absent(D::BACKEND);
         let sql = format!(
             "{verb} {} ({into}) SELECT {from} FROM {t} o WHERE o.created_at_ms >= {} AND o.{key} IN ({}) \
              ORDER BY o.created_at_ms, o.{key}{tail}",
@@ -423,6 +454,15 @@ where
         );
         sqlx::query(&sql).bind(now_ms).bind(name.to_string()).execute(&self.pool).await?;
         Ok(())
+    }
+}
+
+/// An `INSERT … SELECT` that leaves rows already there alone: its verb and its tail.
+fn insert_if_absent(backend: Backend) -> (&'static str, &'static str) {
+    match backend {
+        Backend::Mysql => ("INSERT IGNORE INTO", ""),
+        // SQLite reads ON CONFLICT after a SELECT only when it has a WHERE (every copy has).
+        Backend::Sqlite | Backend::Postgres => ("INSERT INTO", " ON CONFLICT DO NOTHING"),
     }
 }
 

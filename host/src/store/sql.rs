@@ -837,4 +837,19 @@ where
     async fn finish_backfill(&self, name: &str, now_ms: i64) -> Result<(), StoreError> {
         SqlStore::finish_backfill(self, name, now_ms).await
     }
+
+    async fn replay(&self, filter: &super::ReplayFilter, now_ms: i64) -> Result<u64, StoreError> {
+        let _writing = self.writing().await;
+        let (conditions, values) = filter.conditions("", D::param, 2);
+        let sql = format!("{} WHERE status IN ('delivered', 'failed'){conditions}", self.sql.retry_set);
+        let mut q = sqlx::query(&sql).bind(now_ms).bind(filter.from_ms).bind(filter.to_ms.unwrap_or(i64::MAX));
+        for value in values {
+            q = q.bind(value);
+        }
+        Ok(D::rows_affected(&q.execute(&self.pool).await?))
+    }
+
+    async fn recopy(&self, sink: &super::RegisteredSink, filter: &super::ReplayFilter) -> Result<u64, StoreError> {
+        self.recopy_rows(sink, filter).await
+    }
 }

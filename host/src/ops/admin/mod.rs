@@ -74,6 +74,8 @@ pub fn serve(
         .route("/api/events/{event_id}", get(show_event))
         .route("/api/retry", post(retry_api))
         .route("/api/purge", post(purge_api))
+        .route("/replay", post(replay_form))
+        .route("/api/sinks/{name}/replay", post(replay_api))
         .layer(axum::middleware::from_fn_with_state(state.clone(), guard::screen))
         .with_state(state);
     tokio::spawn(async move {
@@ -122,6 +124,8 @@ async fn metrics(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
 #[derive(Deserialize)]
 struct Flash {
     moved: Option<u64>,
+    replayed: Option<u64>,
+    sink: Option<String>,
 }
 
 async fn status_page(State(s): State<Arc<AdminState>>, Query(flash): Query<Flash>) -> Response {
@@ -134,7 +138,12 @@ async fn status_page(State(s): State<Arc<AdminState>>, Query(flash): Query<Flash
         Ok(found) => found,
         Err(e) => return unavailable(e),
     };
-    let flash = flash.moved.map(|n| format!("Moved {n} failed event(s) back to pending."));
+    let sinks = crate::ops::sink_summaries(s.store.clone(), &stats).await.unwrap_or_default();
+    let flash = match (flash.moved, flash.replayed) {
+        (Some(n), _) => Some(format!("Moved {n} failed event(s) back to pending.")),
+        (None, Some(n)) => Some(format!("Replaying {n} event(s) to sink {}.", flash.sink.unwrap_or_default())),
+        (None, None) => None,
+    };
     let form_token = s.guard.mutations_allowed().then(|| s.guard.form_token());
     Html(page::render(&PageData {
         table: &s.table,
@@ -148,6 +157,7 @@ async fn status_page(State(s): State<Arc<AdminState>>, Query(flash): Query<Flash
         form_token,
         db_failure: s.metrics.db_health().last_failure(),
         breaker: s.metrics.breaker(),
+        sinks: &sinks,
     }))
     .into_response()
 }
@@ -168,6 +178,7 @@ async fn status_json(State(s): State<Arc<AdminState>>) -> Response {
         "top_errors": stats.top_errors.iter().map(|(e, n)| json!({ "error": e, "count": n })).collect::<Vec<_>>(),
         "db_failures_in_a_row": s.metrics.db_health().failures_in_a_row(),
         "breaker": breaker_json(&s.metrics.breaker()),
+        "sinks": sinks_json(s.store.clone(), &stats).await,
         "last_db_error": s.metrics.db_health().last_failure().map(|f| json!({
             "operation": f.operation,
             "error": f.error,
@@ -175,6 +186,30 @@ async fn status_json(State(s): State<Arc<AdminState>>) -> Response {
         })),
     }))
     .into_response()
+}
+
+/// Every registered sink's counts for `/api/status` (`null` when they cannot be read).
+async fn sinks_json(outbox: Arc<dyn Store>, first: &crate::store::Stats) -> serde_json::Value {
+    let Ok(sinks) = crate::ops::sink_summaries(outbox, first).await else {
+        return serde_json::Value::Null;
+    };
+    let now = now_ms();
+    sinks
+        .iter()
+        .map(|sink| {
+            let counts: serde_json::Map<String, serde_json::Value> =
+                Status::ALL.iter().map(|st| (st.as_str().to_string(), json!(sink.stats.count(*st)))).collect();
+            json!({
+                "name": sink.name,
+                "table": sink.table,
+                "counts": counts,
+                "oldest_waiting_age_ms": sink.stats.oldest_waiting_created_at_ms.map(|c| (now - c).max(0)),
+                "delivered_last_minute": sink.stats.delivered_last_minute,
+                "top_errors": sink.stats.top_errors.iter().map(|(e, n)| json!({ "error": e, "count": n })).collect::<Vec<_>>(),
+                "backfilling": sink.backfilling,
+            })
+        })
+        .collect()
 }
 
 /// The sink's circuit breaker for `/api/status`.
@@ -190,7 +225,10 @@ fn breaker_json(b: &crate::ops::metrics::BreakerReport) -> serde_json::Value {
 
 async fn show_event(State(s): State<Arc<AdminState>>, Path(event_id): Path<String>) -> Response {
     match s.store.get(&event_id).await {
-        Ok(Some(row)) => Json(ops::describe(&row)).into_response(),
+        Ok(Some(row)) => match ops::describe_everywhere(s.store.clone(), &row).await {
+            Ok(described) => Json(described).into_response(),
+            Err(e) => unavailable(e),
+        },
         Ok(None) => (StatusCode::NOT_FOUND, Json(json!({ "error": format!("no event {event_id}") }))).into_response(),
         Err(e) => unavailable(e),
     }
@@ -234,6 +272,62 @@ async fn retry_form(State(s): State<Arc<AdminState>>, headers: HeaderMap, Form(p
     }
     match retry_rows(&s, p).await {
         Ok(moved) => Redirect::to(&format!("/?moved={moved}")).into_response(),
+        Err(response) => response,
+    }
+}
+
+/// Which events to deliver again to one sink (and, from the page's form, its tokens).
+#[derive(Deserialize)]
+struct ReplayParams {
+    token: Option<String>,
+    csrf: Option<String>,
+    sink: Option<String>,
+    from: String,
+    to: Option<String>,
+    event_type: Option<String>,
+    room: Option<String>,
+}
+
+async fn replay_rows(s: &AdminState, sink: &str, p: ReplayParams) -> Result<u64, Response> {
+    let refused = |e: ops::ReplayError| {
+        let status = match &e {
+            ops::ReplayError::UnknownSink { .. } => StatusCode::NOT_FOUND,
+            ops::ReplayError::BadRange(_) => StatusCode::BAD_REQUEST,
+            ops::ReplayError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        (status, Json(json!({ "error": e.to_string() }))).into_response()
+    };
+    let filter = ops::replay_filter(&p.from, p.to.as_deref(), p.event_type, p.room).map_err(refused)?;
+    let replayed = ops::replay(s.store.clone(), sink, &filter).await.map_err(refused)?;
+    tracing::info!(sink, replayed, "operator replay over HTTP");
+    Ok(replayed)
+}
+
+async fn replay_api(
+    State(s): State<Arc<AdminState>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(p): Query<ReplayParams>,
+) -> Response {
+    if let Err(refused) = s.guard.check_api(&headers) {
+        return refused.into_response();
+    }
+    match replay_rows(&s, &name, p).await {
+        Ok(replayed) => Json(json!({ "sink": name, "replayed": replayed })).into_response(),
+        Err(response) => response,
+    }
+}
+
+/// The page's replay form: act, then show the page again.
+async fn replay_form(State(s): State<Arc<AdminState>>, headers: HeaderMap, Form(p): Form<ReplayParams>) -> Response {
+    if let Err(refused) = s.guard.check_form(&headers, p.token.as_deref(), p.csrf.as_deref()) {
+        return refused.into_response();
+    }
+    let sink = p.sink.clone().unwrap_or_default();
+    match replay_rows(&s, &sink, p).await {
+        Ok(replayed) => {
+            Redirect::to(&format!("/?replayed={replayed}&sink={}", page::percent_encode(&sink))).into_response()
+        }
         Err(response) => response,
     }
 }
