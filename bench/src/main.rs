@@ -94,6 +94,7 @@ fn wasm_noop(concurrency: u32, cache: &std::path::Path) -> anyhow::Result<SinkRu
         rate_limit: None,
         breaker: Default::default(),
         start_from: Default::default(),
+        watch_plugin: false,
         worker: Default::default(),
     };
     SinkRuntime::load(&config, concurrency)
@@ -222,6 +223,7 @@ async fn seed_drain(db: &Db, n: usize, config: &WorkerConfig, sink: &dyn Deliver
             store
                 .mark(
                     &[Mark {
+                        plugin_digest: None,
                         id: row.id,
                         event_id: row.event_id.clone(),
                         lease: row.lease,

@@ -13,6 +13,7 @@ use crate::config::Config;
 use crate::engine::Worker;
 use crate::ops::admin::{self, AdminState};
 use crate::ops::metrics::Metrics;
+use crate::reload::Reloader;
 use crate::sandbox::SinkRuntime;
 use crate::store::{self, RegisteredSink, Store};
 use crate::text::redact_url;
@@ -22,6 +23,7 @@ pub struct Host {
     config: Config,
     store: Arc<dyn Store>,
     sinks: Vec<SinkHost>,
+    reloader: Arc<Reloader>,
     /// Whether the table has sinks beside the first, so that this host fans out.
     fans_out: bool,
     metrics: Arc<Metrics>,
@@ -45,7 +47,8 @@ pub struct SinkHost {
 /// one for the fan-out), the pool grows by one per sink beyond the first, so that the
 /// listeners never starve the claims and writes of `max_connections`.
 pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
-    let listeners = if config.sinks.len() > 1 { config.sinks.len() as u32 } else { 0 };
+    let postgres = store::Backend::from_url(&config.database.url) == Ok(store::Backend::Postgres);
+    let listeners = if postgres && config.sinks.len() > 1 { config.sinks.len() as u32 } else { 0 };
     store::open(&config.database.url, config.database.max_connections + listeners, &config.table)
         .await
         .with_context(|| format!("database.url {}", redact_url(&config.database.url)))
@@ -67,6 +70,7 @@ impl Host {
         check_schema(store.as_ref(), &config.node_id).await?;
         let metrics = Arc::new(Metrics::new(&sink_configs[0].name));
         let mut sinks = Vec::new();
+        let mut reloader = Reloader::default();
         for (i, sink_config) in sink_configs.iter().enumerate() {
             let registered = store
                 .register_sink(
@@ -101,6 +105,9 @@ impl Host {
             } else {
                 None
             };
+            if let Some(worker) = &worker {
+                reloader.add(sink_config.clone(), worker.sink_slot().clone(), sink_metrics.clone());
+            }
             sinks.push(SinkHost { registered, store: sink_store, worker, metrics: sink_metrics });
         }
         let fans_out = store.sinks().await?.iter().any(|s| !s.is_first(&config.table));
@@ -116,7 +123,7 @@ impl Host {
             }
             None => None,
         };
-        Ok(Host { config, store, sinks, fans_out, metrics, admin })
+        Ok(Host { config, store, sinks, reloader: Arc::new(reloader), fans_out, metrics, admin })
     }
 
     /// The outbox store (tests inspect the table through it).
@@ -127,6 +134,11 @@ impl Host {
     /// The first sink's worker, unless `outbox_worker.enabled` is false.
     pub fn worker(&self) -> Option<&Arc<Worker>> {
         self.sinks.first().and_then(|s| s.worker.as_ref())
+    }
+
+    /// Reloads this host's sinks (a file change, `SIGHUP` and the admin API use it).
+    pub fn reloader(&self) -> &Arc<Reloader> {
+        &self.reloader
     }
 
     /// Every configured sink, in config order.
@@ -150,6 +162,7 @@ impl Host {
             node_id: self.config.node_id.clone(),
             sink: self.config.sinks.first().map(|s| s.name.clone()).unwrap_or_default(),
             guard: admin::Guard::new(&self.config.admin),
+            reloader: self.reloader.clone(),
             unready_after_db_failures: self.config.admin.unready_after_db_failures,
         });
         let admin_stop = CancellationToken::new();
@@ -175,6 +188,8 @@ impl Host {
         } else {
             Vec::new()
         };
+        let watcher = tokio::spawn(self.reloader.clone().watch(admin_stop.clone()));
+        crate::reload::reload_on_sighup(self.reloader.clone(), admin_stop.clone())?;
         readiness.worker_running.store(true, Ordering::Relaxed);
         let mark_draining = async {
             shutdown.cancelled().await;
@@ -226,6 +241,7 @@ impl Host {
         if let Some(task) = admin {
             let _ = tokio::time::timeout(grace, task).await;
         }
+        let _ = watcher.await;
         for task in refreshers {
             let _ = tokio::time::timeout(grace, task).await;
         }

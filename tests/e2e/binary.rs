@@ -51,6 +51,19 @@ pub fn run_cli(world: &World, args: &[&str]) -> Output {
         .expect("running outbox-host")
 }
 
+/// [`run_cli`] off the test's runtime, so that a host running in this test keeps going
+/// meanwhile (a frozen host could hold SQLite's write lock the command waits for).
+pub async fn run_cli_beside(world: &World, args: &[&str]) -> Output {
+    let config = world.dir.path().join("outbox.yaml");
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        Command::new(BIN).arg("--config").arg(&config).args(&args).stdin(Stdio::null()).output()
+    })
+    .await
+    .unwrap()
+    .expect("running outbox-host")
+}
+
 /// Sends `kill -<name>` to the child.
 pub fn signal(child: &Child, name: &str) {
     let status = Command::new("kill").args([&format!("-{name}"), &child.id().to_string()]).status().unwrap();

@@ -75,19 +75,27 @@ async fn stale_failure_does_not_overwrite_delivered(world: World) {
     let b = store.claim("worker-b", now + 2_000, now + 60_000, 10).await.unwrap().remove(0);
     store
         .mark(
-            &[Mark { id: b.id, event_id: b.event_id.clone(), lease: b.lease, outcome: Outcome::Delivered }],
+            &[Mark {
+                plugin_digest: None,
+                id: b.id,
+                event_id: b.event_id.clone(),
+                lease: b.lease,
+                outcome: Outcome::Delivered,
+            }],
             now + 2_100,
         )
         .await
         .unwrap();
 
     let late_retry = Mark {
+        plugin_digest: None,
         id: a.id,
         event_id: a.event_id.clone(),
         lease: a.lease.clone(),
         outcome: Outcome::Retry { error: "late".into(), next_retry_at_ms: now },
     };
     let late_fail = Mark {
+        plugin_digest: None,
         id: a.id,
         event_id: a.event_id.clone(),
         lease: a.lease,
@@ -106,6 +114,7 @@ async fn stale_failure_does_not_touch_a_newer_lease(world: World) {
     let a = store.claim("worker-a", now, now + 1_000, 10).await.unwrap().remove(0);
     store.claim("worker-b", now + 2_000, now + 60_000, 10).await.unwrap();
     let late = Mark {
+        plugin_digest: None,
         id: a.id,
         event_id: a.event_id.clone(),
         lease: a.lease,
@@ -124,6 +133,7 @@ async fn delivered_wins_even_from_a_stale_lease(world: World) {
     let a = store.claim("worker-a", now, now + 1_000, 10).await.unwrap().remove(0);
     let b = store.claim("worker-b", now + 2_000, now + 60_000, 10).await.unwrap().remove(0);
     let fail = Mark {
+        plugin_digest: None,
         id: b.id,
         event_id: b.event_id.clone(),
         lease: b.lease,
@@ -132,7 +142,13 @@ async fn delivered_wins_even_from_a_stale_lease(world: World) {
     store.mark(&[fail], now + 2_100).await.unwrap();
     store
         .mark(
-            &[Mark { id: a.id, event_id: a.event_id.clone(), lease: a.lease, outcome: Outcome::Delivered }],
+            &[Mark {
+                plugin_digest: None,
+                id: a.id,
+                event_id: a.event_id.clone(),
+                lease: a.lease,
+                outcome: Outcome::Delivered,
+            }],
             now + 2_200,
         )
         .await
@@ -149,7 +165,10 @@ async fn retryable_rows_wait_for_next_retry_at(world: World) {
     let retry = Outcome::Retry { error: "busy".into(), next_retry_at_ms: now + 5_000 };
     assert_eq!(
         store
-            .mark(&[Mark { id: a.id, event_id: a.event_id.clone(), lease: a.lease, outcome: retry }], now)
+            .mark(
+                &[Mark { plugin_digest: None, id: a.id, event_id: a.event_id.clone(), lease: a.lease, outcome: retry }],
+                now
+            )
             .await
             .unwrap(),
         1
@@ -174,6 +193,7 @@ async fn failed_rows_are_never_claimed(world: World) {
     store
         .mark(
             &[Mark {
+                plugin_digest: None,
                 id: a.id,
                 event_id: a.event_id.clone(),
                 lease: a.lease,
@@ -220,6 +240,7 @@ async fn one_mark_call_writes_every_kind_of_outcome(world: World) {
         .iter()
         .enumerate()
         .map(|(i, c)| Mark {
+            plugin_digest: None,
             id: c.id,
             event_id: c.event_id.clone(),
             lease: c.lease.clone(),
@@ -288,6 +309,7 @@ async fn stats_count_statuses_age_and_errors(world: World) {
     let marks: Vec<Mark> = claimed
         .iter()
         .map(|c| Mark {
+            plugin_digest: None,
             id: c.id,
             event_id: c.event_id.clone(),
             lease: c.lease.clone(),
@@ -477,6 +499,7 @@ async fn settle(world: &World, outcome_of: impl Fn(&str) -> Outcome) {
     let marks: Vec<Mark> = claimed
         .iter()
         .map(|c| Mark {
+            plugin_digest: None,
             id: c.id,
             event_id: c.event_id.clone(),
             lease: c.lease.clone(),

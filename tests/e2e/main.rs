@@ -19,6 +19,7 @@ mod permissions;
 mod pipeline;
 mod process;
 mod producer;
+mod reload;
 mod sandbox;
 mod scale;
 mod sinks;

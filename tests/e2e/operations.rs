@@ -153,6 +153,7 @@ async fn admin_commands_show_retry_and_purge() {
     let marks: Vec<_> = claimed
         .iter()
         .map(|c| outbox_host::store::Mark {
+            plugin_digest: None,
             id: c.id,
             event_id: c.event_id.clone(),
             lease: c.lease.clone(),

@@ -60,6 +60,7 @@ async fn row_privileges_suffice(world: &World, url: &str) {
     let claimed = app.claim("w", now, now + 60_000, 10).await.unwrap();
     assert_eq!(claimed.len(), 1);
     let mark = Mark {
+        plugin_digest: None,
         id: claimed[0].id,
         event_id: claimed[0].event_id.clone(),
         lease: claimed[0].lease.clone(),

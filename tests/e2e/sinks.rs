@@ -280,7 +280,7 @@ async fn a_replayed_range_reaches_that_sink_only(world: World) {
         outbox_host::units::format_rfc3339_ms(early[0].created_at_ms),
         outbox_host::units::format_rfc3339_ms(boundary),
     );
-    let out = crate::binary::run_cli(&world, &["replay", "--sink", "audit", "--from", &from, "--to", &to]);
+    let out = crate::binary::run_cli_beside(&world, &["replay", "--sink", "audit", "--from", &from, "--to", &to]).await;
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "replaying 40 event(s) to sink audit\n");
     host.wait_for("audit to receive the early events again", || async {
@@ -323,14 +323,14 @@ async fn a_replayed_range_reaches_that_sink_only(world: World) {
     }
 
     // Each sink's state of one event; every sink in `status`, `/api/status` and on the page.
-    let out = crate::binary::run_cli(&world, &["show", &early[1].event_id]);
+    let out = crate::binary::run_cli_beside(&world, &["show", &early[1].event_id]).await;
     let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(shown["sinks"]["fake"]["status"], "delivered");
     assert_eq!(shown["sinks"]["fake"]["table"], "room_outbox");
     assert_eq!(shown["sinks"]["audit"]["status"], "delivered");
     assert_eq!(shown["sinks"]["audit"]["table"], "room_outbox__audit");
     assert_eq!(shown["sinks"]["audit"]["retry_count"], 0);
-    let status = String::from_utf8(crate::binary::run_cli(&world, &["status"]).stdout).unwrap();
+    let status = String::from_utf8(crate::binary::run_cli_beside(&world, &["status"]).await.stdout).unwrap();
     assert!(status.starts_with("room_outbox (sink fake): 80 rows\n"), "{status}");
     assert!(status.contains("\nroom_outbox__audit (sink audit): 80 rows\n"), "{status}");
     let api: serde_json::Value =

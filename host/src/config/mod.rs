@@ -608,6 +608,7 @@ fn read_sink(f: &mut Fields<'_>, notes: &mut Vec<String>, global: &WorkerConfig,
     let breaker =
         if f.has("breaker") { f.section("breaker", |f| read_breaker(f, notes)) } else { BreakerSettings::default() };
     let start_from = read_start_from(f);
+    let watch_plugin = f.take::<bool>("watch_plugin").unwrap_or(true);
     let worker = WorkerConfig { rate_limit, breaker, ..read_delivery_overrides(f, notes, global, lease_explicit) };
     SinkConfig {
         name,
@@ -623,6 +624,7 @@ fn read_sink(f: &mut Fields<'_>, notes: &mut Vec<String>, global: &WorkerConfig,
         rate_limit,
         breaker,
         start_from,
+        watch_plugin,
         worker,
     }
 }

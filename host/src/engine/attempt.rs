@@ -44,6 +44,9 @@ pub async fn deliver_one(
             Err(failure) => after_failure(failure, attempt, config, now_ms(), super::retry::draw()),
         };
         let verdict = verdict(&result, took.is_some());
+        // Which build of the sink this was, for the operator who reloads it.
+        let plugin = sink.digest();
+        let plugin = plugin.as_deref();
         match &result {
             Ok(delivered) => {
                 let skipped = match delivered {
@@ -51,7 +54,7 @@ pub async fn deliver_one(
                     Delivered::Delivered => None,
                 };
                 metrics.delivered(&row.event_type, skipped.is_some(), took.unwrap_or_default());
-                tracing::info!(status = "delivered", skipped, "event delivered");
+                tracing::info!(status = "delivered", skipped, plugin, "event delivered");
             }
             Err(failure) => {
                 metrics.failed(&row.event_type, failure.class.as_str(), took);
@@ -68,6 +71,7 @@ pub async fn deliver_one(
                     kind = failure.class.as_str(),
                     pressure = pushed.map(Pressure::as_str),
                     error = outcome.error().unwrap_or_default(),
+                    plugin,
                     "{}",
                     if pushed.is_some() { "delivery deferred: the sink pushed back" } else { "delivery failed" }
                 );

@@ -73,10 +73,34 @@ struct Pending {
     probe: bool,
 }
 
+/// The sink a worker delivers through, swapped whole by a reload: a delivery takes the one
+/// that is current when it starts and finishes on it.
+pub struct SinkSlot {
+    current: std::sync::RwLock<Arc<dyn Deliver>>,
+}
+
+impl SinkSlot {
+    /// A slot holding `sink`.
+    pub fn new(sink: Arc<dyn Deliver>) -> SinkSlot {
+        SinkSlot { current: std::sync::RwLock::new(sink) }
+    }
+
+    /// The sink new deliveries start on.
+    pub fn get(&self) -> Arc<dyn Deliver> {
+        self.current.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Puts `sink` in for the deliveries that start from now on; returns the one it replaces
+    /// (deliveries under way keep it until they finish).
+    pub fn swap(&self, sink: Arc<dyn Deliver>) -> Arc<dyn Deliver> {
+        std::mem::replace(&mut *self.current.write().unwrap_or_else(std::sync::PoisonError::into_inner), sink)
+    }
+}
+
 /// The `room_outbox` worker (room-service's compensation worker, as a product), for one sink.
 pub struct Worker {
     store: Arc<dyn Store>,
-    sink: Arc<dyn Deliver>,
+    sink: Arc<SinkSlot>,
     config: WorkerConfig,
     node_id: String,
     worker_id: String,
@@ -98,7 +122,13 @@ impl Worker {
         let worker_id = format!("{node_id}-{}-{:08x}", std::process::id(), random as u32);
         debug_assert_eq!(worker_id.len(), worker_id_len(node_id));
         let (signals, _) = broadcast::channel(1024);
+        let sink = Arc::new(SinkSlot::new(sink));
         Arc::new(Worker { store, sink, config, node_id: node_id.to_string(), worker_id, signals, metrics })
+    }
+
+    /// The slot a reload swaps a new build of the sink into.
+    pub fn sink_slot(&self) -> &Arc<SinkSlot> {
+        &self.sink
     }
 
     /// The id written into `worker_id` of the rows this worker holds.
@@ -134,7 +164,7 @@ impl Worker {
             worker = "room_outbox",
             node_id = %self.node_id,
             worker_id = %self.worker_id,
-            sink = self.sink.name(),
+            sink = self.sink.get().name(),
             "worker started"
         );
         let outstanding = Arc::new(Outstanding::default());
@@ -403,13 +433,15 @@ impl Worker {
                 bucket.take();
             }
             let this = self.clone();
+            let sink = self.sink.get();
             running.spawn(async move {
-                let (outcome, verdict) = match AssertUnwindSafe(this.deliver_one(&row)).catch_unwind().await {
+                let (outcome, verdict) = match AssertUnwindSafe(this.deliver_one(&*sink, &row)).catch_unwind().await {
                     Ok(done) => done,
                     Err(panic) => (this.after_panic(&row, panic), Verdict::Neutral),
                 };
                 let Claimed { id, lease, event_id, .. } = row;
-                (key, Pending { mark: Mark { id, event_id, lease, outcome }, verdict, probe })
+                let mark = Mark { plugin_digest: sink.digest(), id, event_id, lease, outcome };
+                (key, Pending { mark, verdict, probe })
             });
         }
         if !late.is_empty() {
@@ -497,7 +529,8 @@ impl Worker {
         let cool_down_ms = moved.cool_down.map(retry::millis);
         let next_probe_at_ms = cool_down_ms.map(|ms| now_ms().saturating_add(ms));
         self.metrics.breaker_moved(moved.to, &moved.reason, next_probe_at_ms);
-        let (state, reason, sink) = (moved.to.as_str(), moved.reason.as_str(), self.sink.name());
+        let current = self.sink.get();
+        let (state, reason, sink) = (moved.to.as_str(), moved.reason.as_str(), current.name());
         match moved.to {
             breaker::State::Open => tracing::warn!(
                 worker = "room_outbox",
@@ -518,9 +551,9 @@ impl Worker {
         gate.send_replace(moved.to);
     }
 
-    /// Delivers one row and decides its outcome (see `attempt.rs`).
-    async fn deliver_one(&self, row: &Claimed) -> (Outcome, Verdict) {
-        attempt::deliver_one(&*self.sink, &self.config, &self.metrics, &self.node_id, row).await
+    /// Delivers one row through `sink` and decides its outcome (see `attempt.rs`).
+    async fn deliver_one(&self, sink: &dyn Deliver, row: &Claimed) -> (Outcome, Verdict) {
+        attempt::deliver_one(sink, &self.config, &self.metrics, &self.node_id, row).await
     }
 
     /// Writes outcomes as they arrive, several per write when they queue up, retrying

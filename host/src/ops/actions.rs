@@ -174,6 +174,7 @@ pub fn describe_state(row: &Row) -> Value {
         "next_retry_at_ms": row.next_retry_at_ms,
         "updated_at_ms": row.updated_at_ms,
         "delivered_at_ms": row.delivered_at_ms,
+        "plugin_digest": row.plugin_digest,
     })
 }
 

@@ -32,6 +32,8 @@ const SINK_LIMITS: [&str; 7] = ["log", "message", "skip_reason", "stdio", "reque
 const DB_OPERATIONS: [&str; 5] = ["claim", "mark", "release", "fan_out", "stats"];
 /// The push-backs of [`Metrics::pushed_back`], all exported from the start.
 const PRESSURES: [&str; 3] = ["room_throttled", "throttled", "unavailable"];
+/// The results of [`Metrics::reloaded`], all exported from the start.
+const RELOAD_RESULTS: [&str; 3] = ["ok", "unchanged", "refused"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SinkLabel {
@@ -61,6 +63,12 @@ struct LimitLabels {
 struct PressureLabels {
     sink: String,
     pressure: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    sink: String,
+    result: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -112,6 +120,7 @@ struct Families {
     push_backs: Family<PressureLabels, Counter>,
     sink_state: Family<SinkLabel, Gauge>,
     breaker_transitions: Family<TransitionLabels, Counter>,
+    reloads: Family<ReloadLabels, Counter>,
 }
 
 /// One sink's view of the host's metrics: what it records carries its `sink` label. The
@@ -181,6 +190,11 @@ impl Families {
             self.breaker_transitions.clone(),
         );
         r.register(
+            "room_outbox_sink_reloads",
+            "Reloads of a sink's plugin by result: ok (a new build delivers), unchanged, refused (the old one goes on)",
+            self.reloads.clone(),
+        );
+        r.register(
             "room_outbox_log_lines_dropped",
             "Log lines dropped because the log output was closed, broken or too slow",
             self.log_dropped.clone(),
@@ -226,6 +240,7 @@ impl Metrics {
             push_backs: Family::default(),
             sink_state: Family::default(),
             breaker_transitions: Family::default(),
+            reloads: Family::default(),
         };
         shared.register();
         for op in DB_OPERATIONS {
@@ -276,7 +291,15 @@ impl Metrics {
         for status in [Status::Pending, Status::Retryable] {
             let _ = f.pending.get_or_create(&m.status_labels(status));
         }
+        for result in RELOAD_RESULTS {
+            let _ = f.reloads.get_or_create(&ReloadLabels { sink: m.sink.clone(), result: result.into() });
+        }
         m
+    }
+
+    /// A reload of the sink ended: `ok` (a new build delivers), `unchanged`, or `refused`.
+    pub fn reloaded(&self, result: &'static str) {
+        self.shared.reloads.get_or_create(&ReloadLabels { sink: self.sink.clone(), result: result.into() }).inc();
     }
 
     /// The sink these metrics are labelled with.

@@ -340,6 +340,7 @@ mod tests {
             next_retry_at_ms: 0,
             updated_at_ms: 0,
             delivered_at_ms: None,
+            plugin_digest: None,
         };
         let stats = Stats {
             top_errors: vec![("<i>".into(), 1)],

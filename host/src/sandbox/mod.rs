@@ -53,6 +53,10 @@ pub trait Deliver: Send + Sync + 'static {
     fn name(&self) -> &str;
     /// One attempt, bounded by `timeout`.
     async fn deliver(&self, event: &Event, timeout: Duration) -> Result<Delivered, AttemptFailure>;
+    /// Which build this is (`sha256:<hex>` of the component), recorded with each outcome.
+    fn digest(&self) -> Option<Arc<str>> {
+        None
+    }
 }
 
 #[async_trait::async_trait]
@@ -63,6 +67,10 @@ impl Deliver for SinkRuntime {
 
     async fn deliver(&self, event: &Event, timeout: Duration) -> Result<Delivered, AttemptFailure> {
         SinkRuntime::deliver(self, event, timeout).await
+    }
+
+    fn digest(&self) -> Option<Arc<str>> {
+        Some(self.digest.clone())
     }
 }
 
@@ -154,6 +162,7 @@ pub struct SinkRuntime {
     shared: Arc<Shared>,
     memory_limit: usize,
     ticker_stop: Arc<AtomicBool>,
+    digest: Arc<str>,
 }
 
 impl Drop for SinkRuntime {
@@ -225,7 +234,8 @@ impl SinkRuntime {
         });
         let ticker_stop = Arc::new(AtomicBool::new(false));
         spawn_epoch_ticker(engine.weak(), ticker_stop.clone());
-        Ok(SinkRuntime { engine, pre, shared, memory_limit, ticker_stop })
+        let digest = format!("sha256:{:x}", <sha2::Sha256 as sha2::Digest>::digest(&bytes)).into();
+        Ok(SinkRuntime { engine, pre, shared, memory_limit, ticker_stop, digest })
     }
 
     /// Loads the sink (compiling off the async runtime) and asks it to check its config;
@@ -253,6 +263,11 @@ impl SinkRuntime {
     /// The sink's configured name.
     pub fn name(&self) -> &str {
         &self.shared.name
+    }
+
+    /// `sha256:<hex>` of the component this runtime was loaded from.
+    pub fn digest_text(&self) -> &str {
+        &self.digest
     }
 
     /// Runs one delivery in a fresh store, bounded by `timeout`.

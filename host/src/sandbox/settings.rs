@@ -56,6 +56,8 @@ pub struct SinkConfig {
     pub breaker: crate::engine::breaker::BreakerSettings,
     /// Which events a sink added to a table that already has events starts from.
     pub start_from: StartFrom,
+    /// Reload the sink when its plugin file changes (`watch_plugin`, default true).
+    pub watch_plugin: bool,
     /// `outbox_worker` with this sink's own `concurrency`, `publish_timeout`, retry keys,
     /// `rate_limit` and `breaker` applied.
     pub worker: crate::engine::settings::WorkerConfig,

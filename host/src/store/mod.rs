@@ -20,7 +20,7 @@ pub use sqlite::SqliteStore;
 
 /// The columns of a whole [`Row`] after its key (see [`row_columns`]).
 const ROW_COLUMNS: &str = "app_code, event_id, event_type, room_id, status, envelope, created_at_ms, \
-     retry_count, last_error, worker_id, lock_until_ms, next_retry_at_ms, updated_at_ms, delivered_at_ms";
+     retry_count, last_error, worker_id, lock_until_ms, next_retry_at_ms, updated_at_ms, delivered_at_ms, plugin_digest";
 
 /// The columns a claim returns after its key (see [`claim_columns`]).
 const CLAIM_COLUMNS: &str = "app_code, event_id, event_type, room_id, envelope, created_at_ms, retry_count";
@@ -257,6 +257,9 @@ pub struct Mark {
     pub lease: Lease,
     /// What happened.
     pub outcome: Outcome,
+    /// The build of the sink that produced the outcome (`sha256:<hex>` of its component),
+    /// recorded with it; `None` where no sink ran.
+    pub plugin_digest: Option<std::sync::Arc<str>>,
 }
 
 /// A claimed row to hand back, and the lease it is held under.
@@ -309,6 +312,8 @@ pub struct Row {
     pub updated_at_ms: i64,
     /// When the worker delivered it.
     pub delivered_at_ms: Option<i64>,
+    /// The build of the sink that produced the last outcome (`sha256:<hex>`).
+    pub plugin_digest: Option<String>,
 }
 
 /// Counts for `status` and the metrics.

@@ -63,7 +63,7 @@ impl Dialect for MysqlDialect {
                 let case = |column: &str| format!("{column} = CASE {key}{} END", " WHEN ? THEN ?".repeat(n));
                 format!(
                     "UPDATE {failed_table} SET {}, {}, {}, retry_count = retry_count + CASE {key}{} END, \
-                     worker_id = {no_worker}, lock_until_ms = 0, updated_at_ms = ? WHERE 1 = 1{}",
+                     worker_id = {no_worker}, lock_until_ms = 0, updated_at_ms = ?, plugin_digest = ? WHERE 1 = 1{}",
                     case("status"),
                     case("last_error"),
                     case("next_retry_at_ms"),
@@ -279,7 +279,7 @@ impl Dialect for MysqlDialect {
         for m in marks {
             q = key!(q, m).bind(m.outcome.counted());
         }
-        q = q.bind(now_ms);
+        q = q.bind(now_ms).bind(super::sql::digest_of(marks));
         for m in marks {
             q = key!(q, m).bind(m.lease.worker_id.as_str()).bind(m.lease.lock_until_ms);
         }

@@ -59,11 +59,13 @@ impl Dialect for PostgresDialect {
             claim: format!("SELECT id, {CLAIM_COLUMNS}, was FROM {t}_claim($1, $2, $3, $4, $5, $6, $7)"),
             delivered: format!(
                 "UPDATE {t} SET status = 'delivered', last_error = {no_error}, worker_id = {no_worker}, lock_until_ms = 0, \
-                 updated_at_ms = $1, delivered_at_ms = $1 WHERE status <> 'delivered' AND {key} = ANY($2::{keys})"
+                 updated_at_ms = $1, delivered_at_ms = $1, plugin_digest = $3 \
+                 WHERE status <> 'delivered' AND {key} = ANY($2::{keys})"
             ),
             failed: format!(
                 "UPDATE {t} AS o SET status = m.status, retry_count = o.retry_count + m.counted, last_error = m.error, \
-                 next_retry_at_ms = m.next_retry_at_ms, worker_id = {no_worker}, lock_until_ms = 0, updated_at_ms = $8 \
+                 next_retry_at_ms = m.next_retry_at_ms, worker_id = {no_worker}, lock_until_ms = 0, updated_at_ms = $8, \
+                 plugin_digest = $9 \
                  FROM UNNEST($1::{keys}, $2::TEXT[], $3::BIGINT[], $4::TEXT[], $5::TEXT[], $6::BIGINT[], $7::INT4[]) \
                       AS m(k, worker_id, lock_until_ms, status, error, next_retry_at_ms, counted) \
                  WHERE o.{key} = m.k AND o.status = 'delivering' AND o.worker_id = m.worker_id AND o.lock_until_ms = m.lock_until_ms"
@@ -264,7 +266,7 @@ impl Dialect for PostgresDialect {
         } else {
             q.bind(marks.iter().map(|m| m.id).collect::<Vec<_>>())
         };
-        Ok(Some(q.execute(&store.pool).await?.rows_affected()))
+        Ok(Some(q.bind(super::sql::digest_of(marks)).execute(&store.pool).await?.rows_affected()))
     }
 
     /// `retryable`/`failed` outcomes, each only under its own lease, in one statement.
@@ -283,6 +285,7 @@ impl Dialect for PostgresDialect {
                 .bind(&failed.next_retry_ats)
                 .bind(&failed.counted)
                 .bind(now_ms)
+                .bind(super::sql::digest_of(marks))
                 .execute(&store.pool)
                 .await?
                 .rows_affected();

@@ -195,11 +195,12 @@ impl SharedStatements {
                 move |n| {
                     format!(
                         "UPDATE {t} SET status = 'delivered', last_error = {no_error}, worker_id = {no_worker}, \
-                         lock_until_ms = 0, updated_at_ms = {}, delivered_at_ms = {} \
+                         lock_until_ms = 0, updated_at_ms = {}, delivered_at_ms = {}, plugin_digest = {} \
                          WHERE status <> 'delivered' AND {key} IN ({})",
                         D::param(1),
                         D::param(2),
-                        params::<D>(3, n),
+                        D::param(3),
+                        params::<D>(4, n),
                     )
                 }
             }),
@@ -409,7 +410,13 @@ pub(super) fn decode_row<D: Dialect>(r: &<D::Db as Database>::Row) -> Result<Row
         next_retry_at_ms: D::int(r, 12)?,
         updated_at_ms: D::int(r, 13)?,
         delivered_at_ms: D::opt_int(r, 14)?,
+        plugin_digest: blank_is_none(D::opt_text(r, 15)?),
     })
+}
+
+/// The sink build the marks (all of one build) were produced by, `''` for none.
+pub(super) fn digest_of(marks: &[&Mark]) -> String {
+    marks.first().and_then(|m| m.plugin_digest.as_deref()).unwrap_or("").to_string()
 }
 
 /// An empty string (a `NOT NULL DEFAULT ''` column's "nothing") read as `NULL`.
@@ -641,21 +648,30 @@ where
     async fn mark(&self, marks: &[Mark], now_ms: i64) -> Result<u64, StoreError> {
         let _writing = self.writing().await;
         let mut changed = 0;
-        let delivered: Vec<&Mark> = marks.iter().filter(|m| m.outcome == Outcome::Delivered).collect();
-        // Delivered wins: any row not yet delivered, whoever holds it.
-        if let Some(n) = D::mark_delivered(self, &delivered, now_ms).await? {
-            changed += n;
-        } else if !delivered.is_empty() {
-            let sql = self.sql.delivered.get(delivered.len());
-            let mut q = sqlx::query(&sql).bind(now_ms).bind(now_ms);
-            for m in &delivered {
-                q = if self.profile.key.is_text() { q.bind(m.event_id.as_str()) } else { q.bind(m.id) };
+        // One write per build of the sink that produced the outcomes: one, unless a reload
+        // happened between them.
+        let mut digests: Vec<Option<&str>> = marks.iter().map(|m| m.plugin_digest.as_deref()).collect();
+        digests.dedup();
+        digests.sort_unstable();
+        digests.dedup();
+        for digest in digests {
+            let ours = |m: &&Mark| m.plugin_digest.as_deref() == digest;
+            let delivered: Vec<&Mark> = marks.iter().filter(|m| m.outcome == Outcome::Delivered).filter(ours).collect();
+            // Delivered wins: any row not yet delivered, whoever holds it.
+            if let Some(n) = D::mark_delivered(self, &delivered, now_ms).await? {
+                changed += n;
+            } else if !delivered.is_empty() {
+                let sql = self.sql.delivered.get(delivered.len());
+                let mut q = sqlx::query(&sql).bind(now_ms).bind(now_ms).bind(digest.unwrap_or("").to_string());
+                for m in &delivered {
+                    q = if self.profile.key.is_text() { q.bind(m.event_id.as_str()) } else { q.bind(m.id) };
+                }
+                changed += D::rows_affected(&q.execute(&self.pool).await?);
             }
-            changed += D::rows_affected(&q.execute(&self.pool).await?);
-        }
-        let failed: Vec<&Mark> = marks.iter().filter(|m| m.outcome != Outcome::Delivered).collect();
-        if !failed.is_empty() {
-            changed += D::mark_failed(self, &failed, now_ms).await?;
+            let failed: Vec<&Mark> = marks.iter().filter(|m| m.outcome != Outcome::Delivered).filter(ours).collect();
+            if !failed.is_empty() {
+                changed += D::mark_failed(self, &failed, now_ms).await?;
+            }
         }
         Ok(changed)
     }

@@ -138,7 +138,7 @@ impl Dialect for SqliteDialect {
             },
             failed: format!(
                 "UPDATE {t} SET status = ?, retry_count = retry_count + ?, last_error = ?, next_retry_at_ms = ?, \
-                 worker_id = {no_worker}, lock_until_ms = 0, updated_at_ms = ? \
+                 worker_id = {no_worker}, lock_until_ms = 0, updated_at_ms = ?, plugin_digest = ? \
                  WHERE {key} = ? AND status = 'delivering' AND worker_id = ? AND lock_until_ms = ?"
             ),
             release: format!(
@@ -283,6 +283,10 @@ impl Dialect for SqliteDialect {
             }
         };
         if picked.is_empty() {
+            // Ended here, not left to the drop: a dropped transaction's rollback is only
+            // queued, and until it runs, the idle connection keeps SQLite's write lock from
+            // every other process.
+            tx.commit().await?;
             return Ok(Vec::new());
         }
         let take = store.own.take.get(picked.len());
@@ -316,6 +320,7 @@ impl Dialect for SqliteDialect {
                 .bind(m.outcome.error().map(|e| store.fit_error(e)))
                 .bind(m.outcome.next_retry_at_ms())
                 .bind(now_ms)
+                .bind(m.plugin_digest.as_deref().unwrap_or(""))
                 .bind(m.id)
                 .bind(&m.lease.worker_id)
                 .bind(m.lease.lock_until_ms)

@@ -51,6 +51,8 @@ pub struct AdminState {
     pub guard: Guard,
     /// `admin.unready_after_db_failures`.
     pub unready_after_db_failures: u32,
+    /// Reloads this host's sinks.
+    pub reloader: Arc<crate::reload::Reloader>,
 }
 
 /// Binds the admin address, so that a port already taken fails start-up.
@@ -76,6 +78,7 @@ pub fn serve(
         .route("/api/purge", post(purge_api))
         .route("/replay", post(replay_form))
         .route("/api/sinks/{name}/replay", post(replay_api))
+        .route("/api/sinks/{name}/reload", post(reload_api))
         .layer(axum::middleware::from_fn_with_state(state.clone(), guard::screen))
         .with_state(state);
     tokio::spawn(async move {
@@ -329,6 +332,31 @@ async fn replay_form(State(s): State<Arc<AdminState>>, headers: HeaderMap, Form(
             Redirect::to(&format!("/?replayed={replayed}&sink={}", page::percent_encode(&sink))).into_response()
         }
         Err(response) => response,
+    }
+}
+
+/// Compiles and checks the sink's plugin file anew and swaps it in if it is a new build.
+async fn reload_api(State(s): State<Arc<AdminState>>, headers: HeaderMap, Path(name): Path<String>) -> Response {
+    use crate::reload::{ReloadError, Reloaded};
+    if let Err(refused) = s.guard.check_api(&headers) {
+        return refused.into_response();
+    }
+    match s.reloader.reload(&name, "admin API").await {
+        Ok(Reloaded::Swapped { from, to }) => {
+            Json(json!({ "sink": name, "reloaded": true, "from": from.as_deref(), "plugin_digest": &*to }))
+                .into_response()
+        }
+        Ok(Reloaded::Unchanged(digest)) => {
+            Json(json!({ "sink": name, "reloaded": false, "plugin_digest": &*digest })).into_response()
+        }
+        Err(e @ ReloadError::UnknownSink(_)) => {
+            (StatusCode::NOT_FOUND, Json(json!({ "error": e.to_string() }))).into_response()
+        }
+        Err(ReloadError::Refused(why)) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({ "error": format!("the new build was refused; the old one keeps delivering: {why}") })),
+        )
+            .into_response(),
     }
 }
 

@@ -1,0 +1,178 @@
+//! Hot reload of a sink: a change to its plugin file, `SIGHUP`, or `POST
+//! /api/sinks/NAME/reload` compiles and checks the new build off the delivery path (as
+//! `check-config` does), then swaps it in at once. Deliveries under way finish on the old
+//! build; new ones start on the new. A build that does not load, targets another world, or
+//! fails its config check is refused with one log line and a metric, and the old one keeps
+//! delivering.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::SinkConfig;
+use crate::engine::SinkSlot;
+use crate::ops::metrics::Metrics;
+use crate::sandbox::SinkRuntime;
+
+/// How often a watched plugin file is looked at.
+pub const WATCH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// One sink this host can reload.
+struct Reloadable {
+    config: SinkConfig,
+    slot: Arc<SinkSlot>,
+    metrics: Arc<Metrics>,
+    /// One reload of a sink at a time.
+    busy: tokio::sync::Mutex<()>,
+}
+
+/// The sinks of this host, reloadable by name.
+#[derive(Default)]
+pub struct Reloader {
+    sinks: Vec<Reloadable>,
+}
+
+/// What a reload did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reloaded {
+    /// A new build is delivering now.
+    Swapped {
+        /// The build it replaced.
+        from: Option<Arc<str>>,
+        /// The build now delivering.
+        to: Arc<str>,
+    },
+    /// The file holds the build already delivering.
+    Unchanged(Arc<str>),
+}
+
+/// Why a reload did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// This host has no such sink.
+    #[error("this host has no sink {0:?}")]
+    UnknownSink(String),
+    /// The new build was refused; the old one keeps delivering.
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl Reloader {
+    /// Adds a sink whose worker delivers through `slot`.
+    pub fn add(&mut self, config: SinkConfig, slot: Arc<SinkSlot>, metrics: Arc<Metrics>) {
+        self.sinks.push(Reloadable { config, slot, metrics, busy: Default::default() });
+    }
+
+    /// The names of the sinks it can reload.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.sinks.iter().map(|s| s.config.name.as_str())
+    }
+
+    /// Loads and checks the sink's plugin file anew and, if it is a new build that passes,
+    /// swaps it in. `trigger` says why, for the log.
+    pub async fn reload(&self, name: &str, trigger: &str) -> Result<Reloaded, ReloadError> {
+        let sink =
+            self.sinks.iter().find(|s| s.config.name == name).ok_or_else(|| ReloadError::UnknownSink(name.into()))?;
+        let _one_at_a_time = sink.busy.lock().await;
+        let current = sink.slot.get().digest();
+        let worker = &sink.config.worker;
+        let loaded =
+            SinkRuntime::load_checked(&sink.config, worker.concurrency, worker.publish_timeout, sink.metrics.clone())
+                .await;
+        match loaded {
+            Ok(runtime) => {
+                let to: Arc<str> = runtime.digest_text().into();
+                if current.as_deref() == Some(&*to) {
+                    sink.metrics.reloaded("unchanged");
+                    tracing::info!(sink = name, trigger, plugin = %to, "sink reload: the plugin is the build already delivering");
+                    return Ok(Reloaded::Unchanged(to));
+                }
+                sink.slot.swap(Arc::new(runtime));
+                sink.metrics.reloaded("ok");
+                tracing::info!(
+                    sink = name,
+                    trigger,
+                    from = %current.as_deref().unwrap_or("none"),
+                    to = %to,
+                    "sink reloaded: new deliveries use the new build, those under way finish on the old one"
+                );
+                Ok(Reloaded::Swapped { from: current, to })
+            }
+            Err(e) => {
+                let why = format!("{e:#}");
+                sink.metrics.reloaded("refused");
+                tracing::error!(
+                    sink = name,
+                    trigger,
+                    plugin = %current.as_deref().unwrap_or("none"),
+                    error = %why,
+                    "sink reload refused: the old build keeps delivering"
+                );
+                Err(ReloadError::Refused(why))
+            }
+        }
+    }
+
+    /// Reloads every sink (`SIGHUP`); a refusal of one does not stop the others.
+    pub async fn reload_all(&self, trigger: &str) {
+        for name in self.names() {
+            let _ = self.reload(name, trigger).await;
+        }
+    }
+
+    /// Until `stop`, reloads each sink whose plugin file changes (its size, modification time
+    /// or inode: a deploy that renames a new file over the old one is seen too).
+    pub async fn watch(self: Arc<Self>, stop: CancellationToken) {
+        let mut seen: Vec<Option<FileStamp>> = self.sinks.iter().map(|s| stamp(&s.config.plugin)).collect();
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(WATCH_INTERVAL) => {}
+                () = stop.cancelled() => return,
+            }
+            for (i, sink) in self.sinks.iter().enumerate().filter(|(_, s)| s.config.watch_plugin) {
+                let now = stamp(&sink.config.plugin);
+                if now.is_some() && now != seen[i] {
+                    seen[i] = now;
+                    let _ = self.reload(&sink.config.name, "plugin file changed").await;
+                }
+            }
+        }
+    }
+}
+
+/// What says a file changed, without reading it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FileStamp {
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+    inode: u64,
+}
+
+fn stamp(path: &Path) -> Option<FileStamp> {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = std::fs::metadata(path).ok()?;
+    Some(FileStamp { len: meta.len(), modified: meta.modified().ok(), inode: meta.ino() })
+}
+
+/// Reloads every sink of `reloader` on each `SIGHUP`, until `stop`.
+pub fn reload_on_sighup(reloader: Arc<Reloader>, stop: CancellationToken) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = signal(SignalKind::hangup())?;
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                got = hup.recv() => {
+                    if got.is_none() {
+                        return;
+                    }
+                    tracing::info!("SIGHUP: reloading the sinks");
+                    reloader.reload_all("SIGHUP").await;
+                }
+                () = stop.cancelled() => return,
+            }
+        }
+    });
+    Ok(())
+}
