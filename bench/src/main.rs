@@ -5,6 +5,7 @@
 mod db;
 mod floor;
 mod idle;
+mod sinks;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,6 +43,9 @@ struct Args {
     /// Events per worker count in the scale-out drains (server databases only).
     #[arg(long, default_value_t = 50_000)]
     scale_events: usize,
+    /// Events per drain through 1, 2 and 4 sinks.
+    #[arg(long, default_value_t = 20_000)]
+    sink_events: usize,
     /// Producer rates for the latency runs, events per second.
     #[arg(long, value_delimiter = ',', default_value = "500,5000")]
     rates: Vec<u32>,
@@ -489,6 +493,29 @@ async fn main() -> anyhow::Result<()> {
                 "per_room_heads_over_none": heads_cost,
             }));
         }
+
+        // What several sinks cost: the same events through 1, 2 and 4 no-op sinks, each
+        // with its own state.
+        let mut per_sinks = Vec::new();
+        for count in [1usize, 2, 4] {
+            eprintln!("{name}: {} events through {count} sink(s) …", args.sink_events);
+            let seconds = sinks::drain(&Db::fresh(*backend).await?, args.sink_events, count, cache.path()).await?;
+            let per_s = args.sink_events as f64 / seconds;
+            let vs_one = per_sinks.first().map(|(_, one): &(usize, f64)| per_s / one);
+            row(
+                &mut table,
+                name,
+                &format!("{count} sink(s), every event to each"),
+                args.sink_events,
+                seconds,
+                vs_one.map(|r| format!("{r:.2}× of 1 sink")).unwrap_or_default(),
+            );
+            per_sinks.push((count, per_s));
+        }
+        results.push(json!({
+            "backend": name,
+            "sinks": per_sinks.iter().map(|(count, per_s)| json!({ "sinks": count, "events_per_s": per_s })).collect::<Vec<_>>(),
+        }));
 
         for rate in &args.rates {
             eprintln!("{name}: latency at {rate}/s for {}s …", args.seconds);

@@ -78,6 +78,9 @@ enum Command {
         /// Do not ask before moving more than a handful.
         #[arg(long, short)]
         yes: bool,
+        /// The sink whose failed events to retry (default: the first).
+        #[arg(long)]
+        sink: Option<String>,
     },
     /// Deliver a range of events again to one sink only (its delivered and failed ones).
     Replay {
@@ -242,10 +245,14 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
             say(&format!("{}\n", outbox_host::text::json_for_terminal(&json)));
             Ok(())
         }
-        Command::Retry { event_id, event_type, error, all, yes } => {
+        Command::Retry { event_id, event_type, error, all, yes, sink } => {
             let filter =
                 outbox_host::ops::retry_filter(event_id, event_type, error, None, all).map_err(anyhow::Error::msg)?;
-            let store = app::open_store(&config).await?;
+            let outbox = app::open_store(&config).await?;
+            let store = match &sink {
+                Some(name) => outbox_host::ops::sink_state(outbox.clone(), name).await?,
+                None => outbox.clone(),
+            };
             let matching = store.count_failed(&filter).await?;
             if matching > RETRY_WITHOUT_ASKING
                 && !yes
@@ -274,9 +281,11 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
                 Err(why) => anyhow::bail!("--delivered-before: {why}"),
             };
             let store = app::open_store(&config).await?;
-            let deleted = outbox_host::ops::purge(store.as_ref(), now_ms() - age, batch.max(1)).await?;
+            let deleted = outbox_host::ops::purge_everywhere(store.clone(), now_ms() - age, batch.max(1)).await;
             store.close().await;
-            say(&format!("deleted {deleted} delivered row(s) older than {delivered_before}\n"));
+            for (table, deleted) in deleted? {
+                say(&format!("deleted {deleted} delivered row(s) older than {delivered_before} from {table}\n"));
+            }
             Ok(())
         }
         Command::CheckConfig => {

@@ -189,10 +189,16 @@ async fn admin_commands_show_retry_and_purge() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("say which failed events to retry"));
 
     let out = cli(&world, &["purge", "--delivered-before", "7d"]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "deleted 0 delivered row(s) older than 7d");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "deleted 0 delivered row(s) older than 7d from room_outbox"
+    );
     tokio::time::sleep(Duration::from_millis(5)).await;
     let out = cli(&world, &["purge", "--delivered-before", "1ms", "--batch", "1"]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "deleted 1 delivered row(s) older than 1ms");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "deleted 1 delivered row(s) older than 1ms from room_outbox"
+    );
     assert!(world.producer.get(&done).await.unwrap().is_none());
 
     let out = cli(&world, &["status"]);

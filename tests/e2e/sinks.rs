@@ -17,6 +17,7 @@ per_backend!(
     a_sink_added_later_starts_from_the_beginning_or_from_now,
     a_single_sink_table_upgrades_in_place_keeping_every_state,
     a_replayed_range_reaches_that_sink_only,
+    a_removed_sink_continues_where_it_left_off_and_purge_keeps_what_it_needs,
 );
 
 /// `n` gift events over 50 rooms, inserted by the producer in chunks.
@@ -341,4 +342,66 @@ async fn a_replayed_range_reaches_that_sink_only(world: World) {
     let page = reqwest::get(format!("{base}/")).await.unwrap().text().await.unwrap();
     assert!(page.contains("<tr data-sink=\"audit\">") && page.contains("id=\"replay\""), "{page}");
     host.stop().await;
+}
+
+/// A sink removed from the config stops delivering, but its table stays and keeps getting
+/// the new events, so that adding it again continues where it left off, each event once.
+/// `retry --sink` acts on that sink's state only, and `purge` deletes from each table only
+/// what its sink has delivered.
+async fn a_removed_sink_continues_where_it_left_off_and_purge_keeps_what_it_needs(world: World) {
+    let audit = Collector::start().await;
+    let both = world
+        .setup("", "")
+        .with_sinks(vec![sink_entry(&fake_named("audit", &audit, "room.room-7: permanent"), "start_from: beginning")]);
+    crate::binary::write_config(&world, &both.yaml());
+    let mut host = Running::start(both.parse()).await;
+    let first = produce(&world, 50).await;
+    let (_, audit_state) = state_of(&world, "audit").await;
+    host.wait_for("both sinks to finish the first events", || async {
+        count(world.producer.as_ref(), Status::Delivered).await == 50
+            && count(audit_state.as_ref(), Status::Delivered).await == 49
+            && count(audit_state.as_ref(), Status::Failed).await == 1
+    })
+    .await;
+    host.stop().await;
+
+    // Removed: the first sink goes on; the audit table keeps filling, undelivered.
+    let mut host = Running::start(world.setup("", "").parse()).await;
+    let second = produce(&world, 30).await;
+    host.wait_for("the first sink to deliver, and the copies to wait in audit's table", || async {
+        count(world.producer.as_ref(), Status::Delivered).await == 80
+            && count(audit_state.as_ref(), Status::Pending).await == 30
+    })
+    .await;
+    host.stop().await;
+    assert_eq!(audit.reports().len(), 50, "a removed sink delivers nothing");
+
+    // Added again: it continues with what it missed.
+    let mut host = Running::start(both.parse()).await;
+    host.wait_for("audit to catch up", || async {
+        count(audit_state.as_ref(), Status::Delivered).await == 78
+            && count(audit_state.as_ref(), Status::Failed).await == 2
+    })
+    .await;
+    host.stop().await;
+    let (first_sink, seen) = (counts(&world.collector), counts(&audit));
+    for e in first.iter().chain(&second) {
+        assert_eq!(first_sink.get(&e.event_id), Some(&1), "the first sink got {} once", e.event_id);
+        assert_eq!(seen.get(&e.event_id), Some(&1), "audit got {} once", e.event_id);
+    }
+
+    // Retry on audit's state only; purge keeps audit's two undelivered copies.
+    let out = crate::binary::run_cli_beside(&world, &["retry", "--sink", "audit", "--all"]).await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "moved 2 failed event(s) back to pending\n");
+    assert_eq!(count(audit_state.as_ref(), Status::Pending).await, 2);
+    assert_eq!(count(world.producer.as_ref(), Status::Delivered).await, 80, "the first sink's rows untouched");
+    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    let out = crate::binary::run_cli_beside(&world, &["purge", "--delivered-before", "1ms"]).await;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "deleted 80 delivered row(s) older than 1ms from room_outbox\n\
+         deleted 78 delivered row(s) older than 1ms from room_outbox__audit\n"
+    );
+    let left = audit_state.stats().await.unwrap();
+    assert_eq!((left.count(Status::Pending), left.count(Status::Delivered)), (2, 0), "audit keeps what it still needs");
 }

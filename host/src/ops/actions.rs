@@ -22,6 +22,33 @@ pub async fn purge(store: &dyn Store, before_ms: i64, batch: u32) -> Result<u64,
     }
 }
 
+/// [`purge`] on the outbox and on every other sink's own table: the outbox keeps a row
+/// until the first sink has it delivered and every other sink has its copy; each sink's
+/// table keeps its rows until that sink has them delivered. Returns how many, per table.
+pub async fn purge_everywhere(
+    outbox: Arc<dyn Store>,
+    before_ms: i64,
+    batch: u32,
+) -> Result<Vec<(String, u64)>, StoreError> {
+    let mut deleted = vec![(outbox.table().to_string(), purge(outbox.as_ref(), before_ms, batch).await?)];
+    for sink in outbox.sinks().await.unwrap_or_default().iter().filter(|s| !s.is_first(outbox.table())) {
+        let own = outbox.clone().sink_store(sink).await?;
+        deleted.push((sink.table.clone(), purge(own.as_ref(), before_ms, batch).await?));
+    }
+    Ok(deleted)
+}
+
+/// The store of the sink `name`'s state (the outbox itself for the first sink), or an
+/// error naming the sinks there are.
+pub async fn sink_state(outbox: Arc<dyn Store>, name: &str) -> Result<Arc<dyn Store>, ReplayError> {
+    let sinks = outbox.sinks().await?;
+    let Some(sink) = sinks.iter().find(|s| s.name == name) else {
+        let known = sinks.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ");
+        return Err(ReplayError::UnknownSink { name: name.to_string(), known });
+    };
+    Ok(outbox.clone().sink_store(sink).await?)
+}
+
 /// Moves the `failed` rows `filter` selects back to `pending`. Returns how many.
 pub async fn retry(store: &dyn Store, filter: &RetryFilter) -> Result<u64, StoreError> {
     store.retry_failed(filter, now_ms()).await

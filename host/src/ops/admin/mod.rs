@@ -248,12 +248,23 @@ struct RetryParams {
     error_is: Option<String>,
     #[serde(default)]
     all: bool,
+    /// The sink whose failed rows (default: the first's, the outbox's own).
+    sink: Option<String>,
 }
 
 async fn retry_rows(s: &AdminState, p: RetryParams) -> Result<u64, Response> {
     let filter = ops::retry_filter(p.event_id, p.event_type, p.error, p.error_is, p.all)
         .map_err(|why| (StatusCode::BAD_REQUEST, Json(json!({ "error": why }))).into_response())?;
-    let moved = ops::retry(s.store.as_ref(), &filter).await.map_err(unavailable)?;
+    let store = match p.sink.as_deref().filter(|n| !n.is_empty()) {
+        Some(name) => ops::sink_state(s.store.clone(), name).await.map_err(|e| match e {
+            ops::ReplayError::UnknownSink { .. } => {
+                (StatusCode::NOT_FOUND, Json(json!({ "error": e.to_string() }))).into_response()
+            }
+            other => unavailable(other),
+        })?,
+        None => s.store.clone(),
+    };
+    let moved = ops::retry(store.as_ref(), &filter).await.map_err(unavailable)?;
     tracing::info!(moved, ?filter, "operator retry over HTTP");
     Ok(moved)
 }
@@ -377,10 +388,13 @@ async fn purge_api(State(s): State<Arc<AdminState>>, headers: HeaderMap, Query(p
         }
         Err(why) => return (StatusCode::BAD_REQUEST, Json(json!({ "error": why }))).into_response(),
     };
-    match ops::purge(s.store.as_ref(), now_ms() - age, ops::PURGE_BATCH).await {
-        Ok(deleted) => {
+    match ops::purge_everywhere(s.store.clone(), now_ms() - age, ops::PURGE_BATCH).await {
+        Ok(per_table) => {
+            let deleted: u64 = per_table.iter().map(|(_, n)| n).sum();
             tracing::info!(deleted, delivered_before = %p.delivered_before, "operator purge over HTTP");
-            Json(json!({ "deleted": deleted })).into_response()
+            let tables: serde_json::Map<String, serde_json::Value> =
+                per_table.into_iter().map(|(table, n)| (table, json!(n))).collect();
+            Json(json!({ "deleted": deleted, "tables": tables })).into_response()
         }
         Err(e) => unavailable(e),
     }

@@ -1,0 +1,70 @@
+//! What several sinks cost: one host draining the same events through 1, 2 and 4 no-op
+//! WebAssembly sinks, each with its own delivery state (the first in the outbox's columns,
+//! the others in their own tables, filled by the fan-out).
+
+use std::time::{Duration, Instant};
+
+use anyhow::ensure;
+use outbox_host::app::Host;
+use outbox_host::config::Config;
+use outbox_host::store::Status;
+use tokio_util::sync::CancellationToken;
+
+use crate::db::Db;
+
+/// Fills a fresh table with `n` events and drains it through `sinks` no-op sinks on one
+/// host with the default config; returns the seconds until every sink had every event,
+/// after checking that each sink's state says delivered for each and its sink was called
+/// once per event.
+pub async fn drain(db: &Db, n: usize, sinks: usize, cache: &std::path::Path) -> anyhow::Result<f64> {
+    let producer = db.open().await?;
+    crate::fill(producer.as_ref(), n, 1_000).await?;
+    let entries: String = (0..sinks)
+        .map(|i| {
+            let name = if i == 0 { "fake".to_string() } else { format!("copy{i}") };
+            format!(
+                "  - name: {name}\n    plugin: {}\n    cache_dir: {}\n    start_from: beginning\n    config: {{ default: ok }}\n",
+                outbox_test_support::FAKE_SINK,
+                cache.display()
+            )
+        })
+        .collect();
+    let yaml = format!("node_id: bench\ndatabase:\n  url: \"{}\"\nadmin:\n  listen: \"\"\nsinks:\n{entries}", db.url());
+    let config = Config::from_yaml(&yaml, std::iter::empty(), &|_| None)?;
+    let host = Host::start(config).await?;
+    let states: Vec<_> = host.sinks().iter().map(|s| s.store.clone()).collect();
+    let metrics: Vec<_> = host.sinks().iter().map(|s| s.metrics.clone()).collect();
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let run = tokio::spawn(host.run(shutdown.clone()));
+    let deadline = Instant::now() + Duration::from_secs(3_600);
+    'wait: loop {
+        ensure!(Instant::now() < deadline, "the drain through {sinks} sinks did not finish within an hour");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        for state in &states {
+            if state.stats().await?.count(Status::Delivered) < n as i64 {
+                continue 'wait;
+            }
+        }
+        break;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    shutdown.cancel();
+    run.await??;
+    for (state, metrics) in states.iter().zip(&metrics) {
+        let stats = state.stats().await?;
+        ensure!(
+            stats.count(Status::Delivered) == n as i64 && stats.counts.iter().map(|(_, c)| c).sum::<i64>() == n as i64,
+            "{}: rows not all delivered: {stats:?}",
+            state.table()
+        );
+        ensure!(
+            metrics.delivered_total() == n as u64,
+            "{}: the sink was called {} times for {n} events",
+            metrics.sink(),
+            metrics.delivered_total()
+        );
+    }
+    producer.close().await;
+    Ok(seconds)
+}
