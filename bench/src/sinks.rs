@@ -32,7 +32,12 @@ pub async fn drain(db: &Db, n: usize, sinks: usize, cache: &std::path::Path) -> 
     let yaml = format!("node_id: bench\ndatabase:\n  url: \"{}\"\nadmin:\n  listen: \"\"\nsinks:\n{entries}", db.url());
     let config = Config::from_yaml(&yaml, std::iter::empty(), &|_| None)?;
     let host = Host::start(config).await?;
-    let states: Vec<_> = host.sinks().iter().map(|s| s.store.clone()).collect();
+    // Each sink's state read through the producer's own pool, which outlives the host's.
+    let mut states = Vec::new();
+    for sink in producer.sinks().await? {
+        states.push(producer.clone().sink_store(&sink).await?);
+    }
+    ensure!(states.len() == sinks, "{} sinks registered, {sinks} configured", states.len());
     let metrics: Vec<_> = host.sinks().iter().map(|s| s.metrics.clone()).collect();
     let shutdown = CancellationToken::new();
     let started = Instant::now();
