@@ -159,6 +159,16 @@ async fn cross_site_and_tokenless_requests_change_nothing() {
             "purge with a wrong bearer",
             client.post(format!("{base}/api/purge?delivered_before=1ms")).bearer_auth("wrong-token-wrong-token"),
         ),
+        (
+            "replay form from another site",
+            client.post(format!("{base}/replay")).header("origin", "http://evil.example").form(&form(&[
+                ("csrf", &csrf),
+                ("sink", "fake"),
+                ("from", "1970-01-01"),
+            ])),
+        ),
+        ("replay without bearer", client.post(format!("{base}/api/sinks/fake/replay?from=1970-01-01"))),
+        ("reload without bearer", client.post(format!("{base}/api/sinks/fake/reload"))),
     ];
     for (what, request) in cases {
         let response = request.send().await.unwrap();
@@ -184,7 +194,7 @@ async fn cross_site_and_tokenless_requests_change_nothing() {
     assert!(moved.url().as_str().ends_with("/?moved=1"), "{}", moved.url());
     let purged = client.post(format!("{base}/api/purge?delivered_before=1ms")).bearer_auth(TOKEN).send().await.unwrap();
     assert_eq!(purged.status(), 200);
-    assert_eq!(purged.text().await.unwrap(), "{\"deleted\":1}");
+    assert_eq!(purged.text().await.unwrap(), "{\"deleted\":1,\"tables\":{\"room_outbox\":1}}");
     host.stop().await;
 }
 

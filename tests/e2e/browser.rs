@@ -105,3 +105,58 @@ async fn the_status_page_shows_counts_and_its_retry_buttons_work() {
     drop(browser);
     host.stop().await;
 }
+
+/// The page lists every sink with its counts, and its replay form delivers a range again to
+/// the chosen sink only.
+#[tokio::test]
+async fn the_status_page_lists_every_sink_and_its_replay_button_works() {
+    if !browser_available() {
+        return;
+    }
+    let world = World::new().await;
+    let audit = outbox_test_support::Collector::start().await;
+    let audit_spec = crate::support::SinkSpec {
+        name: "audit",
+        plugin: outbox_test_support::FAKE_SINK,
+        allowed_hosts: vec![audit.host_port()],
+        config: format!("collector: \"{}\"\n", audit.url("/report")),
+    };
+    let config = world
+        .setup("", "")
+        .with_sinks(vec![crate::support::sink_entry(&audit_spec, "start_from: beginning")])
+        .with_admin()
+        .set(&["admin", "token"], TOKEN);
+    let mut host = Running::start(config.parse()).await;
+    let mut ids = Vec::new();
+    for room in ["room-1", "room-2", "room-3"] {
+        ids.push(world.produce("RoomGiftSent", room, Status::Pending).await);
+    }
+    let seen_by = |collector: &outbox_test_support::Collector, id: &str| collector.attempts_of(id).len();
+    host.wait_for("both sinks to deliver", || async {
+        ids.iter().all(|id| seen_by(&world.collector, id) == 1 && seen_by(&audit, id) == 1)
+    })
+    .await;
+    let base = format!("http://{}", host.admin.unwrap());
+
+    let browser = Browser::start_without_javascript().await.expect("headless chromium starts");
+    browser.open(&format!("{base}/")).await.unwrap();
+    host.wait_for("the page to count audit's deliveries", || async {
+        browser.open(&format!("{base}/")).await.unwrap();
+        browser.text("tr[data-sink=audit] td[data-status=delivered]").await.unwrap() == "3"
+    })
+    .await;
+    assert_eq!(browser.text("tr[data-sink=fake] td[data-status=delivered]").await.unwrap(), "3");
+
+    browser.type_into("#replay select[name=sink]", "audit").await.unwrap();
+    browser.type_into("#replay input[name=from]", "1970-01-01").await.unwrap();
+    browser.type_into("#replay input[name=token]", TOKEN).await.unwrap();
+    browser.click("#replay-button").await.unwrap();
+    assert_eq!(browser.wait_text("#flash").await.unwrap(), "Replaying 3 event(s) to sink audit.");
+    host.wait_for("audit to receive every event again", || async { ids.iter().all(|id| seen_by(&audit, id) == 2) })
+        .await;
+    for id in &ids {
+        assert_eq!(seen_by(&world.collector, id), 1, "the first sink got {id} only once");
+    }
+    drop(browser);
+    host.stop().await;
+}

@@ -134,17 +134,20 @@ async fn a_plugin_replaced_under_load_is_swapped_in_and_a_broken_one_refused(wor
 }
 
 /// `SIGHUP` makes the real binary reload its sink (with the file watch off): the log says
-/// so, and the next event records the new build.
+/// so, and the next event records the new build; so does `POST /api/sinks/NAME/reload`.
 #[tokio::test]
 async fn sighup_reloads_the_binarys_sink() {
     let world = World::new().await;
     let original = std::fs::read(FAKE_SINK).unwrap();
     let plugin = world.dir.path().join("fake_sink.wasm");
     std::fs::write(&plugin, &original).unwrap();
+    let port = crate::binary::free_port();
     let yaml = world
         .setup("", "")
         .set(&["sink", "plugin"], plugin.to_str().unwrap())
         .set(&["sink", "watch_plugin"], "false")
+        .set(&["admin", "listen"], &format!("127.0.0.1:{port}"))
+        .set(&["admin", "token"], TOKEN)
         .yaml();
     let child = crate::binary::spawn_host(&world, &yaml);
     let first = world.produce("RoomGiftSent", "room-1", Status::Pending).await;
@@ -171,6 +174,26 @@ async fn sighup_reloads_the_binarys_sink() {
         assert!(tokio::time::Instant::now() < deadline, "SIGHUP did not reload the sink");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+
+    // The admin endpoint: a third build, swapped in on request.
+    let third = another_build(&original, "api");
+    deploy(&plugin, &third);
+    let client = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{port}/api/sinks/fake/reload");
+    let answer: serde_json::Value =
+        serde_json::from_str(&client.post(&url).bearer_auth(TOKEN).send().await.unwrap().text().await.unwrap())
+            .unwrap();
+    assert_eq!(answer["reloaded"], true, "{answer}");
+    assert_eq!(answer["plugin_digest"], digest(&third).as_str());
+    assert_eq!(answer["from"], digest(&second).as_str());
+    let again: serde_json::Value =
+        serde_json::from_str(&client.post(&url).bearer_auth(TOKEN).send().await.unwrap().text().await.unwrap())
+            .unwrap();
+    assert_eq!(again["reloaded"], false, "the same build again changes nothing: {again}");
+    let after_api = world.produce("RoomGiftSent", "room-4", Status::Pending).await;
+    n += 1;
+    crate::binary::wait_table(&world, "the event after the API reload", |s| s.count(Status::Delivered) == n).await;
+    assert_eq!(world.row(&after_api).await.plugin_digest, Some(digest(&third)));
     crate::binary::signal(&child, "TERM");
     let out = crate::binary::wait_exit(child).await;
     assert!(out.status.success());

@@ -131,9 +131,10 @@ async fn a_sink_failing_every_event_does_not_hold_back_the_other(world: World) {
     assert_eq!(im_state.get(&events[0].event_id).await.unwrap().unwrap().last_error, None);
 }
 
-/// 5,000 events delivered to the first sink; then a host with two more sinks: `audit`
+/// 5,000 events delivered to the first sink; then a host with three more sinks: `audit`
 /// (`start_from: beginning`) gets those 5,000 once and then the new ones; `activity`
-/// (`start_from: now`) only the new ones. The first sink gets nothing twice.
+/// (`start_from: now`) only the new ones; `window` (an RFC 3339 time) those created from
+/// then on. The first sink gets nothing twice.
 async fn a_sink_added_later_starts_from_the_beginning_or_from_now(world: World) {
     const BEFORE: usize = 5_000;
     const AFTER: usize = 300;
@@ -146,41 +147,56 @@ async fn a_sink_added_later_starts_from_the_beginning_or_from_now(world: World) 
     .await;
     host.stop().await;
 
-    let (audit, activity) = (Collector::start().await, Collector::start().await);
+    let (audit, activity, window) = (Collector::start().await, Collector::start().await, Collector::start().await);
+    // A third starts from a time in the middle of the earlier events.
+    let cut = before[BEFORE / 2].created_at_ms;
     let config = world
         .setup("concurrency: 16\nbatch_size: 100", "")
         .with_sinks(vec![
             sink_entry(&fake_named("audit", &audit, ""), "start_from: beginning"),
             sink_entry(&fake_named("activity", &activity, ""), "start_from: now"),
+            sink_entry(
+                &fake_named("window", &window, ""),
+                &format!("start_from: \"{}\"", outbox_host::units::format_rfc3339_ms(cut)),
+            ),
         ])
         .parse();
     let mut host = Running::start(config).await;
     let (audit_sink, audit_state) = state_of(&world, "audit").await;
     let (activity_sink, activity_state) = state_of(&world, "activity").await;
+    let (window_sink, window_state) = state_of(&world, "window").await;
+    assert_eq!(window_sink.start_from_ms, cut);
+    let from_cut = before.iter().filter(|e| e.created_at_ms >= cut).count();
     assert_eq!(audit_sink.start_from_ms, 0);
     assert!(activity_sink.start_from_ms > before.last().unwrap().created_at_ms);
     let after = produce(&world, AFTER).await;
     host.wait_for_within("the new sinks to deliver", std::time::Duration::from_secs(120), || async {
         count(audit_state.as_ref(), Status::Delivered).await == (BEFORE + AFTER) as i64
             && count(activity_state.as_ref(), Status::Delivered).await == AFTER as i64
+            && count(window_state.as_ref(), Status::Delivered).await == (from_cut + AFTER) as i64
             && count(world.producer.as_ref(), Status::Delivered).await == (BEFORE + AFTER) as i64
     })
     .await;
     host.stop().await;
-    let (first, audit, activity) = (counts(&world.collector), counts(&audit), counts(&activity));
+    let (first, audit, activity, window) =
+        (counts(&world.collector), counts(&audit), counts(&activity), counts(&window));
     for e in &before {
         assert_eq!(first.get(&e.event_id), Some(&1), "the first sink got {} once", e.event_id);
         assert_eq!(audit.get(&e.event_id), Some(&1), "audit got the earlier {} once", e.event_id);
         assert_eq!(activity.get(&e.event_id), None, "activity started from now: not {}", e.event_id);
+        let expected = (e.created_at_ms >= cut).then_some(&1);
+        assert_eq!(window.get(&e.event_id), expected, "window started at its time: {}", e.event_id);
     }
     for e in &after {
-        for (name, seen) in [("the first sink", &first), ("audit", &audit), ("activity", &activity)] {
+        for (name, seen) in
+            [("the first sink", &first), ("audit", &audit), ("activity", &activity), ("window", &window)]
+        {
             assert_eq!(seen.get(&e.event_id), Some(&1), "{name} got the later {} once", e.event_id);
         }
     }
     assert_eq!(
         world.producer.sinks().await.unwrap().iter().map(|s| s.backfilled_at_ms.is_some()).collect::<Vec<_>>(),
-        [true, true, true],
+        [true, true, true, true],
         "every back-fill recorded as complete"
     );
 }
