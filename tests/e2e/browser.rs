@@ -70,7 +70,7 @@ async fn the_status_page_shows_counts_and_its_retry_buttons_work() {
     let evil = evil_site(&format!("{base}/retry")).await;
     browser.open(&evil).await.unwrap();
     browser.click("#go").await.unwrap();
-    let refused = browser.wait_text("body").await.unwrap();
+    let refused = browser.wait_text_containing("body", "refused").await.unwrap();
     assert!(refused.contains("refused"), "{refused}");
     assert_eq!(world.row(&first).await.status, Status::Failed);
     assert_eq!(world.collector.attempts_of(&first).len(), 1);
@@ -79,7 +79,7 @@ async fn the_status_page_shows_counts_and_its_retry_buttons_work() {
     browser.open(&format!("{base}/")).await.unwrap();
     browser.type_into("#token", "not-the-token-at-all").await.unwrap();
     browser.click(&format!("tr[data-event-id='{first}'] button.retry-event")).await.unwrap();
-    let wrong = browser.wait_text("body").await.unwrap();
+    let wrong = browser.wait_text_containing("body", "the admin token is missing or wrong").await.unwrap();
     assert!(wrong.contains("the admin token is missing or wrong"), "{wrong}");
     assert_eq!(world.row(&first).await.status, Status::Failed);
 

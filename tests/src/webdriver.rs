@@ -117,6 +117,21 @@ impl Browser {
         Err(last)
     }
 
+    /// The text of the element matching `css` once it contains `needle` (a click's
+    /// navigation may land later than the click returns), or the last text seen after ten
+    /// seconds, for the caller's assertion to show.
+    pub async fn wait_text_containing(&self, css: &str, needle: &str) -> Result<String, String> {
+        let mut last = Err(format!("no {css}"));
+        for _ in 0..200 {
+            last = self.text(css).await;
+            if last.as_ref().is_ok_and(|t| t.contains(needle)) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        last
+    }
+
     /// Clicks the element matching `css` (a form button submits its form).
     pub async fn click(&self, css: &str) -> Result<(), String> {
         self.find(css).await?.click().await.map_err(text)
