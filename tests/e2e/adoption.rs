@@ -13,7 +13,8 @@ per_backend!(
     the_producer_crate_works_on_an_adopted_table,
     readiness_tells_the_truth_on_an_adopted_table,
     run_lists_every_problem_of_a_table_changed_after_migrate,
-    per_room_runs_on_an_adopted_table_follow_each_rooms_order
+    per_room_runs_on_an_adopted_table_follow_each_rooms_order,
+    a_second_sink_on_an_adopted_table_gets_every_event_once_in_each_rooms_order
 );
 
 const TABLE: &str = "go_outbox";
@@ -382,5 +383,62 @@ async fn per_room_runs_on_an_adopted_table_follow_each_rooms_order(world: World)
     assert_eq!(room_a, done[..4], "room-a out of order");
     for held_back in ["evt-b1-later", "evt-b2"] {
         assert!(world.collector.attempts_of(held_back).is_empty(), "{held_back} was attempted");
+    }
+}
+
+/// A second sink on a table without `id` (keyed by `event_id`, or SQLite's rowid): its
+/// copies (ids of their own) are claimed in the outbox's order, so each sink receives every
+/// event once, each room in the order the outbox's claim keeps.
+async fn a_second_sink_on_an_adopted_table_gets_every_event_once_in_each_rooms_order(world: World) {
+    adopted(&world).await;
+    let outbox = outbox_host::store::open(&world.db_url(), 2, TABLE).await.unwrap();
+    let audit = outbox_test_support::Collector::start().await;
+    let audit_spec = crate::support::SinkSpec {
+        name: "audit",
+        plugin: outbox_test_support::FAKE_SINK,
+        allowed_hosts: vec![audit.host_port()],
+        config: format!("collector: \"{}\"\n", audit.url("/report")),
+    };
+    let config = world
+        .setup("poll_interval: 100ms\nordering: per_room", "")
+        .set(&["outbox", "table"], TABLE)
+        .with_sinks(vec![crate::support::sink_entry(&audit_spec, "start_from: beginning")])
+        .parse();
+    // In one transaction before the host starts: rows of one millisecond that committed
+    // later would rightly come after those already delivered.
+    let events: Vec<_> =
+        (0..200).map(|i| world.event("RoomGiftSent", &format!("room-{}", i % 20), Status::Pending)).collect();
+    outbox.insert(&events).await.unwrap();
+    let mut host = Running::start(config).await;
+    let sinks = outbox.sinks().await.unwrap();
+    assert_eq!(sinks[1].table, format!("{TABLE}__audit"));
+    let audit_state = outbox.clone().sink_store(&sinks[1]).await.unwrap();
+    host.wait_for("both sinks to deliver every event", || async {
+        outbox.stats().await.unwrap().count(Status::Delivered) == 200
+            && audit_state.stats().await.unwrap().count(Status::Delivered) == 200
+    })
+    .await;
+    host.stop().await;
+    // The outbox's claim order: creation time, then its key (SQLite's rowid, which keeps
+    // insert order, where the table has no id; `event_id` elsewhere).
+    let by_rowid = world.db_url().starts_with("sqlite");
+    let mut expected: std::collections::HashMap<&str, Vec<(i64, &str)>> = Default::default();
+    for e in &events {
+        expected.entry(e.room_id.as_str()).or_default().push((e.created_at_ms, e.event_id.as_str()));
+    }
+    for order in expected.values_mut() {
+        if !by_rowid {
+            order.sort();
+        }
+    }
+    for (name, collector) in [("the first sink", &world.collector), ("audit", &audit)] {
+        let mut got: std::collections::HashMap<&str, Vec<(i64, &str)>> = Default::default();
+        let reports = collector.reports();
+        for r in &reports {
+            let e = events.iter().find(|e| e.event_id == r.event_id).expect("one of ours");
+            got.entry(e.room_id.as_str()).or_default().push((e.created_at_ms, e.event_id.as_str()));
+        }
+        assert_eq!(reports.len(), 200, "{name} got each event once");
+        assert_eq!(got, expected, "{name}: each room in the outbox's order");
     }
 }
