@@ -110,7 +110,13 @@ impl Host {
             }
             sinks.push(SinkHost { registered, store: sink_store, worker, metrics: sink_metrics });
         }
-        let fans_out = store.sinks().await?.iter().any(|s| !s.is_first(&config.table));
+        // This host fans out to the table's other sinks too (registered by other hosts):
+        // their tables are brought to this host's migrations as its own sinks' are.
+        let registered = store.sinks().await?;
+        for other in registered.iter().filter(|s| !s.is_first(&config.table) && config.sink(&s.name).is_none()) {
+            store.register_sink(&other.name, other.start_from_ms, false, store::now_ms()).await?;
+        }
+        let fans_out = registered.iter().any(|s| !s.is_first(&config.table));
         let admin = match config.admin.listen {
             Some(addr) => {
                 if !addr.ip().is_loopback() && config.admin.token.is_none() {

@@ -393,12 +393,7 @@ async fn a_second_sink_on_an_adopted_table_gets_every_event_once_in_each_rooms_o
     adopted(&world).await;
     let outbox = outbox_host::store::open(&world.db_url(), 2, TABLE).await.unwrap();
     let audit = outbox_test_support::Collector::start().await;
-    let audit_spec = crate::support::SinkSpec {
-        name: "audit",
-        plugin: outbox_test_support::FAKE_SINK,
-        allowed_hosts: vec![audit.host_port()],
-        config: format!("collector: \"{}\"\n", audit.url("/report")),
-    };
+    let audit_spec = crate::support::fake_sink_to("audit", &audit, "");
     let config = world
         .setup("poll_interval: 100ms\nordering: per_room", "")
         .set(&["outbox", "table"], TABLE)

@@ -115,12 +115,7 @@ async fn the_status_page_lists_every_sink_and_its_replay_button_works() {
     }
     let world = World::new().await;
     let audit = outbox_test_support::Collector::start().await;
-    let audit_spec = crate::support::SinkSpec {
-        name: "audit",
-        plugin: outbox_test_support::FAKE_SINK,
-        allowed_hosts: vec![audit.host_port()],
-        config: format!("collector: \"{}\"\n", audit.url("/report")),
-    };
+    let audit_spec = crate::support::fake_sink_to("audit", &audit, "");
     let config = world
         .setup("", "")
         .with_sinks(vec![crate::support::sink_entry(&audit_spec, "start_from: beginning")])

@@ -10,7 +10,7 @@ use std::time::Duration;
 use outbox_host::store::{NewEvent, Status, Store};
 use outbox_test_support::{Collector, FAKE_SINK};
 
-use crate::support::{Running, SinkSpec, World, per_backend, sink_entry};
+use crate::support::{Running, World, per_backend, sink_entry};
 
 per_backend!(a_plugin_replaced_under_load_is_swapped_in_and_a_broken_one_refused);
 
@@ -63,12 +63,7 @@ async fn a_plugin_replaced_under_load_is_swapped_in_and_a_broken_one_refused(wor
     let plugin = world.dir.path().join("fake_sink.wasm");
     std::fs::write(&plugin, &original).unwrap();
     let audit = Collector::start().await;
-    let audit_spec = SinkSpec {
-        name: "audit",
-        plugin: FAKE_SINK,
-        allowed_hosts: vec![audit.host_port()],
-        config: format!("collector: \"{}\"\n", audit.url("/report")),
-    };
+    let audit_spec = crate::support::fake_sink_to("audit", &audit, "");
     let config = world
         .setup("concurrency: 16\nbatch_size: 100", "")
         .set(&["sink", "plugin"], plugin.to_str().unwrap())

@@ -9,7 +9,7 @@ use outbox_host::store::{NewEvent, RegisteredSink, Status, Store};
 use outbox_test_support::Collector;
 use outbox_test_support::tencent::TencentIm;
 
-use crate::support::{Running, SinkSpec, World, per_backend, sink_entry};
+use crate::support::{Running, World, fake_sink_to, per_backend, sink_entry};
 
 per_backend!(
     two_sinks_on_one_table_each_get_every_event_once_from_four_hosts,
@@ -28,16 +28,6 @@ async fn produce(world: &World, n: usize) -> Vec<NewEvent> {
         world.producer.insert(chunk).await.unwrap();
     }
     events
-}
-
-/// The fake sink as a second (or third) sink named `name`, reporting to `collector`.
-fn fake_named(name: &'static str, collector: &Collector, config: &str) -> SinkSpec {
-    SinkSpec {
-        name,
-        plugin: outbox_test_support::FAKE_SINK,
-        allowed_hosts: vec![collector.host_port()],
-        config: format!("collector: \"{}\"\n{config}", collector.url("/report")),
-    }
 }
 
 /// How many times the collector saw each event.
@@ -153,10 +143,10 @@ async fn a_sink_added_later_starts_from_the_beginning_or_from_now(world: World) 
     let config = world
         .setup("concurrency: 16\nbatch_size: 100", "")
         .with_sinks(vec![
-            sink_entry(&fake_named("audit", &audit, ""), "start_from: beginning"),
-            sink_entry(&fake_named("activity", &activity, ""), "start_from: now"),
+            sink_entry(&fake_sink_to("audit", &audit, ""), "start_from: beginning"),
+            sink_entry(&fake_sink_to("activity", &activity, ""), "start_from: now"),
             sink_entry(
-                &fake_named("window", &window, ""),
+                &fake_sink_to("window", &window, ""),
                 &format!("start_from: \"{}\"", outbox_host::units::format_rfc3339_ms(cut)),
             ),
         ])
@@ -242,7 +232,7 @@ async fn a_single_sink_table_upgrades_in_place_keeping_every_state(world: World)
     let audit = Collector::start().await;
     let config = world
         .setup("", "")
-        .with_sinks(vec![sink_entry(&fake_named("audit", &audit, ""), "start_from: beginning")])
+        .with_sinks(vec![sink_entry(&fake_sink_to("audit", &audit, ""), "start_from: beginning")])
         .parse();
     let mut host = Running::start(config).await;
     let (_, audit_state) = state_of(&world, "audit").await;
@@ -275,7 +265,7 @@ async fn a_replayed_range_reaches_that_sink_only(world: World) {
     let audit = Collector::start().await;
     let setup = world
         .setup("", "")
-        .with_sinks(vec![sink_entry(&fake_named("audit", &audit, ""), "start_from: beginning")])
+        .with_sinks(vec![sink_entry(&fake_sink_to("audit", &audit, ""), "start_from: beginning")])
         .set(&["admin", "token"], TOKEN)
         .with_admin();
     crate::binary::write_config(&world, &setup.yaml());
@@ -366,9 +356,10 @@ async fn a_replayed_range_reaches_that_sink_only(world: World) {
 /// what its sink has delivered.
 async fn a_removed_sink_continues_where_it_left_off_and_purge_keeps_what_it_needs(world: World) {
     let audit = Collector::start().await;
-    let both = world
-        .setup("", "")
-        .with_sinks(vec![sink_entry(&fake_named("audit", &audit, "room.room-7: permanent"), "start_from: beginning")]);
+    let both = world.setup("", "").with_sinks(vec![sink_entry(
+        &fake_sink_to("audit", &audit, "room.room-7: permanent"),
+        "start_from: beginning",
+    )]);
     crate::binary::write_config(&world, &both.yaml());
     let mut host = Running::start(both.parse()).await;
     let first = produce(&world, 50).await;

@@ -50,12 +50,7 @@ impl World {
 
     /// The fake sink reporting to this world's collector, with extra `config:` lines.
     pub fn fake_sink(&self, config: &str) -> SinkSpec {
-        SinkSpec {
-            name: "fake",
-            plugin: FAKE_SINK,
-            allowed_hosts: vec![self.collector.host_port()],
-            config: format!("collector: \"{}\"\n{config}", self.collector.url("/report")),
-        }
+        fake_sink_to("fake", &self.collector, config)
     }
 
     /// A host's config on this world's database with the fake sink reporting to the
@@ -224,6 +219,17 @@ pub struct SinkSpec {
     pub allowed_hosts: Vec<String>,
     /// Lines of the sink's `config:` map.
     pub config: String,
+}
+
+/// The fake sink named `name`, reporting to `collector`, with extra `config:` lines (a
+/// second sink beside the world's own).
+pub fn fake_sink_to(name: &'static str, collector: &Collector, config: &str) -> SinkSpec {
+    SinkSpec {
+        name,
+        plugin: FAKE_SINK,
+        allowed_hosts: vec![collector.host_port()],
+        config: format!("collector: \"{}\"\n{config}", collector.url("/report")),
+    }
 }
 
 /// One sink's section as [`World::setup_with`] writes it, with `extra` lines of its own

@@ -4,7 +4,7 @@ use serde_json::{Value, json};
 
 use std::sync::Arc;
 
-use crate::store::{ReplayFilter, RetryFilter, Row, Store, StoreError, now_ms};
+use crate::store::{RegisteredSink, ReplayFilter, RetryFilter, Row, Store, StoreError, now_ms};
 
 /// Rows a purge deletes per statement, so it never holds locks for long.
 pub const PURGE_BATCH: u32 = 1_000;
@@ -38,15 +38,23 @@ pub async fn purge_everywhere(
     Ok(deleted)
 }
 
+/// The sink `name` as the outbox's registry has it, or an error naming the sinks there are.
+async fn registered(outbox: &dyn Store, name: &str) -> Result<RegisteredSink, ReplayError> {
+    let sinks = outbox.sinks().await?;
+    match sinks.iter().find(|s| s.name == name) {
+        Some(sink) => Ok(sink.clone()),
+        None => {
+            let known = sinks.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ");
+            Err(ReplayError::UnknownSink { name: name.to_string(), known })
+        }
+    }
+}
+
 /// The store of the sink `name`'s state (the outbox itself for the first sink), or an
 /// error naming the sinks there are.
 pub async fn sink_state(outbox: Arc<dyn Store>, name: &str) -> Result<Arc<dyn Store>, ReplayError> {
-    let sinks = outbox.sinks().await?;
-    let Some(sink) = sinks.iter().find(|s| s.name == name) else {
-        let known = sinks.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ");
-        return Err(ReplayError::UnknownSink { name: name.to_string(), known });
-    };
-    Ok(outbox.clone().sink_store(sink).await?)
+    let sink = registered(outbox.as_ref(), name).await?;
+    Ok(outbox.sink_store(&sink).await?)
 }
 
 /// Moves the `failed` rows `filter` selects back to `pending`. Returns how many.
@@ -81,13 +89,9 @@ pub async fn replay(outbox: Arc<dyn Store>, name: &str, filter: &ReplayFilter) -
     if filter.to_ms.is_some_and(|to| to <= filter.from_ms) {
         return Err(ReplayError::BadRange("--to must be later than --from".into()));
     }
-    let sinks = outbox.sinks().await?;
-    let Some(sink) = sinks.iter().find(|s| s.name == name) else {
-        let known = sinks.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ");
-        return Err(ReplayError::UnknownSink { name: name.to_string(), known });
-    };
-    let recopied = outbox.recopy(sink, filter).await?;
-    let state = outbox.clone().sink_store(sink).await?;
+    let sink = registered(outbox.as_ref(), name).await?;
+    let recopied = outbox.recopy(&sink, filter).await?;
+    let state = outbox.sink_store(&sink).await?;
     let moved = state.replay(filter, now_ms()).await?;
     tracing::info!(sink = %name, moved, recopied, ?filter, "replay");
     Ok(moved + recopied)

@@ -523,7 +523,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<RegisteredSink, StoreError>;
 
     /// The store of a registered sink's state: this one for the first sink, else one over
-    /// its own table on the same pool (migrated).
+    /// its own table on the same pool (migrated by [`Store::register_sink`], which every
+    /// host starting on the table calls for each sink the table has).
     async fn sink_store(self: Arc<Self>, sink: &RegisteredSink) -> Result<Arc<dyn Store>, StoreError>;
 
     /// Copies up to `limit` rows not fanned out yet into every other sink's table; returns

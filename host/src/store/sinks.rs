@@ -11,7 +11,8 @@
 
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type};
 
-use super::sql::{Dialect, SqlStore, params};
+use super::schema::Profile;
+use super::sql::{ByCount, Dialect, SqlStore, params};
 use super::{Backend, StoreError};
 
 /// A sink the table knows of.
@@ -74,6 +75,71 @@ pub enum KeyValue {
     Text(String),
 }
 
+/// The registry's and the fan-out's statements, built once per store (the idle probe runs
+/// every `probe_interval`).
+pub(super) struct FanOutStatements {
+    /// The registry, oldest first.
+    registry: String,
+    /// Whether a row some other sink still needs copied exists (lock-free).
+    probe: String,
+    /// Up to `$2` rows not fanned out yet, created at or after `$1`, in creation order.
+    pick: String,
+    /// Marks the picked rows fanned out at `$1`, per count.
+    mark: ByCount,
+    /// Takes the fan-out lock without waiting (returns 1 when taken), and with waiting.
+    try_lock: String,
+    lock: String,
+    /// Releases it (MySQL's is a session lock; PostgreSQL's ends with the transaction).
+    unlock: String,
+}
+
+impl FanOutStatements {
+    pub(super) fn new<D: Dialect>(table: &str, profile: &Profile) -> Self {
+        let t = table.to_string();
+        let key = profile.key.column();
+        let name = format!("{t}_fanout");
+        let (try_lock, lock, unlock) = match D::BACKEND {
+            Backend::Postgres => (
+                format!(
+                    "SELECT CASE WHEN pg_try_advisory_xact_lock(hashtext(current_schema() || '.{name}')) THEN 1 ELSE 0 END"
+                ),
+                format!("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.{name}'))"),
+                String::new(),
+            ),
+            Backend::Mysql => (
+                format!("SELECT GET_LOCK(SHA1(CONCAT(DATABASE(), '.{name}')), 0)"),
+                format!("SELECT GET_LOCK(SHA1(CONCAT(DATABASE(), '.{name}')), 60)"),
+                format!("SELECT RELEASE_LOCK(SHA1(CONCAT(DATABASE(), '.{name}')))"),
+            ),
+            // `BEGIN IMMEDIATE` is SQLite's lock.
+            Backend::Sqlite => (String::new(), String::new(), String::new()),
+        };
+        FanOutStatements {
+            registry: format!(
+                "SELECT name, sink_table, start_from_ms, added_at_ms, backfilled_at_ms FROM {t}_sinks \
+                 ORDER BY added_at_ms, name"
+            ),
+            probe: format!(
+                "SELECT 1 FROM {t} WHERE fanned_out_at_ms = 0 AND created_at_ms >= \
+                 (SELECT COALESCE(MIN(start_from_ms), {}) FROM {t}_sinks WHERE sink_table <> '{t}') LIMIT 1",
+                i64::MAX
+            ),
+            pick: format!(
+                "SELECT {key} FROM {t} WHERE fanned_out_at_ms = 0 AND created_at_ms >= {} \
+                 ORDER BY created_at_ms, {key} LIMIT {}",
+                D::param(1),
+                D::param(2)
+            ),
+            mark: ByCount::new(move |n| {
+                format!("UPDATE {t} SET fanned_out_at_ms = {} WHERE {key} IN ({})", D::param(1), params::<D>(2, n))
+            }),
+            try_lock,
+            lock,
+            unlock,
+        }
+    }
+}
+
 impl<D> SqlStore<D>
 where
     D: Dialect,
@@ -84,14 +150,6 @@ where
     for<'r> i64: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
     for<'r> String: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
 {
-    fn registry_select(&self) -> String {
-        format!(
-            "SELECT name, sink_table, start_from_ms, added_at_ms, backfilled_at_ms FROM {}_sinks \
-             ORDER BY added_at_ms, name",
-            self.table
-        )
-    }
-
     fn decode_sinks(rows: &[<D::Db as Database>::Row]) -> Result<Vec<RegisteredSink>, sqlx::Error> {
         rows.iter()
             .map(|r| {
@@ -108,13 +166,8 @@ where
 
     /// The registry, oldest first.
     pub(super) async fn registered_sinks(&self) -> Result<Vec<RegisteredSink>, StoreError> {
-        let rows = sqlx::query(&self.registry_select()).fetch_all(&self.pool).await?;
+        let rows = sqlx::query(&self.fan_out.registry).fetch_all(&self.pool).await?;
         Ok(Self::decode_sinks(&rows)?)
-    }
-
-    /// The name of the lock the fan-out and registration take.
-    fn fanout_lock(&self) -> String {
-        format!("{}_fanout", self.table)
     }
 
     /// Registers `name` unless the table knows it already (then its entry is returned as
@@ -129,7 +182,7 @@ where
     ) -> Result<RegisteredSink, StoreError> {
         let _writing = self.writing().await;
         let t = self.table.clone();
-        let select = self.registry_select();
+        let f = &self.fan_out;
         // `backfilled_at_ms`: now for the first sink (nothing to copy), else NULL until copied.
         let insert = |backfilled: &str| {
             format!(
@@ -139,7 +192,6 @@ where
             )
         };
         let mut conn = self.pool.acquire().await?;
-        let lock = self.fanout_lock();
         // The fan-out's lock: a fan-out runs wholly before this registration or wholly after.
         let release = match D::BACKEND {
             // Then `pg_advisory_xact_lock`, below.
@@ -148,11 +200,10 @@ where
                 None
             }
             Backend::Mysql => {
-                let take = format!("SELECT GET_LOCK(SHA1(CONCAT(DATABASE(), '.{lock}')), 60)");
-                if D::opt_int(&sqlx::query(&take).fetch_one(&mut *conn).await?, 0)? != Some(1) {
-                    return Err(StoreError::Unavailable(format!("could not take the lock {lock} within a minute")));
+                if D::opt_int(&sqlx::query(&f.lock).fetch_one(&mut *conn).await?, 0)? != Some(1) {
+                    return Err(StoreError::Unavailable(format!("could not take the lock {t}_fanout within a minute")));
                 }
-                Some(format!("SELECT RELEASE_LOCK(SHA1(CONCAT(DATABASE(), '.{lock}')))"))
+                Some(f.unlock.clone())
             }
             Backend::Sqlite => {
                 Executor::execute(&mut *conn, "BEGIN IMMEDIATE").await?;
@@ -161,10 +212,9 @@ where
         };
         let result: Result<RegisteredSink, StoreError> = async {
             if D::BACKEND == Backend::Postgres {
-                let lock_sql = format!("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.{lock}'))");
-                Executor::execute(&mut *conn, lock_sql.as_str()).await?;
+                Executor::execute(&mut *conn, f.lock.as_str()).await?;
             }
-            let known = Self::decode_sinks(&sqlx::query(&select).fetch_all(&mut *conn).await?)?;
+            let known = Self::decode_sinks(&sqlx::query(&f.registry).fetch_all(&mut *conn).await?)?;
             if let Some(sink) = known.iter().find(|s| s.name == name) {
                 return Ok(sink.clone());
             }
@@ -239,17 +289,10 @@ where
     /// sink, or another host is fanning out right now.
     pub(super) async fn fan_out_rows(&self, limit: u32, now_ms: i64) -> Result<u64, StoreError> {
         let _writing = self.writing().await;
-        let t = self.table.clone();
-        let key = self.profile.key.column();
-        let lock = self.fanout_lock();
+        let f = &self.fan_out;
         let mut conn = self.pool.acquire().await?;
         // Idle, one lock-free look: is there a row some other sink still needs copied?
-        let probe = format!(
-            "SELECT 1 FROM {t} WHERE fanned_out_at_ms = 0 AND created_at_ms >= \
-             (SELECT COALESCE(MIN(start_from_ms), {}) FROM {t}_sinks WHERE sink_table <> '{t}') LIMIT 1",
-            i64::MAX
-        );
-        if sqlx::query(&probe).fetch_optional(&mut *conn).await?.is_none() {
+        if sqlx::query(&f.probe).fetch_optional(&mut *conn).await?.is_none() {
             return Ok(0);
         }
         match D::BACKEND {
@@ -260,35 +303,24 @@ where
                 Executor::execute(&mut *conn, "BEGIN IMMEDIATE").await?;
             }
             Backend::Mysql => {
-                let take = format!("SELECT GET_LOCK(SHA1(CONCAT(DATABASE(), '.{lock}')), 0)");
-                if D::opt_int(&sqlx::query(&take).fetch_one(&mut *conn).await?, 0)? != Some(1) {
+                if D::opt_int(&sqlx::query(&f.try_lock).fetch_one(&mut *conn).await?, 0)? != Some(1) {
                     return Ok(0);
                 }
             }
         }
         let result: Result<u64, StoreError> = async {
-            if D::BACKEND == Backend::Postgres {
-                let take = format!(
-                    "SELECT CASE WHEN pg_try_advisory_xact_lock(hashtext(current_schema() || '.{lock}')) \
-                     THEN 1 ELSE 0 END"
-                );
-                if D::int(&sqlx::query(&take).fetch_one(&mut *conn).await?, 0)? != 1 {
-                    return Ok(0);
-                }
+            if D::BACKEND == Backend::Postgres
+                && D::int(&sqlx::query(&f.try_lock).fetch_one(&mut *conn).await?, 0)? != 1
+            {
+                return Ok(0);
             }
-            let sinks = Self::decode_sinks(&sqlx::query(&self.registry_select()).fetch_all(&mut *conn).await?)?;
-            let others: Vec<&RegisteredSink> = sinks.iter().filter(|s| !s.is_first(&t)).collect();
+            let sinks = Self::decode_sinks(&sqlx::query(&f.registry).fetch_all(&mut *conn).await?)?;
+            let others: Vec<&RegisteredSink> = sinks.iter().filter(|s| !s.is_first(&self.table)).collect();
             let Some(min_start) = others.iter().map(|s| s.start_from_ms).min() else {
                 return Ok(0);
             };
             // The picked rows' keys, in creation order.
-            let pick = format!(
-                "SELECT {key} FROM {t} WHERE fanned_out_at_ms = 0 AND created_at_ms >= {} \
-                 ORDER BY created_at_ms, {key} LIMIT {}",
-                D::param(1),
-                D::param(2)
-            );
-            let picked = sqlx::query(&pick).bind(min_start).bind(i64::from(limit)).fetch_all(&mut *conn).await?;
+            let picked = sqlx::query(&f.pick).bind(min_start).bind(i64::from(limit)).fetch_all(&mut *conn).await?;
             if picked.is_empty() {
                 return Ok(0);
             }
@@ -308,11 +340,7 @@ where
             for sink in &others {
                 self.copy_rows(&mut conn, sink, &keys).await?;
             }
-            let mark = format!(
-                "UPDATE {t} SET fanned_out_at_ms = {} WHERE {key} IN ({})",
-                D::param(1),
-                params::<D>(2, keys.len())
-            );
+            let mark = f.mark.get(keys.len());
             let mut q = sqlx::query(&mark).bind(now_ms);
             for k in &keys {
                 q = bind_key::<D>(q, k);
@@ -324,11 +352,7 @@ where
         let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
         let ended = Executor::execute(&mut *conn, end).await;
         if D::BACKEND == Backend::Mysql {
-            let _ = Executor::execute(
-                &mut *conn,
-                format!("SELECT RELEASE_LOCK(SHA1(CONCAT(DATABASE(), '.{lock}')))").as_str(),
-            )
-            .await;
+            let _ = Executor::execute(&mut *conn, f.unlock.as_str()).await;
         }
         let fanned = result?;
         ended?;

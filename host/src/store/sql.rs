@@ -268,6 +268,8 @@ pub struct SqlStore<D: Dialect> {
     sql: SharedStatements,
     /// The dialect's own statements' text, built once.
     pub(super) own: D::Statements,
+    /// The registry's and the fan-out's statements, built once.
+    pub(super) fan_out: super::sinks::FanOutStatements,
     inserted: std::sync::Arc<tokio::sync::Notify>,
     /// Shared with the stores of the sinks' own tables on the same pool.
     writes: std::sync::Arc<tokio::sync::Mutex<()>>,
@@ -285,6 +287,7 @@ impl<D: Dialect> SqlStore<D> {
             table: table.to_string(),
             sql: SharedStatements::new::<D>(table, &profile, true),
             own: D::statements(table, &profile),
+            fan_out: super::sinks::FanOutStatements::new::<D>(table, &profile),
             profile,
             inserted: Default::default(),
             writes: Default::default(),
@@ -301,6 +304,7 @@ impl<D: Dialect> SqlStore<D> {
             table: table.to_string(),
             sql: SharedStatements::new::<D>(table, &profile, false),
             own: D::statements(table, &profile),
+            fan_out: super::sinks::FanOutStatements::new::<D>(table, &profile),
             profile,
             inserted: Default::default(),
             writes: self.writes.clone(),
@@ -323,6 +327,7 @@ impl<D: Dialect> SqlStore<D> {
         Ok(SqlStore {
             sql: SharedStatements::new::<D>(&self.table, &profile, self.copy_of.is_none()),
             own: D::statements(&self.table, &profile),
+            fan_out: super::sinks::FanOutStatements::new::<D>(&self.table, &profile),
             profile,
             ..self
         })
@@ -651,7 +656,6 @@ where
         // One write per build of the sink that produced the outcomes: one, unless a reload
         // happened between them.
         let mut digests: Vec<Option<&str>> = marks.iter().map(|m| m.plugin_digest.as_deref()).collect();
-        digests.dedup();
         digests.sort_unstable();
         digests.dedup();
         for digest in digests {
@@ -832,9 +836,7 @@ where
         if sink.is_first(&self.table) {
             return Ok(self);
         }
-        let store = self.sink_copy(&sink.table);
-        store.migrate().await?;
-        Ok(std::sync::Arc::new(store))
+        Ok(std::sync::Arc::new(self.sink_copy(&sink.table)))
     }
 
     async fn fan_out(&self, limit: u32, now_ms: i64) -> Result<u64, StoreError> {
