@@ -7,7 +7,7 @@ BIN := $(TARGET_DIR)/debug/outbox-host
 WASM_TARGET_DIR := $(TARGET_DIR)/wasm-plugins
 DEMO := -c examples/outbox.yaml
 
-.PHONY: help run test plugins build lint fmt verify-migrations toolchain bench
+.PHONY: help run test plugins build lint fmt verify-migrations toolchain bench sink-component
 
 help: ## List the tasks
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -15,11 +15,24 @@ help: ## List the tasks
 toolchain: ## Install the pinned toolchain's wasm32-wasip2 target (rustup reads rust-toolchain.toml)
 	@rustup target add wasm32-wasip2 >/dev/null
 
-plugins: toolchain ## Build the sink plugins into target/plugins/ (fake_sink.wasm, tencent_im_sink.wasm)
+plugins: toolchain ## Build the sink plugins into target/plugins/ (fake_sink.wasm, tencent_im_sink.wasm, webhook_sink.wasm)
 	CARGO_TARGET_DIR=$(WASM_TARGET_DIR) cargo build --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml
 	@mkdir -p target/plugins
-	@cp $(WASM_TARGET_DIR)/wasm32-wasip2/release/fake_sink.wasm $(WASM_TARGET_DIR)/wasm32-wasip2/release/tencent_im_sink.wasm target/plugins/
+	@cp $(addprefix $(WASM_TARGET_DIR)/wasm32-wasip2/release/,fake_sink.wasm tencent_im_sink.wasm webhook_sink.wasm) target/plugins/
 	@ls -l target/plugins/*.wasm
+
+sink-component: build ## Check that `cargo component build` makes a sink the host loads (needs cargo-component)
+	@if ! cargo component --version >/dev/null 2>&1; then \
+	  echo "cargo-component is not installed; install it with: cargo install cargo-component --locked (about 12 minutes)"; \
+	  echo "then run 'make sink-component' again. (cargo build --release --target wasm32-wasip2 needs nothing more.)"; \
+	  exit 0; \
+	fi; \
+	set -e; dir=$(TARGET_DIR)/sink-component; rm -rf $$dir; \
+	$(BIN) new-sink component-check --dir $$dir; \
+	(cd $$dir && cargo component build --release); \
+	$(BIN) try-sink --plugin $$dir/target/wasm32-wasip1/release/component_check.wasm \
+	  --set url=https://example.com/events --allow-host example.com \
+	  -t RoomHeatChanged -r room-1 -b '{"heat":1}' --dry-run --reply 202
 
 build: ## Build the outbox-host binary
 	cargo build -p outbox-host --bin outbox-host
@@ -44,12 +57,14 @@ bench: plugins ## Benchmark on release builds: SQLite, plus PostgreSQL and Maria
 lint: toolchain ## cargo fmt --check and clippy with warnings as errors (host and plugins)
 	cargo fmt --all -- --check
 	cargo fmt --all --manifest-path plugins/Cargo.toml -- --check
+	cargo fmt --manifest-path plugins/template/Cargo.toml -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	CARGO_TARGET_DIR=$(WASM_TARGET_DIR) cargo clippy --manifest-path plugins/Cargo.toml --all-targets -- -D warnings
 
 fmt: ## Format the code
 	cargo fmt --all
 	cargo fmt --all --manifest-path plugins/Cargo.toml
+	cargo fmt --manifest-path plugins/template/Cargo.toml
 
 verify-migrations: ## Check that migrations/{sqlite,postgres,mysql} have the same versions
 	cargo test -p outbox-host --lib store::migrate

@@ -15,6 +15,8 @@ fn main() {
     for watched in [
         "plugins/Cargo.toml",
         "plugins/fake",
+        "plugins/sdk",
+        "plugins/webhook",
         "plugins/sink-0-1-0",
         "plugins/sink-0-2-0",
         "plugins/tencent-im",
@@ -46,6 +48,7 @@ fn main() {
     for (name, file) in [
         ("FAKE_SINK", "fake_sink.wasm"),
         ("TENCENT_IM_SINK", "tencent_im_sink.wasm"),
+        ("WEBHOOK_SINK", "webhook_sink.wasm"),
         ("SINK_0_1_0", "sink_0_1_0.wasm"),
         ("SINK_0_2_0", "sink_0_2_0.wasm"),
     ] {

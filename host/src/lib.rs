@@ -21,6 +21,7 @@ pub mod logging;
 pub mod ops;
 pub mod reload;
 pub mod sandbox;
+pub mod sinkdev;
 pub mod store;
 pub mod text;
 pub mod units;

@@ -100,6 +100,20 @@ enum Command {
         #[arg(long)]
         room: Option<String>,
     },
+    /// Run one delivery through a sink in the sandbox, without a database, and show every
+    /// request it made (credentials redacted), each reply, its log lines and the outcome.
+    TrySink(TrySinkArgs),
+    /// Write a new sink crate built on the outbox-sink SDK, ready to build and test.
+    NewSink {
+        /// The sink's crate name, e.g. slack-sink.
+        name: String,
+        /// Where to write it (default: ./NAME).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// The outbox-sink SDK it depends on (default: plugins/sdk of this host's checkout).
+        #[arg(long)]
+        sdk: Option<PathBuf>,
+    },
     /// Delete delivered rows older than DURATION (e.g. 7d), in bounded batches.
     Purge {
         /// Age of the delivered rows to delete, e.g. 7d or 72h.
@@ -111,11 +125,61 @@ enum Command {
     },
 }
 
+/// `try-sink`'s flags.
+#[derive(clap::Args)]
+struct TrySinkArgs {
+    /// The sink's .wasm component.
+    #[arg(long)]
+    plugin: PathBuf,
+    /// A key of the sink's `config:` map, as KEY=VALUE (repeat for more).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// A host the sink may reach, as in `allowed_hosts` (repeat for more).
+    #[arg(long = "allow-host", value_name = "HOST")]
+    allow_hosts: Vec<String>,
+    /// Allow plain http:// URLs (`allow_http`).
+    #[arg(long)]
+    allow_http: bool,
+    /// Event type, e.g. RoomGiftSent.
+    #[arg(long = "type", short = 't')]
+    event_type: String,
+    /// Room id.
+    #[arg(long, short)]
+    room: String,
+    /// The event body as JSON (fields of the type's protobuf message).
+    #[arg(long, short)]
+    body: Option<String>,
+    /// The attempt number the sink sees.
+    #[arg(long, default_value_t = 1)]
+    attempt: u32,
+    /// `publish_timeout` for the delivery, e.g. 5s.
+    #[arg(long, default_value = "5s")]
+    timeout: String,
+    /// Do not send requests: check them against the egress rules and answer with --reply.
+    #[arg(long)]
+    dry_run: bool,
+    /// The dry run's reply status.
+    #[arg(long, default_value_t = 200)]
+    reply: u16,
+    /// The dry run's reply body.
+    #[arg(long, default_value = "")]
+    reply_body: String,
+    /// A header of the dry run's reply, as "Name: value" (repeat for more).
+    #[arg(long = "reply-header", value_name = "NAME: VALUE")]
+    reply_headers: Vec<String>,
+}
+
 /// `retry` asks before moving more rows than this, unless `--yes`.
 const RETRY_WITHOUT_ASKING: i64 = 10;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The sink author's tools need no config file and no database.
+    let command = match cli.command {
+        Command::TrySink(args) => return try_sink(args),
+        Command::NewSink { name, dir, sdk } => return new_sink(&name, dir, sdk),
+        other => other,
+    };
     let (path, optional) = match &cli.config {
         Some(path) => (path.clone(), false),
         None => (PathBuf::from("outbox.yaml"), true),
@@ -132,7 +196,7 @@ fn main() -> ExitCode {
     }
     let _flush_logs_at_exit = outbox_host::logging::init(&config.log);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-    let result = runtime.block_on(execute(cli.command, config));
+    let result = runtime.block_on(execute(command, config));
     // Tasks still parked on a database that is away must not hold the exit.
     runtime.shutdown_timeout(std::time::Duration::from_millis(500));
     match result {
@@ -288,6 +352,7 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::TrySink(_) | Command::NewSink { .. } => unreachable!("handled before the config is read"),
         Command::CheckConfig => {
             let sinks = config.require_sinks("deliver")?;
             let metrics = outbox_host::ops::metrics::Metrics::new(&sinks[0].name);
@@ -318,6 +383,85 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
                 ));
             }
             Ok(())
+        }
+    }
+}
+
+/// `try-sink`: exit 0 when the event would be stored as delivered, 1 when the attempt
+/// failed, 2 when the sink or its config is refused.
+fn try_sink(args: TrySinkArgs) -> ExitCode {
+    let options = try_options(args);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let result = options.and_then(|options| runtime.block_on(outbox_host::sinkdev::try_sink(options)));
+    runtime.shutdown_timeout(std::time::Duration::from_millis(500));
+    match result {
+        Ok(report) => {
+            say(&report.render());
+            if report.delivered() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+        }
+        Err(e) => {
+            complain(&format!("outbox-host: {e:#}\n"));
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn try_options(args: TrySinkArgs) -> anyhow::Result<outbox_host::sinkdev::TryOptions> {
+    let pair = |text: &str, sep: char, flag: &str| {
+        text.split_once(sep)
+            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+            .filter(|(k, _)| !k.is_empty())
+            .with_context(|| format!("{flag} {text:?}: expected KEY{sep}VALUE"))
+    };
+    let settings = args.set.iter().map(|s| pair(s, '=', "--set")).collect::<anyhow::Result<_>>()?;
+    // Names in lower case, as a real reply's reach the sink.
+    let headers = args
+        .reply_headers
+        .iter()
+        .map(|h| pair(h, ':', "--reply-header").map(|(k, v)| (k.to_ascii_lowercase(), v)))
+        .collect::<anyhow::Result<_>>()?;
+    let timeout = match outbox_host::units::parse_duration_ms(&args.timeout) {
+        Ok(ms) if ms > 0 => std::time::Duration::from_millis(ms as u64),
+        _ => anyhow::bail!("--timeout {:?}: expected a duration such as 5s", args.timeout),
+    };
+    let dry_run = args.dry_run.then(|| outbox_host::sandbox::trial::ScriptedReply {
+        status: args.reply,
+        headers,
+        body: args.reply_body.into_bytes(),
+    });
+    Ok(outbox_host::sinkdev::TryOptions {
+        plugin: args.plugin,
+        settings,
+        allowed_hosts: args.allow_hosts,
+        allow_http: args.allow_http,
+        event_type: args.event_type,
+        room: args.room,
+        body: args.body,
+        attempt: args.attempt,
+        timeout,
+        dry_run,
+    })
+}
+
+/// `new-sink`: writes the crate and says how to build it.
+fn new_sink(name: &str, dir: Option<PathBuf>, sdk: Option<PathBuf>) -> ExitCode {
+    let dir = dir.unwrap_or_else(|| PathBuf::from(name));
+    let sdk = sdk.unwrap_or_else(outbox_host::sinkdev::default_sdk_path);
+    match outbox_host::sinkdev::new_sink(name, &dir, &sdk) {
+        Ok(files) => {
+            for file in files {
+                say(&format!("wrote {}\n", file.display()));
+            }
+            let library = name.replace('-', "_");
+            say(&format!(
+                "next: cd {} && cargo test && cargo build --release --target wasm32-wasip2\n      (the component is target/wasm32-wasip2/release/{library}.wasm)\n",
+                dir.display()
+            ));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            complain(&format!("outbox-host: {e:#}\n"));
+            ExitCode::from(2)
         }
     }
 }

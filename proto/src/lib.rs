@@ -8,7 +8,7 @@ mod generated {
 }
 
 pub use generated::*;
-pub use prost::Message;
+pub use prost::{DecodeError, Message};
 
 /// The event types this schema defines, each with its body message.
 pub const EVENT_TYPES: &[&str] = &[
@@ -21,21 +21,54 @@ pub const EVENT_TYPES: &[&str] = &[
     "RoomRankChanged",
 ];
 
+/// An event body decoded into its typed message, one variant per event type.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(untagged)]
+pub enum EventBody {
+    RoomCreated(RoomCreated),
+    RoomUserJoined(RoomUserJoined),
+    RoomUserLeft(RoomUserLeft),
+    RoomGiftSent(RoomGiftSent),
+    RoomMicChanged(RoomMicChanged),
+    RoomHeatChanged(RoomHeatChanged),
+    RoomRankChanged(RoomRankChanged),
+}
+
+impl EventBody {
+    /// Decodes a body of the named event type.
+    ///
+    /// Returns `None` for an event type this schema does not know.
+    pub fn decode(event_type: &str, body: &[u8]) -> Option<Result<EventBody, prost::DecodeError>> {
+        macro_rules! decode {
+            ($($name:ident),*) => {
+                match event_type {
+                    $(stringify!($name) => Some($name::decode(body).map(EventBody::$name)),)*
+                    _ => None,
+                }
+            };
+        }
+        decode!(
+            RoomCreated,
+            RoomUserJoined,
+            RoomUserLeft,
+            RoomGiftSent,
+            RoomMicChanged,
+            RoomHeatChanged,
+            RoomRankChanged
+        )
+    }
+
+    /// The body as JSON (field names as in the .proto file).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("a prost message always serializes")
+    }
+}
+
 /// Decodes a body of the named event type into JSON (field names as in the .proto file).
 ///
 /// Returns `None` for an event type this schema does not know.
 pub fn body_to_json(event_type: &str, body: &[u8]) -> Option<Result<serde_json::Value, prost::DecodeError>> {
-    macro_rules! decode {
-        ($($name:ident),*) => {
-            match event_type {
-                $(stringify!($name) => Some($name::decode(body).map(|m| {
-                    serde_json::to_value(m).expect("a prost message always serializes")
-                })),)*
-                _ => None,
-            }
-        };
-    }
-    decode!(RoomCreated, RoomUserJoined, RoomUserLeft, RoomGiftSent, RoomMicChanged, RoomHeatChanged, RoomRankChanged)
+    EventBody::decode(event_type, body).map(|decoded| decoded.map(|b| b.to_json()))
 }
 
 /// Encodes a JSON body as the protobuf message of the named event type.

@@ -6,12 +6,13 @@ use std::sync::{Arc, Mutex};
 
 use axum::Router;
 use axum::extract::State;
-use axum::routing::{get, post};
+use axum::routing::post;
 
 pub mod db;
 pub mod proxy;
 pub mod tencent;
 pub mod webdriver;
+pub mod webhook;
 
 include!(concat!(env!("OUT_DIR"), "/plugins.rs"));
 
@@ -29,21 +30,25 @@ pub struct Report {
 }
 
 /// A local HTTP server the fake sink reports each attempt to (`POST /report`), which also
-/// answers `GET /ok` and `POST /ok` with 200 for the sink's `http` behaviours, and records
-/// every request's headers and body size there.
+/// answers any other request (`GET /ok`, `POST /events`) with 200 and records its path,
+/// headers and body.
 pub struct Collector {
     addr: SocketAddr,
     reports: Arc<Mutex<Vec<Report>>>,
     seen: Arc<Mutex<Vec<Seen>>>,
 }
 
-/// One request to `/ok` as the server received it.
+/// One request other than `/report` as the server received it.
 #[derive(Debug, Clone)]
 pub struct Seen {
+    /// Its path.
+    pub path: String,
     /// Header names (lower case) and values.
     pub headers: Vec<(String, String)>,
     /// Body length.
     pub body_len: usize,
+    /// The body, if it is JSON.
+    pub json: Option<serde_json::Value>,
 }
 
 impl Collector {
@@ -59,14 +64,14 @@ impl Collector {
         let app = Router::new()
             .route("/report", post(record))
             .with_state(reports.clone())
-            .merge(Router::new().route("/ok", get(observe).post(observe)).with_state(seen.clone()));
+            .merge(Router::new().fallback(observe).with_state(seen.clone()));
         let listener = tokio::net::TcpListener::bind(addr).await.expect("binding the collector");
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await.expect("collector server") });
         Collector { addr, reports, seen }
     }
 
-    /// The requests `/ok` received so far.
+    /// The requests other than `/report` received so far.
     pub fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
@@ -99,6 +104,7 @@ impl Collector {
 
 async fn observe(
     State(seen): State<Arc<Mutex<Vec<Seen>>>>,
+    uri: axum::http::Uri,
     headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
 ) -> &'static str {
@@ -106,7 +112,8 @@ async fn observe(
         .iter()
         .map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
         .collect();
-    seen.lock().unwrap().push(Seen { headers, body_len: body.len() });
+    let json = serde_json::from_slice(&body).ok();
+    seen.lock().unwrap().push(Seen { path: uri.path().to_string(), headers, body_len: body.len(), json });
     "ok"
 }
 

@@ -698,7 +698,8 @@ fn default_node_id() -> String {
         .unwrap_or_else(|| "outbox-host".into())
 }
 
-fn default_cache_dir() -> Option<PathBuf> {
+/// `$XDG_CACHE_HOME/outbox-host`, else `~/.cache/outbox-host`: the default `sink.cache_dir`.
+pub fn default_cache_dir() -> Option<PathBuf> {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;

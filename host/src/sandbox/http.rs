@@ -146,6 +146,20 @@ impl HttpPolicy {
         tokio::time::timeout_at(deadline, work).await.unwrap_or(Err(HttpError::Timeout))
     }
 
+    /// Whether `req` would be sent: its URL allowed, its body within bounds (a dry run's
+    /// check; [`HttpPolicy::send`] makes the same ones).
+    pub fn check(&self, req: &HttpRequest) -> Result<(), HttpError> {
+        self.check_url(&req.url)?;
+        if req.body.len() as u64 > self.max_request_bytes {
+            return Err(HttpError::InvalidRequest(format!(
+                "request body of {} bytes is larger than sink.max_request_bytes ({})",
+                req.body.len(),
+                self.max_request_bytes
+            )));
+        }
+        Ok(())
+    }
+
     /// The parsed URL, if its scheme, host and port are allowed.
     fn check_url(&self, text: &str) -> Result<reqwest::Url, HttpError> {
         let url = reqwest::Url::parse(text).map_err(|e| HttpError::InvalidRequest(format!("bad url: {e}")))?;

@@ -12,6 +12,7 @@ pub mod contract;
 mod egress;
 mod http;
 mod state;
+pub mod trial;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -180,6 +181,21 @@ impl SinkRuntime {
 
     /// [`SinkRuntime::load`], counting what the sink exceeds into `metrics`.
     pub fn load_with(config: &SinkConfig, concurrency: u32, metrics: Arc<Metrics>) -> anyhow::Result<SinkRuntime> {
+        Self::load_inner(config, concurrency, metrics, None)
+    }
+
+    /// A runtime for `try-sink`: what the sink does is recorded in `trial` (and its log
+    /// lines go there, not to the host's log).
+    pub fn load_trial(config: &SinkConfig, trial: Arc<trial::Trial>) -> anyhow::Result<SinkRuntime> {
+        Self::load_inner(config, 1, Arc::new(Metrics::new(&config.name)), Some(trial))
+    }
+
+    fn load_inner(
+        config: &SinkConfig,
+        concurrency: u32,
+        metrics: Arc<Metrics>,
+        trial: Option<Arc<trial::Trial>>,
+    ) -> anyhow::Result<SinkRuntime> {
         let plugin = &config.plugin;
         let bytes = std::fs::read(plugin).with_context(|| format!("sink.plugin: cannot read {}", plugin.display()))?;
         let memory_limit = usize::try_from(config.memory_limit).unwrap_or(usize::MAX);
@@ -231,6 +247,7 @@ impl SinkRuntime {
             budgets: config.budgets.clone(),
             metrics,
             retry_after_clamp_said: AtomicBool::new(false),
+            trial,
         });
         let ticker_stop = Arc::new(AtomicBool::new(false));
         spawn_epoch_ticker(engine.weak(), ticker_stop.clone());
@@ -438,7 +455,7 @@ pub struct SinkConfigProblems(pub Vec<String>);
 
 /// A sink's own config problems as the host shows them: under `sink.config.`, escaped onto
 /// one line, clipped, and at most [`MAX_CONFIG_PROBLEMS`] of them.
-fn sink_problems(problems: Vec<String>) -> Vec<String> {
+pub(crate) fn sink_problems(problems: Vec<String>) -> Vec<String> {
     let total = problems.len();
     let mut shown: Vec<String> = problems
         .into_iter()

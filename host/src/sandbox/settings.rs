@@ -63,6 +63,30 @@ pub struct SinkConfig {
     pub worker: crate::engine::settings::WorkerConfig,
 }
 
+impl SinkConfig {
+    /// A sink with every default (no hosts allowed, plain http off): `try-sink` starts here.
+    pub fn with_defaults(name: &str, plugin: PathBuf) -> SinkConfig {
+        let worker = crate::engine::settings::WorkerConfig::default();
+        SinkConfig {
+            name: name.into(),
+            plugin,
+            allowed_hosts: Vec::new(),
+            memory_limit: DEFAULT_MEMORY_LIMIT,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            cache_dir: crate::config::default_cache_dir(),
+            allow_http: false,
+            proxy: None,
+            budgets: SinkBudgets::default(),
+            config: SinkSettings::default(),
+            rate_limit: None,
+            breaker: worker.breaker,
+            start_from: StartFrom::Now,
+            watch_plugin: false,
+            worker,
+        }
+    }
+}
+
 /// `start_from`: where a sink added to a table with events begins. Read once, when the
 /// sink is registered on the table; afterwards it keeps where it started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

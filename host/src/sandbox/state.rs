@@ -25,6 +25,8 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     /// Set once a clamped `retry-after-ms` has been logged: said once, counted always.
     pub retry_after_clamp_said: AtomicBool,
+    /// Set for `try-sink`: records requests and log lines, and answers in a dry run.
+    pub trial: Option<Arc<super::trial::Trial>>,
 }
 
 /// What one attempt has used of its budgets.
@@ -77,6 +79,10 @@ impl DeliveryState {
         self.spent.log_bytes += text.len() as u64;
         let sink = self.shared.name.as_str();
         let stream = stream.unwrap_or("log");
+        if let Some(trial) = &self.shared.trial {
+            trial.log(level, stream, &text);
+            return;
+        }
         match level {
             tracing::Level::TRACE => tracing::trace!(sink, stream, "{text}"),
             tracing::Level::DEBUG => tracing::debug!(sink, stream, "{text}"),
@@ -147,7 +153,16 @@ impl bindings::outbox::sink::http::Host for DeliveryState {
         if req.body.len() as u64 > budgets.max_request_bytes {
             self.shared.metrics.sink_limit("request_bytes");
         }
-        self.shared.http.send(req, self.deadline).await
+        let Some(trial) = self.shared.trial.clone() else {
+            return self.shared.http.send(req, self.deadline).await;
+        };
+        trial.request(&req);
+        let result = match trial.scripted() {
+            Some(reply) => self.shared.http.check(&req).map(|()| reply),
+            None => self.shared.http.send(req, self.deadline).await,
+        };
+        trial.reply(&result);
+        result
     }
 }
 

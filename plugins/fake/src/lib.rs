@@ -20,19 +20,8 @@
 //!   `<event_id> <attempt> <behaviour>` before the outcome is returned, so a test can count
 //!   exactly what the sink received.
 
-mod bindings {
-    #![allow(missing_docs, clippy::too_many_arguments)] // generated from wit/sink.wit
-    wit_bindgen::generate!({ path: "../../wit", world: "sink" });
-}
-
-use bindings::outbox::sink::config;
-use bindings::outbox::sink::flow::{self, Pressure};
-use bindings::outbox::sink::http::{self, HttpError, Request};
-use bindings::outbox::sink::log::{self, Level};
-use bindings::outbox::sink::types::FailureKind;
-use bindings::{Event, Failure, Guest, Outcome};
-
-struct FakeSink;
+use outbox_sink::http::{self, Request, Response};
+use outbox_sink::{Config, Delivery, Event, Failure, Outcome, Pressure, Sink, config, log};
 
 /// The behaviours `run` knows.
 const BEHAVIOURS: &[&str] = &[
@@ -66,56 +55,53 @@ const BEHAVIOURS: &[&str] = &[
 const FORGERY: &str =
     "ok\n2026-01-01T00:00:00.000000Z  INFO deliver{event_id=FORGED}: event delivered\u{1b}[2J\0\u{202E}";
 
-impl Guest for FakeSink {
-    fn check_config() -> Vec<String> {
-        let mut problems = Vec::new();
-        for key in ["default"] {
-            if let Some(behaviour) = config::get(key) {
-                let name = behaviour.split(':').next().unwrap_or_default();
-                if !BEHAVIOURS.contains(&name) {
-                    problems.push(format!("sink.config.{key}: unknown behaviour {behaviour:?}"));
-                }
-            }
+struct FakeSink;
+
+impl Sink for FakeSink {
+    fn configure(config: &mut Config) -> Self {
+        if let Some(behaviour) = config.get("default") {
+            let name = behaviour.split(':').next().unwrap_or_default();
+            config.check("default", BEHAVIOURS.contains(&name), format!("unknown behaviour {behaviour:?}"));
         }
-        if let Some(scripted) = config::get("check.problems") {
-            problems.extend(scripted.split('|').map(str::to_string));
+        for line in config.get("check.problems").unwrap_or_default().split('|').filter(|l| !l.is_empty()) {
+            let (key, message) = line.split_once(": ").unwrap_or((line, "is wrong"));
+            config.problem(key, message);
         }
-        problems
+        FakeSink
     }
 
-    fn deliver(event: Event) -> Result<Outcome, Failure> {
+    fn deliver(&self, event: &Event) -> Delivery {
         let behaviour = config::get(&format!("room.{}", event.room_id))
             .or_else(|| config::get(&format!("type.{}", event.event_type)))
             .or_else(|| config::get("default"))
             .unwrap_or_else(|| "ok".to_string());
         if let Some(collector) = config::get("collector") {
             let line = format!("{} {} {}\n", event.event_id, event.attempt, behaviour);
-            post(&collector, line.into_bytes()).map_err(|e| retryable(format!("collector unreachable: {e}"), None))?;
+            let request = Request::post(&collector).header("content-type", "text/plain").body(line);
+            success(request.send()).map_err(|e| Failure::retryable(format!("collector unreachable: {e}")))?;
         }
-        run(&behaviour, &event)
+        run(&behaviour, event)
     }
 }
 
-fn run(behaviour: &str, event: &Event) -> Result<Outcome, Failure> {
+outbox_sink::export!(FakeSink);
+
+fn run(behaviour: &str, event: &Event) -> Delivery {
     let (name, arg) = behaviour.split_once(':').unwrap_or((behaviour, ""));
     match name {
         "ok" => Ok(Outcome::Delivered),
         "skip" => Ok(Outcome::Skipped(format!("fake sink does not carry {}", event.event_type))),
-        "retryable" => Err(retryable("fake: scripted retryable failure".into(), None)),
-        "permanent" => Err(Failure {
-            kind: FailureKind::Permanent,
-            message: "fake: scripted permanent failure".into(),
-            retry_after_ms: None,
-        }),
+        "retryable" => Err(Failure::retryable("fake: scripted retryable failure")),
+        "permanent" => Err(Failure::permanent("fake: scripted permanent failure")),
         "fail-then-ok" => {
             let failures: u32 = arg.parse().unwrap_or(1);
             if event.attempt <= failures {
-                Err(retryable(format!("fake: failing attempt {} of {failures}", event.attempt), None))
+                Err(Failure::retryable(format!("fake: failing attempt {} of {failures}", event.attempt)))
             } else {
                 Ok(Outcome::Delivered)
             }
         }
-        "retry-after" => Err(retryable("fake: asked to wait".into(), arg.parse().ok())),
+        "retry-after" => Err(hinted(Failure::retryable("fake: asked to wait"), arg.parse().ok())),
         "trap" => panic!("fake: scripted trap"),
         "loop" => {
             let mut n: u64 = 0;
@@ -134,18 +120,16 @@ fn run(behaviour: &str, event: &Event) -> Result<Outcome, Failure> {
             std::thread::sleep(std::time::Duration::from_millis(arg.parse().unwrap_or(1_000)));
             Ok(Outcome::Delivered)
         }
-        "http" => match http::send(&Request { method: "GET".into(), url: arg.into(), headers: vec![], body: vec![] }) {
-            Ok(resp) if (200..300).contains(&resp.status) => Ok(Outcome::Delivered),
-            Ok(resp) => Err(retryable(format!("http: status {}", resp.status), None)),
-            Err(e) => Err(retryable(format!("http: {}", describe(&e)), None)),
-        },
+        "http" => checked("http", Request::get(arg).send()),
         "push-back" => {
             let (pressure, hint) = arg.split_once(':').map_or((arg, None), |(p, ms)| (p, ms.parse().ok()));
-            flow::push_back(pressure_named(pressure));
-            Err(retryable(format!("fake: pushed back ({pressure})"), hint))
+            let failure =
+                Failure::retryable(format!("fake: pushed back ({pressure})")).pressure(pressure_named(pressure));
+            Err(hinted(failure, hint))
         }
         "push-back-delivered" => {
-            flow::push_back(pressure_named(arg));
+            // Pushes back, then succeeds: the host ignores a push-back that came with success.
+            outbox_sink::push_back(pressure_named(arg));
             Ok(Outcome::Delivered)
         }
         "remember" => {
@@ -159,22 +143,21 @@ fn run(behaviour: &str, event: &Event) -> Result<Outcome, Failure> {
             Ok(Outcome::Skipped(format!("seen {seen}, heap {}", heap.len())))
         }
         "log" => {
-            log::log(Level::Info, &format!("fake sink got {} for room {}", event.event_type, event.room_id));
+            log::info(&format!("fake sink got {} for room {}", event.event_type, event.room_id));
             Ok(Outcome::Delivered)
         }
         "log-flood" => {
-            let lines: u64 = arg.parse().unwrap_or(u64::MAX);
-            for i in 0..lines {
-                log::log(Level::Info, &format!("flood line {i}"));
+            for i in 0..arg.parse::<u64>().unwrap_or(u64::MAX) {
+                log::info(&format!("flood line {i}"));
             }
             Ok(Outcome::Delivered)
         }
         "log-big" => {
-            log::log(Level::Warn, &"x".repeat(arg.parse().unwrap_or(1 << 20)));
+            log::warn(&"x".repeat(arg.parse().unwrap_or(1 << 20)));
             Ok(Outcome::Delivered)
         }
         "log-forge" => {
-            log::log(Level::Info, FORGERY);
+            log::info(FORGERY);
             Ok(Outcome::Delivered)
         }
         "print" => {
@@ -185,81 +168,53 @@ fn run(behaviour: &str, event: &Event) -> Result<Outcome, Failure> {
             Ok(Outcome::Delivered)
         }
         "skip-big" => Ok(Outcome::Skipped("s".repeat(arg.parse().unwrap_or(10 << 20)))),
-        "fail-forge" => Err(retryable(FORGERY.into(), None)),
+        "fail-forge" => Err(Failure::retryable(FORGERY)),
         "http-many" => {
             let (count, url) = arg.split_once(':').unwrap_or(("1", arg));
             for i in 0..count.parse::<u32>().unwrap_or(1) {
-                get(url, vec![]).map_err(|e| retryable(format!("http-many: request {} failed: {e}", i + 1), None))?;
+                success(Request::get(url).send())
+                    .map_err(|e| Failure::retryable(format!("http-many: request {} failed: {e}", i + 1)))?;
             }
             Ok(Outcome::Delivered)
         }
         "http-post" => {
             let (size, url) = arg.split_once(':').unwrap_or(("0", arg));
-            let body = vec![b'b'; size.parse().unwrap_or(0)];
-            let request = Request { method: "POST".into(), url: url.into(), headers: vec![], body };
-            match http::send(&request) {
-                Ok(resp) if (200..300).contains(&resp.status) => Ok(Outcome::Delivered),
-                Ok(resp) => Err(retryable(format!("http-post: status {}", resp.status), None)),
-                Err(e) => Err(retryable(format!("http-post: {}", describe(&e)), None)),
-            }
+            checked("http-post", Request::post(url).body(vec![b'b'; size.parse().unwrap_or(0)]).send())
         }
         "http-headers" => {
-            let headers = vec![
-                ("Host".into(), "evil.example".into()),
-                ("Connection".into(), "upgrade".into()),
-                ("Proxy-Authorization".into(), "Basic c2VjcmV0".into()),
-                ("X-Sink".into(), "fake".into()),
-            ];
-            get(arg, headers).map_err(|e| retryable(format!("http-headers: {e}"), None))?;
+            let request = Request::get(arg)
+                .header("Host", "evil.example")
+                .header("Connection", "upgrade")
+                .header("Proxy-Authorization", "Basic c2VjcmV0")
+                .header("X-Sink", "fake");
+            success(request.send()).map_err(|e| Failure::retryable(format!("http-headers: {e}")))?;
             Ok(Outcome::Delivered)
         }
-        other => Err(Failure {
-            kind: FailureKind::Permanent,
-            message: format!("fake: unknown behaviour {other:?}"),
-            retry_after_ms: None,
-        }),
+        other => Err(Failure::permanent(format!("fake: unknown behaviour {other:?}"))),
     }
 }
 
-fn retryable(message: String, retry_after_ms: Option<u64>) -> Failure {
-    Failure { kind: FailureKind::Retryable, message, retry_after_ms }
-}
-
-fn get(url: &str, headers: Vec<(String, String)>) -> Result<(), String> {
-    match http::send(&Request { method: "GET".into(), url: url.into(), headers, body: vec![] }) {
-        Ok(resp) if (200..300).contains(&resp.status) => Ok(()),
-        Ok(resp) => Err(format!("status {}", resp.status)),
-        Err(e) => Err(describe(&e)),
+fn hinted(failure: Failure, retry_after_ms: Option<u64>) -> Failure {
+    match retry_after_ms {
+        Some(ms) => failure.after_ms(ms),
+        None => failure,
     }
 }
 
-fn post(url: &str, body: Vec<u8>) -> Result<(), String> {
-    let request = Request {
-        method: "POST".into(),
-        url: url.into(),
-        headers: vec![("content-type".into(), "text/plain".into())],
-        body,
-    };
-    match http::send(&request) {
-        Ok(resp) if (200..300).contains(&resp.status) => Ok(()),
-        Ok(resp) => Err(format!("status {}", resp.status)),
-        Err(e) => Err(describe(&e)),
+/// Delivered on 2xx; otherwise retryable, saying why after `what`.
+fn checked(what: &str, reply: Result<Response, http::HttpError>) -> Delivery {
+    success(reply).map(|()| Outcome::Delivered).map_err(|e| Failure::retryable(format!("{what}: {e}")))
+}
+
+fn success(reply: Result<Response, http::HttpError>) -> Result<(), String> {
+    match reply {
+        Ok(response) if response.is_success() => Ok(()),
+        Ok(response) => Err(format!("status {}", response.status)),
+        Err(e) => Err(e.to_string()),
     }
 }
 
-fn describe(e: &HttpError) -> String {
-    match e {
-        HttpError::Denied(why) => format!("denied: {why}"),
-        HttpError::InvalidRequest(why) => format!("invalid request: {why}"),
-        HttpError::Transport(why) => format!("transport: {why}"),
-        HttpError::Timeout => "timeout".into(),
-        HttpError::TooLarge(limit) => format!("response larger than {limit} bytes"),
-    }
-}
-
-bindings::export!(FakeSink with_types_in bindings);
-
-/// The `flow.pressure` a config value names (`unavailable` for anything else).
+/// The pressure a config value names (`unavailable` for anything else).
 fn pressure_named(name: &str) -> Pressure {
     match name {
         "room-throttled" => Pressure::RoomThrottled,

@@ -3,6 +3,9 @@
 //! `flow.push-back`): the app's rate limits and server errors concern every event, a
 //! group's frequency control only that group's.
 
+use outbox_sink::http::{Response, classify};
+use outbox_sink::{Delivery, Failure, Outcome, Pressure, log, serde_json};
+
 /// How long to hold off after Tencent pushes back (rate limits, frequency control).
 pub const BACKOFF_MS: u64 = 1_000;
 
@@ -31,123 +34,73 @@ const PERMANENT: &[(u32, u32)] = &[
     (90010, 90010),
 ];
 
-/// What a retry concerns beyond its event (mirrors the host's `flow.pressure`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pressure {
-    /// The group is over its frequency limit (`MsgFreqCtrl`).
-    RoomThrottled,
-    /// The app is over a rate limit.
-    Throttled,
-    /// Tencent IM cannot be reached or answers with server errors.
-    Unavailable,
-}
-
-/// The outcome of one reply.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
-    /// Tencent accepted the message.
-    Delivered,
-    /// Try again (after `retry_after_ms` at the earliest, if given).
-    Retry {
-        /// Short reason for `last_error`.
-        message: String,
-        /// The earliest next attempt.
-        retry_after_ms: Option<u64>,
-        /// An error code this sink does not know (worth a log line).
-        unknown: bool,
-        /// Whether it concerns the group or the whole app, not only the event.
-        pressure: Option<Pressure>,
-    },
-    /// Retrying cannot help.
-    Permanent {
-        /// Short reason for `last_error`.
-        message: String,
-    },
-}
-
-fn retry(message: String, retry_after_ms: Option<u64>) -> Verdict {
-    Verdict::Retry { message, retry_after_ms, unknown: false, pressure: None }
-}
-
-fn pushed_back(message: String, pressure: Pressure) -> Verdict {
-    let retry_after_ms = (pressure != Pressure::Unavailable).then_some(BACKOFF_MS);
-    Verdict::Retry { message, retry_after_ms, unknown: false, pressure: Some(pressure) }
-}
-
 /// Classifies an HTTP reply from the REST API.
-pub fn reply(status: u16, body: &[u8]) -> Verdict {
-    match status {
-        200 => {}
-        429 => return pushed_back("HTTP 429 from Tencent IM".into(), Pressure::Throttled),
-        408 => return retry(format!("HTTP {status} from Tencent IM"), None),
-        500..=599 => return pushed_back(format!("HTTP {status} from Tencent IM"), Pressure::Unavailable),
-        _ => return Verdict::Permanent { message: format!("HTTP {status} from Tencent IM (check endpoint)") },
+pub fn reply(status: u16, body: &[u8]) -> Delivery {
+    if status != 200 {
+        // 408, 429 and 5xx are retried (429 and 5xx pushing back); anything else is permanent.
+        return classify("Tencent IM", Ok(Response::new(status, body)))
+            .and_then(|_| Err(Failure::permanent(format!("HTTP {status} from Tencent IM"))));
     }
     let Ok(reply) = serde_json::from_slice::<serde_json::Value>(body) else {
-        return retry("Tencent IM sent a reply that is not JSON".into(), None);
+        return Err(Failure::retryable("Tencent IM sent a reply that is not JSON"));
     };
     let code = reply["ErrorCode"].as_u64().map_or(u32::MAX, |c| u32::try_from(c).unwrap_or(u32::MAX));
     let info: String = reply["ErrorInfo"].as_str().unwrap_or("").chars().take(200).collect();
     if code == 0 {
         return if reply["MsgDropReason"] == "MsgFreqCtrl" {
-            pushed_back(
-                "Tencent IM dropped the message for frequency control (MsgFreqCtrl)".into(),
+            Err(pushed_back(
+                "Tencent IM dropped the message for frequency control (MsgFreqCtrl)",
                 Pressure::RoomThrottled,
-            )
+            ))
         } else {
-            Verdict::Delivered
+            Ok(Outcome::Delivered)
         };
     }
     let message = format!("Tencent IM error {code}: {info}");
     if RATE_LIMITED.contains(&code) {
-        pushed_back(message, Pressure::Throttled)
+        Err(pushed_back(&message, Pressure::Throttled))
     } else if RETRYABLE.contains(&code) {
-        retry(message, None)
+        Err(Failure::retryable(message))
     } else if PERMANENT.iter().any(|(lo, hi)| (*lo..=*hi).contains(&code)) {
-        Verdict::Permanent { message }
+        Err(Failure::permanent(message))
     } else {
-        Verdict::Retry { message, retry_after_ms: None, unknown: true, pressure: None }
+        log::warn(&format!("unknown Tencent IM error, retrying: {message}"));
+        Err(Failure::retryable(message))
     }
+}
+
+fn pushed_back(message: &str, pressure: Pressure) -> Failure {
+    Failure::retryable(message).pressure(pressure).after_ms(BACKOFF_MS)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use outbox_sink::FailureKind;
 
-    fn code(code: u32) -> Verdict {
+    fn code(code: u32) -> Failure {
         reply(200, format!(r#"{{"ActionStatus":"FAIL","ErrorCode":{code},"ErrorInfo":"info"}}"#).as_bytes())
+            .expect_err("a failure")
     }
 
     #[test]
     fn ok_is_delivered_unless_dropped_for_frequency_control() {
-        assert_eq!(reply(200, br#"{"ActionStatus":"OK","ErrorCode":0,"MsgSeq":1}"#), Verdict::Delivered);
+        assert_eq!(reply(200, br#"{"ActionStatus":"OK","ErrorCode":0,"MsgSeq":1}"#), Ok(Outcome::Delivered));
         let dropped = reply(200, br#"{"ActionStatus":"OK","ErrorCode":0,"MsgDropReason":"MsgFreqCtrl"}"#);
-        assert!(
-            matches!(
-                dropped,
-                Verdict::Retry { retry_after_ms: Some(BACKOFF_MS), pressure: Some(Pressure::RoomThrottled), .. }
-            ),
-            "only the group is held back: {dropped:?}"
-        );
+        let dropped = dropped.expect_err("only the group is held back");
+        assert_eq!((dropped.retry_after_ms, dropped.pressure), (Some(BACKOFF_MS), Some(Pressure::RoomThrottled)));
     }
 
     #[test]
     fn every_listed_retryable_code_is_retried() {
         for c in RETRYABLE {
-            let v = code(*c);
-            assert!(matches!(v, Verdict::Retry { unknown: false, .. }), "{c}: {v:?}");
+            assert_eq!(code(*c).kind, FailureKind::Retryable, "{c}");
         }
         for c in RATE_LIMITED {
-            let v = code(*c);
-            assert!(
-                matches!(
-                    v,
-                    Verdict::Retry { retry_after_ms: Some(BACKOFF_MS), pressure: Some(Pressure::Throttled), .. }
-                ),
-                "{c}: the app's rate limit holds back the whole sink: {v:?}"
-            );
+            let f = code(*c);
+            assert_eq!((f.retry_after_ms, f.pressure), (Some(BACKOFF_MS), Some(Pressure::Throttled)), "{c}: {f:?}");
         }
-        assert!(matches!(code(70500), Verdict::Retry { retry_after_ms: None, pressure: None, .. }));
+        assert_eq!(code(70500), Failure::retryable("Tencent IM error 70500: info"));
     }
 
     #[test]
@@ -157,28 +110,29 @@ mod tests {
             60015, 60016, 60017, 60020, 60021, 70001, 70010, 70020, 80001, 80002, 90001, 90002, 90010,
         ];
         for c in listed {
-            assert_eq!(code(c), Verdict::Permanent { message: format!("Tencent IM error {c}: info") }, "{c}");
+            assert_eq!(code(c), Failure::permanent(format!("Tencent IM error {c}: info")), "{c}");
         }
     }
 
     #[test]
-    fn unknown_codes_are_retried_and_flagged() {
-        assert!(matches!(code(12345), Verdict::Retry { unknown: true, pressure: None, .. }));
-        assert!(matches!(code(70021), Verdict::Retry { unknown: true, .. }));
+    fn unknown_codes_are_retried_and_logged() {
+        let mut harness = outbox_sink::testing::Harness::new();
+        let unknown = harness.run(|| code(12345));
+        assert_eq!(unknown, Failure::retryable("Tencent IM error 12345: info"));
+        assert_eq!(harness.logs()[0].1, "unknown Tencent IM error, retrying: Tencent IM error 12345: info");
+        assert_eq!(code(70021).kind, FailureKind::Retryable);
     }
 
     #[test]
     fn http_statuses() {
-        assert!(matches!(
+        assert_eq!(
             reply(502, b""),
-            Verdict::Retry { retry_after_ms: None, pressure: Some(Pressure::Unavailable), .. }
-        ));
-        assert!(matches!(
-            reply(429, b""),
-            Verdict::Retry { retry_after_ms: Some(_), pressure: Some(Pressure::Throttled), .. }
-        ));
-        assert!(matches!(reply(408, b""), Verdict::Retry { pressure: None, .. }), "a timeout is about one request");
-        assert!(matches!(reply(404, b""), Verdict::Permanent { .. }));
-        assert!(matches!(reply(200, b"<html>"), Verdict::Retry { .. }));
+            Err(Failure::retryable("HTTP 502 from Tencent IM").pressure(Pressure::Unavailable))
+        );
+        assert_eq!(reply(429, b"").unwrap_err().pressure, Some(Pressure::Throttled));
+        assert_eq!(reply(408, b"").unwrap_err().pressure, None, "a timeout is about one request");
+        assert_eq!(reply(404, b""), Err(Failure::permanent("HTTP 404 from Tencent IM")));
+        assert_eq!(reply(204, b""), Err(Failure::permanent("HTTP 204 from Tencent IM")));
+        assert_eq!(reply(200, b"<html>").unwrap_err().kind, FailureKind::Retryable);
     }
 }

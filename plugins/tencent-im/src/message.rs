@@ -1,32 +1,13 @@
 //! One room event as one `send_group_msg` request: the URL, the `Random` derived from
 //! `event_id`, and the JSON body carrying the event in a `TIMCustomElem`.
 
-use base64::Engine as _;
-use serde_json::{Value, json};
+use outbox_sink::Event;
+use outbox_sink::serde_json::{Value, json};
 
 use crate::settings::Settings;
 
 /// The path of Tencent IM's group message API.
 pub const SEND_GROUP_MSG: &str = "/v4/group_open_http_svc/send_group_msg";
-
-/// The event fields the message carries (a plain copy of the WIT `event`).
-#[derive(Debug, Clone)]
-pub struct RoomEvent {
-    /// Tenant / app.
-    pub app_code: String,
-    /// Idempotency key.
-    pub event_id: String,
-    /// e.g. `RoomGiftSent`.
-    pub event_type: String,
-    /// The room, and so the group.
-    pub room_id: String,
-    /// Ordering key for clients.
-    pub room_version: i64,
-    /// When it happened.
-    pub occurred_at_ms: i64,
-    /// Protobuf body.
-    pub body: Vec<u8>,
-}
 
 /// A stable 32-bit value from `event_id` (FNV-1a): Tencent drops a second message with the
 /// same `Random` in one group within five minutes, so a retry is not shown twice.
@@ -44,33 +25,15 @@ pub fn url(settings: &Settings, usersig: &str, request_random: u32) -> String {
     )
 }
 
-/// What clients receive in `MsgContent.Data`: the event's fields and its decoded body.
-pub fn data(event: &RoomEvent) -> Value {
-    let mut data = json!({
-        "app_code": event.app_code,
-        "event_id": event.event_id,
-        "event_type": event.event_type,
-        "room_id": event.room_id,
-        "room_version": event.room_version,
-        "occurred_at_ms": event.occurred_at_ms,
-    });
-    match outbox_proto::body_to_json(&event.event_type, &event.body) {
-        Some(Ok(body)) => data["body"] = body,
-        // A type this schema does not know (or a body that does not decode) still reaches
-        // clients, as the raw protobuf bytes.
-        _ => data["body_base64"] = json!(base64::engine::general_purpose::STANDARD.encode(&event.body)),
-    }
-    data
-}
-
 /// The `send_group_msg` body.
-pub fn body(settings: &Settings, event: &RoomEvent) -> Value {
+/// `MsgContent.Data` is the event's fields and decoded body (`Event::to_json`).
+pub fn body(settings: &Settings, event: &Event) -> Value {
     let mut body = json!({
         "GroupId": format!("{}{}", settings.group_id_prefix, event.room_id),
         "Random": random_of(&event.event_id),
         "MsgBody": [{
             "MsgType": "TIMCustomElem",
-            "MsgContent": { "Data": data(event).to_string(), "Desc": event.event_type },
+            "MsgContent": { "Data": event.to_json().to_string(), "Desc": event.event_type },
         }],
     });
     if let Some(priority) = &settings.msg_priority {
@@ -97,38 +60,26 @@ fn encode_query(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use outbox_proto::Message as _;
+    use outbox_sink::{Config, serde_json};
 
     fn settings() -> Settings {
-        Settings::read(|k| {
-            match k {
-                "sdk_app_id" => Some("1400000001"),
-                "identifier" => Some("admin user"),
-                "secret_key" => Some("s3cret"),
-                "group_id_prefix" => Some("live_"),
-                _ => None,
-            }
-            .map(str::to_string)
-        })
-        .unwrap()
+        let pairs = [
+            ("sdk_app_id", "1400000001"),
+            ("identifier", "admin user"),
+            ("secret_key", "s3cret"),
+            ("group_id_prefix", "live_"),
+        ];
+        Settings::read(&mut Config::from_pairs(&pairs))
     }
 
-    fn gift() -> RoomEvent {
-        let body = outbox_proto::RoomGiftSent {
-            room_id: "r1".into(),
-            sender_user_id: "u1".into(),
-            gift_id: "rose".into(),
-            gift_count: 3,
-            ..Default::default()
-        };
-        RoomEvent {
+    fn gift() -> Event {
+        let body = json!({"room_id": "r1", "sender_user_id": "u1", "gift_id": "rose", "gift_count": 3});
+        Event {
             app_code: "app".into(),
             event_id: "evt_1".into(),
-            event_type: "RoomGiftSent".into(),
-            room_id: "r1".into(),
             room_version: 7,
             occurred_at_ms: 1_700_000_000_000,
-            body: body.encode_to_vec(),
+            ..Event::new("RoomGiftSent", "r1", body)
         }
     }
 
@@ -155,14 +106,6 @@ mod tests {
         assert_eq!(data["body"]["gift_count"], 3);
         assert!(body.get("MsgPriority").is_none() && body.get("OnlineOnlyFlag").is_none());
         assert!(!body.to_string().contains("s3cret"));
-    }
-
-    #[test]
-    fn unknown_types_carry_their_raw_body() {
-        let mut event = gift();
-        event.event_type = "RoomSomethingNew".into();
-        event.body = vec![1, 2, 3];
-        assert_eq!(data(&event)["body_base64"], "AQID");
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! The sink's `config:` keys, read and checked all at once.
 
+use outbox_sink::Config;
+
 /// Default `endpoint`: Tencent Cloud IM's main REST domain.
 pub const DEFAULT_ENDPOINT: &str = "https://console.tim.qq.com";
 /// Default `usersig_expire_seconds`. A UserSig is made afresh for every request, so it
@@ -47,76 +49,43 @@ impl std::fmt::Debug for Settings {
 }
 
 impl Settings {
-    /// Reads every key through `get`; on failure, one line per problem, each naming its key.
-    pub fn read(get: impl Fn(&str) -> Option<String>) -> Result<Settings, Vec<String>> {
-        let mut problems = Vec::new();
-        let mut required = |key: &str, what: &str| match get(key).map(|v| v.trim().to_string()) {
-            Some(v) if !v.is_empty() => v,
-            _ => {
-                problems.push(format!("{key}: is required ({what})"));
-                String::new()
-            }
-        };
-        let sdk_app_id_text = required("sdk_app_id", "the SDKAppID of the IM application");
-        let identifier = required("identifier", "an App admin account, e.g. administrator");
-        let secret_key = required("secret_key", "the application's key; put it in an environment variable");
-        let sdk_app_id = match sdk_app_id_text.parse::<u64>() {
-            Ok(id) if id > 0 => id,
-            _ if sdk_app_id_text.is_empty() => 0,
-            _ => {
-                problems.push(format!("sdk_app_id: {sdk_app_id_text:?} is not a positive number"));
-                0
-            }
-        };
+    /// Reads every key; what is missing or malformed is recorded in `config`, naming its key.
+    pub fn read(config: &mut Config) -> Settings {
+        let sdk_app_id: u64 = config.required("sdk_app_id", "the SDKAppID of the IM application, a positive number");
+        config.check("sdk_app_id", sdk_app_id > 0 || config.get("sdk_app_id").is_none(), "must be positive");
+        let identifier = config.required("identifier", "an App admin account, e.g. administrator");
+        let secret_key = config.required("secret_key", "the application's key; put it in an environment variable");
         let endpoint =
-            get("endpoint").unwrap_or_else(|| DEFAULT_ENDPOINT.to_string()).trim_end_matches('/').to_string();
-        if !(endpoint.starts_with("https://") || endpoint.starts_with("http://")) || endpoint.contains('?') {
-            problems.push(format!("endpoint: {endpoint:?} must be a base URL such as {DEFAULT_ENDPOINT}"));
+            config.get("endpoint").unwrap_or_else(|| DEFAULT_ENDPOINT.into()).trim_end_matches('/').to_string();
+        let base = (endpoint.starts_with("https://") || endpoint.starts_with("http://")) && !endpoint.contains('?');
+        config.check("endpoint", base, format!("{endpoint:?} must be a base URL such as {DEFAULT_ENDPOINT}"));
+        let usersig_expire_seconds = config.with_default(
+            "usersig_expire_seconds",
+            DEFAULT_USERSIG_EXPIRE_SECONDS,
+            "a number of seconds of at least 60",
+        );
+        config.check("usersig_expire_seconds", usersig_expire_seconds >= 60, "must be at least 60 seconds");
+        let msg_priority = config.get("msg_priority");
+        if let Some(p) = &msg_priority {
+            config.check(
+                "msg_priority",
+                PRIORITIES.contains(&p.as_str()),
+                format!("{p:?} is not one of {}", PRIORITIES.join(", ")),
+            );
         }
-        let usersig_expire_seconds = match get("usersig_expire_seconds") {
-            None => DEFAULT_USERSIG_EXPIRE_SECONDS,
-            Some(text) => match text.trim().parse::<u64>() {
-                Ok(n) if n >= 60 => n,
-                _ => {
-                    problems
-                        .push(format!("usersig_expire_seconds: {text:?} is not a number of seconds of at least 60"));
-                    DEFAULT_USERSIG_EXPIRE_SECONDS
-                }
-            },
-        };
-        let msg_priority = get("msg_priority").filter(|p| !p.is_empty());
-        if let Some(p) = &msg_priority
-            && !PRIORITIES.contains(&p.as_str())
-        {
-            problems.push(format!("msg_priority: {p:?} is not one of {}", PRIORITIES.join(", ")));
-        }
-        let online_only = match get("online_only").as_deref().map(str::trim) {
-            None | Some("") | Some("false") | Some("0") => false,
-            Some("true") | Some("1") => true,
-            Some(other) => {
-                problems.push(format!("online_only: {other:?} is not true or false"));
-                false
-            }
-        };
-        let skip_event_types = match get("skip_event_types") {
-            None => DEFAULT_SKIP_EVENT_TYPES.iter().map(|s| s.to_string()).collect(),
-            Some(list) => list.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
-        };
-        if problems.is_empty() {
-            Ok(Settings {
-                sdk_app_id,
-                identifier,
-                secret_key,
-                endpoint,
-                group_id_prefix: get("group_id_prefix").unwrap_or_default(),
-                usersig_expire_seconds,
-                msg_priority,
-                online_only,
-                from_account: get("from_account").filter(|a| !a.is_empty()),
-                skip_event_types,
-            })
-        } else {
-            Err(problems)
+        Settings {
+            sdk_app_id,
+            identifier,
+            secret_key,
+            endpoint,
+            group_id_prefix: config.get("group_id_prefix").unwrap_or_default(),
+            usersig_expire_seconds,
+            msg_priority,
+            online_only: config.flag("online_only", false),
+            from_account: config.get("from_account"),
+            skip_event_types: config
+                .list("skip_event_types")
+                .unwrap_or_else(|| DEFAULT_SKIP_EVENT_TYPES.iter().map(|s| s.to_string()).collect()),
         }
     }
 
@@ -129,11 +98,12 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
 
     fn read(pairs: &[(&str, &str)]) -> Result<Settings, Vec<String>> {
-        let map: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        Settings::read(|k| map.get(k).cloned())
+        let mut config = Config::from_pairs(pairs);
+        let settings = Settings::read(&mut config);
+        let problems: Vec<String> = config.problems().iter().map(ToString::to_string).collect();
+        if problems.is_empty() { Ok(settings) } else { Err(problems) }
     }
 
     const MINIMAL: &[(&str, &str)] =
@@ -165,13 +135,14 @@ mod tests {
         pairs.extend([
             ("endpoint", "console.tim.qq.com"),
             ("msg_priority", "Urgent"),
-            ("online_only", "yes"),
+            ("online_only", "sometimes"),
             ("usersig_expire_seconds", "5"),
         ]);
         let problems = read(&pairs).unwrap_err();
         for key in ["sdk_app_id:", "endpoint:", "msg_priority:", "online_only:", "usersig_expire_seconds:"] {
             assert!(problems.iter().any(|p| p.starts_with(key)), "{key} missing from {problems:?}");
         }
+        assert_eq!(read(&[("sdk_app_id", "0"), ("identifier", "a"), ("secret_key", "k")]).unwrap_err().len(), 1);
     }
 
     #[test]

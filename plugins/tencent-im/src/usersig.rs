@@ -7,6 +7,8 @@
 
 use std::io::Write as _;
 
+use outbox_sink::serde_json;
+
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use hmac::{Hmac, Mac};

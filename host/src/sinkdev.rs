@@ -1,0 +1,201 @@
+//! Tools for sink authors: `try-sink` (one delivery in the sandbox, no database) and
+//! `new-sink` (a ready crate built on the `outbox-sink` SDK).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use crate::sandbox::settings::SinkConfig;
+use crate::sandbox::trial::{ScriptedReply, Step, Trial};
+use crate::sandbox::{Delivered, Event, SinkConfigProblems, SinkRuntime};
+
+/// What `try-sink` runs.
+#[derive(Debug, Clone)]
+pub struct TryOptions {
+    /// The component.
+    pub plugin: PathBuf,
+    /// The sink's `config:` map.
+    pub settings: Vec<(String, String)>,
+    /// Its `allowed_hosts`.
+    pub allowed_hosts: Vec<String>,
+    /// `allow_http`.
+    pub allow_http: bool,
+    /// The event.
+    pub event_type: String,
+    /// The event's room.
+    pub room: String,
+    /// Its body, as JSON fields of the type's message.
+    pub body: Option<String>,
+    /// The attempt number the sink sees.
+    pub attempt: u32,
+    /// `publish_timeout`.
+    pub timeout: Duration,
+    /// Answer requests with this instead of sending them.
+    pub dry_run: Option<ScriptedReply>,
+}
+
+/// What a trial delivery came to.
+pub struct TryReport {
+    /// What the sink did, in order.
+    pub steps: Vec<Step>,
+    /// The outcome, as the host classified and bounded it.
+    pub outcome: Result<Delivered, crate::sandbox::AttemptFailure>,
+}
+
+impl TryReport {
+    /// The report as `try-sink` prints it.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for step in &self.steps {
+            match step {
+                Step::Request { method, url, headers, body } => {
+                    let _ = writeln!(out, "request  {method} {url}");
+                    for (name, value) in headers {
+                        let _ = writeln!(out, "         {name}: {value}");
+                    }
+                    if !body.is_empty() {
+                        let _ = writeln!(out, "         body: {body}");
+                    }
+                }
+                Step::Reply { status, headers, body, scripted } => {
+                    let _ = writeln!(out, "reply    {status}{}", if *scripted { " (scripted: --dry-run)" } else { "" });
+                    for (name, value) in headers {
+                        let _ = writeln!(out, "         {name}: {value}");
+                    }
+                    if !body.is_empty() {
+                        let _ = writeln!(out, "         body: {body}");
+                    }
+                }
+                Step::Error(why) => {
+                    let _ = writeln!(out, "reply    none: {why}");
+                }
+                Step::Log { level, stream, text } => {
+                    let from = if *stream == "log" { String::new() } else { format!(" ({stream})") };
+                    let _ = writeln!(out, "log      {}{from}: {text}", level.as_str().to_ascii_lowercase());
+                }
+            }
+        }
+        let _ = match &self.outcome {
+            Ok(Delivered::Delivered) => writeln!(out, "outcome  delivered"),
+            Ok(Delivered::Skipped(why)) => writeln!(out, "outcome  skipped: {why}"),
+            Err(failure) => {
+                let mut notes = Vec::new();
+                if let Some(after) = failure.retry_after {
+                    notes.push(format!("retry after {}", crate::units::format_duration(after)));
+                }
+                if let Some(pressure) = failure.pressure {
+                    notes.push(format!("pushes back: {}", pressure.as_str()));
+                }
+                let notes = if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) };
+                writeln!(out, "outcome  {}: {}{notes}", failure.class.as_str(), failure.message)
+            }
+        };
+        out
+    }
+
+    /// Whether the event would be stored as delivered.
+    pub fn delivered(&self) -> bool {
+        self.outcome.is_ok()
+    }
+}
+
+/// Loads the sink as `run` would, checks its config, and delivers one event.
+pub async fn try_sink(options: TryOptions) -> anyhow::Result<TryReport> {
+    let body = match &options.body {
+        None => Vec::new(),
+        Some(text) => {
+            let json: serde_json::Value = serde_json::from_str(text).context("--body is not JSON")?;
+            match outbox_proto::body_from_json(&options.event_type, &json) {
+                Some(encoded) => encoded.with_context(|| format!("--body does not fit {}", options.event_type))?,
+                None => anyhow::bail!(
+                    "--type: unknown event type {:?} (known: {})",
+                    options.event_type,
+                    outbox_proto::EVENT_TYPES.join(", ")
+                ),
+            }
+        }
+    };
+    let mut config = SinkConfig::with_defaults("try", options.plugin.clone());
+    for host in &options.allowed_hosts {
+        crate::sandbox::HostPattern::parse(host).map_err(|why| anyhow::anyhow!("--allow-host {host}: {why}"))?;
+    }
+    config.allowed_hosts = options.allowed_hosts.clone();
+    config.allow_http = options.allow_http;
+    config.config.0 = options.settings.iter().cloned().collect();
+    let trial = Arc::new(Trial::new(options.dry_run.clone()));
+    let loaded = config.clone();
+    let runtime = {
+        let trial = trial.clone();
+        tokio::task::spawn_blocking(move || SinkRuntime::load_trial(&loaded, trial)).await??
+    };
+    let problems = runtime.check_config(options.timeout).await.map_err(|f| {
+        anyhow::anyhow!("sink.plugin: {} failed its config check: {}", config.plugin.display(), f.message)
+    })?;
+    if !problems.is_empty() {
+        return Err(SinkConfigProblems(crate::sandbox::sink_problems(problems)).into());
+    }
+    let now = crate::store::now_ms();
+    let event = Event {
+        app_code: "default".into(),
+        event_id: format!("try-{now}"),
+        event_type: options.event_type.clone(),
+        room_id: options.room.clone(),
+        room_version: 1,
+        occurred_at_ms: now,
+        body,
+        attempt: options.attempt.max(1),
+    };
+    let outcome = runtime.deliver(&event, options.timeout).await;
+    Ok(TryReport { steps: trial.steps(), outcome })
+}
+
+/// `new-sink`'s crate: the template in `plugins/template`, renamed.
+const TEMPLATE: &[(&str, &str)] = &[
+    ("Cargo.toml", include_str!("../../plugins/template/Cargo.toml")),
+    ("README.md", include_str!("../../plugins/template/README.md")),
+    ("src/lib.rs", include_str!("../../plugins/template/src/lib.rs")),
+    (".gitignore", include_str!("../../plugins/template/.gitignore")),
+];
+
+/// The template's own name, replaced by the new sink's.
+const TEMPLATE_NAME: &str = "my-sink";
+
+/// Where the SDK is in the checkout this binary was built from.
+pub fn default_sdk_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/sdk")
+}
+
+/// Writes a new sink crate named `name` into `dir` (which must not exist or be empty), its
+/// `outbox-sink` dependency pointing at `sdk`. Returns the files written.
+pub fn new_sink(name: &str, dir: &Path, sdk: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let valid = !name.is_empty()
+        && name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+    anyhow::ensure!(
+        valid,
+        "sink name {name:?}: use 1-64 lowercase letters, digits, '-' or '_', starting with a letter"
+    );
+    if dir.exists() && dir.read_dir().map(|mut d| d.next().is_some()).unwrap_or(true) {
+        anyhow::bail!("{} already exists and is not empty; pick another --dir", dir.display());
+    }
+    let sdk = std::fs::canonicalize(sdk)
+        .with_context(|| format!("the outbox-sink SDK is not at {} (pass --sdk DIR)", sdk.display()))?;
+    anyhow::ensure!(sdk.join("Cargo.toml").exists(), "{} is not the outbox-sink SDK (no Cargo.toml)", sdk.display());
+    let library = name.replace('-', "_");
+    let mut written = Vec::new();
+    for (file, text) in TEMPLATE {
+        let text = text
+            .replace("path = \"../sdk\"", &format!("path = {:?}", sdk.display().to_string()))
+            .replace(TEMPLATE_NAME, name)
+            .replace(&TEMPLATE_NAME.replace('-', "_"), &library);
+        let path = dir.join(file);
+        std::fs::create_dir_all(path.parent().unwrap_or(dir))?;
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        written.push(path);
+    }
+    Ok(written)
+}

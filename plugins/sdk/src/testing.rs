@@ -1,0 +1,116 @@
+//! Native unit tests of a sink: a [`Harness`] answers the host's imports (its config map,
+//! scripted HTTP replies), records what the sink asked for, and runs `deliver` and
+//! `check-config` the way the component's exports do.
+//!
+//! ```ignore
+//! let mut harness = Harness::new().config("url", "https://hooks.example.com/in").reply(Response::new(204, ""));
+//! let event = Event::new("RoomHeatChanged", "room-1", serde_json::json!({"heat": 7}));
+//! assert_eq!(harness.deliver::<MySink>(&event), Ok(Outcome::Delivered));
+//! assert_eq!(harness.requests()[0].url, "https://hooks.example.com/in");
+//! ```
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::http::{HttpError, Request, Response};
+use crate::log::Level;
+use crate::{Delivery, Event, Pressure, Sink};
+
+/// The host, as a native test sees it.
+#[derive(Debug, Default)]
+pub struct Harness {
+    config: BTreeMap<String, String>,
+    replies: VecDeque<Result<Response, HttpError>>,
+    requests: Vec<Request>,
+    logs: Vec<(Level, String)>,
+    pushed_back: Option<Pressure>,
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Harness>> = const { RefCell::new(None) };
+}
+
+impl Harness {
+    /// No config, no replies.
+    pub fn new() -> Harness {
+        Harness::default()
+    }
+
+    /// Sets a key of the sink's `config:` map.
+    pub fn config(mut self, key: &str, value: &str) -> Harness {
+        self.config.insert(key.into(), value.into());
+        self
+    }
+
+    /// The reply to the next request not yet answered.
+    pub fn reply(mut self, response: Response) -> Harness {
+        self.replies.push_back(Ok(response));
+        self
+    }
+
+    /// An error in place of the next reply.
+    pub fn fail(mut self, error: HttpError) -> Harness {
+        self.replies.push_back(Err(error));
+        self
+    }
+
+    /// Runs a delivery as the component would (with a fresh `configure`).
+    pub fn deliver<S: Sink>(&mut self, event: &Event) -> Delivery {
+        self.pushed_back = None;
+        self.run(|| crate::deliver::<S>(event))
+    }
+
+    /// Runs `check-config` as the component would: one line per problem.
+    pub fn check_config<S: Sink>(&mut self) -> Vec<String> {
+        self.run(crate::check_config::<S>)
+    }
+
+    /// The requests made so far.
+    pub fn requests(&self) -> &[Request] {
+        &self.requests
+    }
+
+    /// The lines logged so far.
+    pub fn logs(&self) -> &[(Level, String)] {
+        &self.logs
+    }
+
+    /// What the last delivery told the host's `flow.push-back`, if anything.
+    pub fn pushed_back(&self) -> Option<Pressure> {
+        self.pushed_back
+    }
+
+    /// Runs `code` with this harness answering the host's imports (outside one, config keys
+    /// are absent, requests fail and log lines are dropped).
+    pub fn run<T>(&mut self, code: impl FnOnce() -> T) -> T {
+        CURRENT.with(|current| *current.borrow_mut() = Some(std::mem::take(self)));
+        let result = code();
+        *self = CURRENT.with(|current| current.borrow_mut().take()).unwrap_or_default();
+        result
+    }
+}
+
+/// `use_it` on the running harness, if there is one.
+fn with<T>(use_it: impl FnOnce(&mut Harness) -> T) -> Option<T> {
+    CURRENT.with(|current| current.borrow_mut().as_mut().map(use_it))
+}
+
+pub(crate) fn config_get(key: &str) -> Option<String> {
+    with(|h| h.config.get(key).cloned()).flatten()
+}
+
+pub(crate) fn send(request: &Request) -> Result<Response, HttpError> {
+    let reply = with(|h| {
+        h.requests.push(request.clone());
+        h.replies.pop_front().unwrap_or_else(|| Err(HttpError::Transport("the harness has no reply left".into())))
+    });
+    reply.unwrap_or_else(|| Err(HttpError::Transport("no testing::Harness is running".into())))
+}
+
+pub(crate) fn log(level: Level, message: &str) {
+    with(|h| h.logs.push((level, message.into())));
+}
+
+pub(crate) fn push_back(pressure: Pressure) {
+    with(|h| h.pushed_back = Some(pressure));
+}
