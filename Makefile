@@ -29,7 +29,7 @@ sink-component: build ## Check that `cargo component build` makes a sink the hos
 	fi; \
 	set -e; dir=$(TARGET_DIR)/sink-component; rm -rf $$dir; \
 	$(BIN) new-sink component-check --dir $$dir; \
-	(cd $$dir && cargo component build --release); \
+	(cd $$dir && env -u CARGO_TARGET_DIR cargo component build --release); \
 	$(BIN) try-sink --plugin $$dir/target/wasm32-wasip1/release/component_check.wasm \
 	  --set url=https://example.com/events --allow-host example.com \
 	  -t RoomHeatChanged -r room-1 -b '{"heat":1}' --dry-run --reply 202

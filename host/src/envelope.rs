@@ -56,3 +56,17 @@ pub fn encode(
     }
     .encode_to_vec()
 }
+
+/// The protobuf body of an `event_type` event from its JSON fields, as `enqueue` and
+/// `try-sink` take them on the command line (`None`: an empty body).
+pub fn body_from_json_text(event_type: &str, json: Option<&str>) -> anyhow::Result<Vec<u8>> {
+    use anyhow::Context as _;
+    let Some(text) = json else {
+        return Ok(Vec::new());
+    };
+    let json: serde_json::Value = serde_json::from_str(text).context("--body is not JSON")?;
+    match outbox_proto::body_from_json(event_type, &json) {
+        Some(encoded) => encoded.with_context(|| format!("--body does not fit {event_type}")),
+        None => anyhow::bail!("unknown event type {event_type:?} (known: {})", outbox_proto::EVENT_TYPES.join(", ")),
+    }
+}

@@ -35,15 +35,8 @@ enum Command {
     Status,
     /// Insert room events as a producer would, for trying a sink.
     Enqueue {
-        /// Event type, e.g. RoomGiftSent.
-        #[arg(long = "type", short = 't')]
-        event_type: String,
-        /// Room id.
-        #[arg(long, short)]
-        room: String,
-        /// The event body as JSON (fields of the type's protobuf message).
-        #[arg(long, short)]
-        body: Option<String>,
+        #[command(flatten)]
+        event: EventArgs,
         /// How many events to insert.
         #[arg(long, short = 'n', default_value_t = 1)]
         count: u32,
@@ -125,6 +118,20 @@ enum Command {
     },
 }
 
+/// The event `enqueue` inserts and `try-sink` delivers.
+#[derive(clap::Args)]
+struct EventArgs {
+    /// Event type, e.g. RoomGiftSent.
+    #[arg(long = "type", short = 't')]
+    event_type: String,
+    /// Room id.
+    #[arg(long, short)]
+    room: String,
+    /// The event body as JSON (fields of the type's protobuf message).
+    #[arg(long, short)]
+    body: Option<String>,
+}
+
 /// `try-sink`'s flags.
 #[derive(clap::Args)]
 struct TrySinkArgs {
@@ -140,15 +147,8 @@ struct TrySinkArgs {
     /// Allow plain http:// URLs (`allow_http`).
     #[arg(long)]
     allow_http: bool,
-    /// Event type, e.g. RoomGiftSent.
-    #[arg(long = "type", short = 't')]
-    event_type: String,
-    /// Room id.
-    #[arg(long, short)]
-    room: String,
-    /// The event body as JSON (fields of the type's protobuf message).
-    #[arg(long, short)]
-    body: Option<String>,
+    #[command(flatten)]
+    event: EventArgs,
     /// The attempt number the sink sees.
     #[arg(long, default_value_t = 1)]
     attempt: u32,
@@ -248,20 +248,8 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
             store.close().await;
             Ok(())
         }
-        Command::Enqueue { event_type, room, body, count, app_code, delivered } => {
-            let body = match body {
-                None => Vec::new(),
-                Some(text) => {
-                    let json: serde_json::Value = serde_json::from_str(&text).context("--body is not JSON")?;
-                    match outbox_proto::body_from_json(&event_type, &json) {
-                        Some(encoded) => encoded.with_context(|| format!("--body does not fit {event_type}"))?,
-                        None => anyhow::bail!(
-                            "--body: unknown event type {event_type:?} (known: {})",
-                            outbox_proto::EVENT_TYPES.join(", ")
-                        ),
-                    }
-                }
-            };
+        Command::Enqueue { event: EventArgs { event_type, room, body }, count, app_code, delivered } => {
+            let body = outbox_host::envelope::body_from_json_text(&event_type, body.as_deref())?;
             let status = if delivered { Status::Delivered } else { Status::Pending };
             let base = now_ms();
             let events: Vec<NewEvent> = (0..count)
@@ -434,9 +422,9 @@ fn try_options(args: TrySinkArgs) -> anyhow::Result<outbox_host::sinkdev::TryOpt
         settings,
         allowed_hosts: args.allow_hosts,
         allow_http: args.allow_http,
-        event_type: args.event_type,
-        room: args.room,
-        body: args.body,
+        event_type: args.event.event_type,
+        room: args.event.room,
+        body: args.event.body,
         attempt: args.attempt,
         timeout,
         dry_run,

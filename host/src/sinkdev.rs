@@ -104,20 +104,7 @@ impl TryReport {
 
 /// Loads the sink as `run` would, checks its config, and delivers one event.
 pub async fn try_sink(options: TryOptions) -> anyhow::Result<TryReport> {
-    let body = match &options.body {
-        None => Vec::new(),
-        Some(text) => {
-            let json: serde_json::Value = serde_json::from_str(text).context("--body is not JSON")?;
-            match outbox_proto::body_from_json(&options.event_type, &json) {
-                Some(encoded) => encoded.with_context(|| format!("--body does not fit {}", options.event_type))?,
-                None => anyhow::bail!(
-                    "--type: unknown event type {:?} (known: {})",
-                    options.event_type,
-                    outbox_proto::EVENT_TYPES.join(", ")
-                ),
-            }
-        }
-    };
+    let body = crate::envelope::body_from_json_text(&options.event_type, options.body.as_deref())?;
     let mut config = SinkConfig::with_defaults("try", options.plugin.clone());
     for host in &options.allowed_hosts {
         crate::sandbox::HostPattern::parse(host).map_err(|why| anyhow::anyhow!("--allow-host {host}: {why}"))?;

@@ -11,9 +11,25 @@ use crate::text::printable;
 /// How much of a request or reply body a transcript shows.
 const BODY_SHOWN: usize = 2048;
 
-/// Query parameters and headers whose values are credentials: shown as `***`.
-const SECRET_NAMES: &[&str] =
-    &["usersig", "sig", "token", "secret", "password", "passwd", "auth", "key", "credential", "session", "cookie"];
+/// Query parameters and headers whose names contain one of these carry credentials: their
+/// values are shown as `***` (as are those of a parameter or header named `key`).
+const SECRET_NAMES: &[&str] = &[
+    "sig",
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "auth",
+    "credential",
+    "session",
+    "cookie",
+    "api-key",
+    "api_key",
+    "apikey",
+    "access-key",
+    "access_key",
+    "private",
+];
 
 /// The reply a dry run gives every request.
 #[derive(Debug, Clone)]
@@ -136,7 +152,7 @@ fn describe(e: &HttpError) -> String {
 
 fn is_secret(name: &str) -> bool {
     let name = name.to_ascii_lowercase();
-    SECRET_NAMES.iter().any(|s| name.contains(s))
+    name == "key" || SECRET_NAMES.iter().any(|s| name.contains(s))
 }
 
 /// A header value, or `***` for credentials (`Authorization`, `X-Api-Key`, `Cookie`, …).
@@ -190,6 +206,8 @@ mod tests {
         assert_eq!(redact_header("Authorization", "Bearer abc"), "***");
         assert_eq!(redact_header("X-Api-Key", "abc"), "***");
         assert_eq!(redact_header("webhook-id", "evt-1"), "evt-1");
+        assert_eq!(redact_header("Idempotency-Key", "evt-1"), "evt-1");
+        assert_eq!(redact_query("https://maps/x?key=k&monkey=m"), "https://maps/x?key=***&monkey=m");
         assert_eq!(redact_header("content-type", "application/json\n"), "application/json\\n");
     }
 

@@ -1,4 +1,4 @@
-//! The guest SDK for [outbox-host] sinks. A sink is a type implementing [`Sink`], exported
+//! The guest SDK for outbox-host sinks. A sink is a type implementing [`Sink`], exported
 //! with [`export!`]; the SDK carries the WIT contract, generates its bindings, and gives the
 //! sink what it needs without touching them:
 //!
@@ -30,8 +30,6 @@
 //!
 //! Natively (`cargo test`), the host's imports are answered by [`testing::Harness`], so a
 //! sink's logic is unit-tested without building a component.
-//!
-//! [outbox-host]: https://github.com/outbox-host/outbox-host
 
 pub mod config;
 pub mod http;
