@@ -67,6 +67,12 @@ async fn try_sink_runs_the_fake_sink_live_and_dry() {
     let (_, stdout, _) = try_sink(&args(&logged)).await;
     assert_eq!(stdout, "log      info: fake sink got RoomGiftSent for room room-1\noutcome  delivered\n");
 
+    // Past the log budget, the rest is dropped and said so.
+    let flood = [&base[..], &["--set", "default=log-flood:150"]].concat();
+    let (_, stdout, _) = try_sink(&args(&flood)).await;
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("log      info: flood line ")).count(), 100, "{stdout}");
+    assert!(stdout.contains("log      warn (host): 50 further lines were dropped (sink.max_log_lines"), "{stdout}");
+
     // A config the sink refuses: exit 2, every problem named.
     let refused = [&base[..], &["--set", "default=bogus"]].concat();
     let (code, _, stderr) = try_sink(&args(&refused)).await;

@@ -92,6 +92,13 @@ impl DeliveryState {
         }
     }
 
+    /// In a trial, a line of the host's own about the attempt (the log line says it too).
+    fn note(&self, text: String) {
+        if let Some(trial) = &self.shared.trial {
+            trial.log(tracing::Level::WARN, "host", &text);
+        }
+    }
+
     /// What the sink's last `flow.push-back` said, if it called it.
     pub fn pressure(&self) -> Option<super::Pressure> {
         self.pressure.map(|p| match p {
@@ -110,11 +117,16 @@ impl DeliveryState {
                 self.emit(tracing::Level::INFO, Some(stream), line);
             }
             if dropped > 0 {
+                self.note(format!("{stream}: {dropped} bytes past sink.max_stdio_bytes were dropped"));
                 self.shared.metrics.sink_limit("stdio");
                 tracing::warn!(sink = %self.shared.name, stream, dropped_bytes = dropped, "sink wrote past sink.max_stdio_bytes; the rest was dropped");
             }
         }
         if self.spent.dropped_lines > 0 {
+            self.note(format!(
+                "{} further lines were dropped (sink.max_log_lines / sink.max_log_bytes)",
+                self.spent.dropped_lines
+            ));
             self.shared.metrics.sink_limit("log");
             tracing::warn!(
                 sink = %self.shared.name,

@@ -10,6 +10,8 @@ use crate::text::printable;
 
 /// How much of a request or reply body a transcript shows.
 const BODY_SHOWN: usize = 2048;
+/// How many headers of a request or reply a transcript shows.
+const HEADERS_SHOWN: usize = 64;
 
 /// Query parameters and headers whose names contain one of these carry credentials: their
 /// values are shown as `***` (as are those of a parameter or header named `key`).
@@ -105,7 +107,7 @@ impl Trial {
     }
 
     pub(super) fn request(&self, req: &HttpRequest) {
-        let headers = req.headers.iter().map(|(k, v)| (printable(k, 128), redact_header(k, v))).collect();
+        let headers = shown_headers(&req.headers);
         self.push(Step::Request {
             method: printable(&req.method, 32),
             url: redact_query(&printable(&req.url, 4096)),
@@ -118,7 +120,7 @@ impl Trial {
         self.push(match result {
             Ok(r) => Step::Reply {
                 status: r.status,
-                headers: r.headers.iter().map(|(k, v)| (printable(k, 128), redact_header(k, v))).collect(),
+                headers: shown_headers(&r.headers),
                 body: shown_body(&r.body),
                 scripted: self.dry_run.is_some(),
             },
@@ -179,6 +181,16 @@ pub fn redact_query(url: &str) -> String {
     format!("{base}?{}{fragment}", pairs.join("&"))
 }
 
+/// Headers as shown: names escaped, credentials redacted, at most [`HEADERS_SHOWN`].
+fn shown_headers(headers: &[(String, String)]) -> Vec<(String, String)> {
+    let mut shown: Vec<_> =
+        headers.iter().take(HEADERS_SHOWN).map(|(k, v)| (printable(k, 128), redact_header(k, v))).collect();
+    if headers.len() > HEADERS_SHOWN {
+        shown.push(("…".into(), format!("{} more headers", headers.len() - HEADERS_SHOWN)));
+    }
+    shown
+}
+
 fn shown_body(body: &[u8]) -> String {
     let text = String::from_utf8_lossy(&body[..body.len().min(BODY_SHOWN)]);
     let mut shown = printable(&text, BODY_SHOWN + 64);
@@ -209,6 +221,14 @@ mod tests {
         assert_eq!(redact_header("Idempotency-Key", "evt-1"), "evt-1");
         assert_eq!(redact_query("https://maps/x?key=k&monkey=m"), "https://maps/x?key=***&monkey=m");
         assert_eq!(redact_header("content-type", "application/json\n"), "application/json\\n");
+    }
+
+    #[test]
+    fn many_headers_are_cut() {
+        let many: Vec<(String, String)> = (0..100).map(|i| (format!("x-{i}"), "v".into())).collect();
+        let shown = shown_headers(&many);
+        assert_eq!(shown.len(), HEADERS_SHOWN + 1);
+        assert_eq!(shown.last().unwrap().1, "36 more headers");
     }
 
     #[test]
