@@ -2,7 +2,7 @@
 //! WebAssembly sinks, each with its own delivery state (the first in the outbox's columns,
 //! the others in their own tables, filled by the fan-out).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::ensure;
 use outbox_host::app::Host;
@@ -42,17 +42,7 @@ pub async fn drain(db: &Db, n: usize, sinks: usize, cache: &std::path::Path) -> 
     let shutdown = CancellationToken::new();
     let started = Instant::now();
     let run = tokio::spawn(host.run(shutdown.clone()));
-    let deadline = Instant::now() + Duration::from_secs(3_600);
-    'wait: loop {
-        ensure!(Instant::now() < deadline, "the drain through {sinks} sinks did not finish within an hour");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        for state in &states {
-            if state.stats().await?.count(Status::Delivered) < n as i64 {
-                continue 'wait;
-            }
-        }
-        break;
-    }
+    crate::wait_drained(&states, n, || metrics.iter().all(|m| m.delivered_total() >= n as u64)).await?;
     let seconds = started.elapsed().as_secs_f64();
     shutdown.cancel();
     run.await??;
