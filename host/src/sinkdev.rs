@@ -10,7 +10,7 @@ use anyhow::Context as _;
 
 use crate::sandbox::settings::SinkConfig;
 use crate::sandbox::trial::{ScriptedReply, Step, Trial};
-use crate::sandbox::{Delivered, Event, SinkConfigProblems, SinkRuntime};
+use crate::sandbox::{Delivered, Event, SinkRuntime};
 
 /// What `try-sink` runs.
 #[derive(Debug, Clone)]
@@ -113,17 +113,7 @@ pub async fn try_sink(options: TryOptions) -> anyhow::Result<TryReport> {
     config.allow_http = options.allow_http;
     config.config.0 = options.settings.iter().cloned().collect();
     let trial = Arc::new(Trial::new(options.dry_run.clone()));
-    let loaded = config.clone();
-    let runtime = {
-        let trial = trial.clone();
-        tokio::task::spawn_blocking(move || SinkRuntime::load_trial(&loaded, trial)).await??
-    };
-    let problems = runtime.check_config(options.timeout).await.map_err(|f| {
-        anyhow::anyhow!("sink.plugin: {} failed its config check: {}", config.plugin.display(), f.message)
-    })?;
-    if !problems.is_empty() {
-        return Err(SinkConfigProblems(crate::sandbox::sink_problems(problems)).into());
-    }
+    let runtime = SinkRuntime::load_trial(&config, options.timeout, trial.clone()).await?;
     let now = crate::store::now_ms();
     let event = Event {
         app_code: "default".into(),

@@ -184,12 +184,6 @@ impl SinkRuntime {
         Self::load_inner(config, concurrency, metrics, None)
     }
 
-    /// A runtime for `try-sink`: what the sink does is recorded in `trial` (and its log
-    /// lines go there, not to the host's log).
-    pub fn load_trial(config: &SinkConfig, trial: Arc<trial::Trial>) -> anyhow::Result<SinkRuntime> {
-        Self::load_inner(config, 1, Arc::new(Metrics::new(&config.name)), Some(trial))
-    }
-
     fn load_inner(
         config: &SinkConfig,
         concurrency: u32,
@@ -265,9 +259,29 @@ impl SinkRuntime {
         timeout: Duration,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<SinkRuntime> {
+        Self::checked(config, concurrency, timeout, metrics, None).await
+    }
+
+    /// [`SinkRuntime::load_checked`] for `try-sink`: what the sink does is recorded in
+    /// `trial` (and its log lines go there, not to the host's log).
+    pub async fn load_trial(
+        config: &SinkConfig,
+        timeout: Duration,
+        trial: Arc<trial::Trial>,
+    ) -> anyhow::Result<SinkRuntime> {
+        Self::checked(config, 1, timeout, Arc::new(Metrics::new(&config.name)), Some(trial)).await
+    }
+
+    async fn checked(
+        config: &SinkConfig,
+        concurrency: u32,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+        trial: Option<Arc<trial::Trial>>,
+    ) -> anyhow::Result<SinkRuntime> {
         let owned = config.clone();
         let runtime =
-            tokio::task::spawn_blocking(move || SinkRuntime::load_with(&owned, concurrency, metrics)).await??;
+            tokio::task::spawn_blocking(move || SinkRuntime::load_inner(&owned, concurrency, metrics, trial)).await??;
         let problems = runtime.check_config(timeout).await.map_err(|f| {
             anyhow::anyhow!("sink.plugin: {} failed its config check: {}", config.plugin.display(), f.message)
         })?;
@@ -455,7 +469,7 @@ pub struct SinkConfigProblems(pub Vec<String>);
 
 /// A sink's own config problems as the host shows them: under `sink.config.`, escaped onto
 /// one line, clipped, and at most [`MAX_CONFIG_PROBLEMS`] of them.
-pub(crate) fn sink_problems(problems: Vec<String>) -> Vec<String> {
+fn sink_problems(problems: Vec<String>) -> Vec<String> {
     let total = problems.len();
     let mut shown: Vec<String> = problems
         .into_iter()

@@ -179,18 +179,10 @@ pub fn __deliver<S: Sink>(event: bindings::Event) -> Result<bindings::Outcome, b
     deliver::<S>(&Event::from(event)).map(Into::into).map_err(Into::into)
 }
 
-/// [`check_config`], in WIT terms.
-#[doc(hidden)]
-pub fn __check_config<S: Sink>() -> Vec<String> {
-    check_config::<S>()
-}
-
 /// One delivery: the sink's settings, then its `deliver`; a push-back goes to the host.
 pub(crate) fn deliver<S: Sink>(event: &Event) -> Delivery {
-    let mut config = Config::from_host();
-    let sink = S::configure(&mut config);
-    if !config.problems().is_empty() {
-        let problems: Vec<String> = config.problems().iter().map(ToString::to_string).collect();
+    let (sink, problems) = configured::<S>();
+    if !problems.is_empty() {
         return Err(Failure::permanent(format!("sink config: {}", problems.join("; "))));
     }
     let result = sink.deliver(event);
@@ -207,11 +199,17 @@ pub fn push_back(pressure: Pressure) {
     host::push_back(pressure);
 }
 
-/// `check-config`: the problems [`Sink::configure`] finds.
-pub(crate) fn check_config<S: Sink>() -> Vec<String> {
+/// `check-config`: the problems [`Sink::configure`] finds (already in WIT terms).
+#[doc(hidden)]
+pub fn __check_config<S: Sink>() -> Vec<String> {
+    configured::<S>().1
+}
+
+/// The sink as its `config:` map makes it, and what is wrong with that map.
+fn configured<S: Sink>() -> (S, Vec<String>) {
     let mut config = Config::from_host();
-    S::configure(&mut config);
-    config.problems().iter().map(ToString::to_string).collect()
+    let sink = S::configure(&mut config);
+    (sink, config.problems().iter().map(ToString::to_string).collect())
 }
 
 impl From<Outcome> for bindings::Outcome {

@@ -62,7 +62,7 @@ impl Harness {
 
     /// Runs `check-config` as the component would: one line per problem.
     pub fn check_config<S: Sink>(&mut self) -> Vec<String> {
-        self.run(crate::check_config::<S>)
+        self.run(crate::__check_config::<S>)
     }
 
     /// The requests made so far.
