@@ -29,6 +29,7 @@ per_backend!(
     purge_deletes_old_delivered_rows_in_bounded_batches,
     history_and_recent_failures_describe_the_last_hour,
     per_room_claims_take_each_rooms_run_and_nothing_that_could_overtake,
+    per_room_claims_on_a_mixed_backlog_agree_with_the_model,
 );
 
 async fn claims_follow_creation_order_and_batch_size(world: World) {
@@ -491,6 +492,134 @@ async fn per_room_claims_take_each_rooms_run_and_nothing_that_could_overtake(wor
     assert_eq!(ids(&cut), [&a[0], &a[1]].map(String::clone), "cut to the limit in creation order");
     let unordered_run = store.claim_in_order("w4", now, now + 60_000, 10, RoomOrder::Unordered).await.unwrap();
     assert_eq!(ids(&unordered_run), [&a[2], &a[3], &a[4], &b[0], &b[2]].map(String::clone));
+}
+
+/// One row of [`per_room_claims_on_a_mixed_backlog_agree_with_the_model`]'s table.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Kind {
+    Pending,
+    Delivered,
+    RetryDue,
+    RetryLater,
+    LeaseLive,
+    LeaseExpired,
+    Failed,
+}
+
+/// A backlog of 150 events over 6 rooms, three to a millisecond, in every state a row can be
+/// in, claimed with several limits and run lengths: each claim is what the model says. The
+/// model: the first `limit` rooms' heads (a room's first unfinished event, if claimable), each
+/// followed by its room's next unfinished events while each is claimable, up to `run`, all
+/// cut to `limit` in creation order. MySQL finds the runs by walking at most `limit` rows of
+/// each status, so a run may stop early there where the walk ended (never later): on MySQL
+/// each room's part is a prefix of the model's, and the claim is the first `limit` of the
+/// heads and what it took of the runs.
+async fn per_room_claims_on_a_mixed_backlog_agree_with_the_model(world: World) {
+    let mysql = world.db.url.starts_with("mysql:");
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for (limit, run, failed_blocks) in [(10, 3, false), (40, 8, true), (7, 8, false), (100, 8, false)] {
+        world.db.execute("DELETE FROM room_outbox").await.unwrap();
+        let now = now_ms();
+        let base = now - 3_600_000;
+        let mut rows = Vec::new();
+        for i in 0..150 {
+            let kind = match next() % 100 {
+                0..=59 => Kind::Pending,
+                60..=69 => Kind::Delivered,
+                70..=74 => Kind::RetryDue,
+                75..=79 => Kind::RetryLater,
+                80..=84 => Kind::LeaseLive,
+                85..=89 => Kind::LeaseExpired,
+                90..=94 => Kind::Failed,
+                _ => Kind::Pending,
+            };
+            let room = format!("room-{}", next() % 6);
+            let mut event = world.event("RoomGiftSent", &room, Status::Pending);
+            event.created_at_ms = base + i / 3;
+            world.producer.insert(std::slice::from_ref(&event)).await.unwrap();
+            let set = match kind {
+                Kind::Pending => None,
+                Kind::Delivered => Some(format!("status = 'delivered', delivered_at_ms = {now}")),
+                Kind::RetryDue => {
+                    Some(format!("status = 'retryable', retry_count = 1, next_retry_at_ms = {}", now - 1))
+                }
+                Kind::RetryLater => {
+                    Some(format!("status = 'retryable', retry_count = 1, next_retry_at_ms = {}", now + 3_600_000))
+                }
+                Kind::LeaseLive => {
+                    Some(format!("status = 'delivering', worker_id = 'other', lock_until_ms = {}", now + 3_600_000))
+                }
+                Kind::LeaseExpired => {
+                    Some(format!("status = 'delivering', worker_id = 'gone', lock_until_ms = {}", now - 1))
+                }
+                Kind::Failed => Some("status = 'failed', retry_count = 5, last_error = 'gave up'".to_string()),
+            };
+            if let Some(set) = set {
+                let sql = format!("UPDATE room_outbox SET {set} WHERE event_id = '{}'", event.event_id);
+                world.db.execute(&sql).await.unwrap();
+            }
+            rows.push((event.event_id, room, kind));
+        }
+
+        // The model, in creation order (rows were inserted in it).
+        let unfinished = |k: Kind| !matches!(k, Kind::Delivered) && (k != Kind::Failed || failed_blocks);
+        let claimable = |k: Kind| matches!(k, Kind::Pending | Kind::RetryDue | Kind::LeaseExpired);
+        let mut runs: Vec<(usize, Vec<usize>)> = Vec::new(); // (head, the run after it), by head
+        let mut seen_rooms = HashSet::new();
+        for (i, (_, room, kind)) in rows.iter().enumerate() {
+            if !unfinished(*kind) || !seen_rooms.insert(room.clone()) || !claimable(*kind) {
+                continue;
+            }
+            let after: Vec<usize> = (i + 1..rows.len())
+                .filter(|&j| rows[j].1 == *room && unfinished(rows[j].2))
+                .take_while(|&j| claimable(rows[j].2))
+                .take(run - 1)
+                .collect();
+            runs.push((i, after));
+        }
+        runs.truncate(limit);
+        let mut model: Vec<usize> =
+            runs.iter().flat_map(|(h, after)| std::iter::once(*h).chain(after.clone())).collect();
+        model.sort_unstable();
+        model.truncate(limit);
+
+        let order = RoomOrder::PerRoom { failed_blocks, run: run as u32 };
+        let claimed = world.producer.claim_in_order("w", now, now + 60_000, limit as u32, order).await.unwrap();
+        let position = |id: &str| rows.iter().position(|r| r.0 == id).expect("a claimed row is one of ours");
+        let got: Vec<usize> = claimed.iter().map(|c| position(&c.event_id)).collect();
+        let case = format!("limit {limit}, run {run}, failed blocks {failed_blocks}");
+        if !mysql {
+            assert_eq!(got, model, "{case}");
+            continue;
+        }
+        // MySQL: each room's part is a prefix of its model run, and the heads are taken in order.
+        let mut sorted = got.clone();
+        sorted.sort_unstable();
+        assert_eq!(got, sorted, "{case}: claimed out of creation order");
+        assert!(got.len() <= limit, "{case}");
+        for (head, after) in &runs {
+            let room = &rows[*head].1;
+            let part: Vec<usize> = got.iter().copied().filter(|&i| rows[i].1 == *room).collect();
+            let whole: Vec<usize> = std::iter::once(*head).chain(after.clone()).collect();
+            assert!(whole.starts_with(&part), "{case}: {room} took {part:?}, not a prefix of {whole:?}");
+            let last = got.last().copied().unwrap_or(0);
+            assert!(
+                !part.is_empty() || (got.len() == limit && *head > last),
+                "{case}: {room}'s head {head} was left out of {got:?}"
+            );
+        }
+        let rooms_taken: HashSet<&String> = got.iter().map(|&i| &rows[i].1).collect();
+        assert!(rooms_taken.len() <= runs.len(), "{case}: a room without a claimable head was taken: {got:?}");
+        if (limit, run) == (100, 8) {
+            assert!(got.len() > runs.len(), "{case}: no room's run was taken: {got:?}");
+        }
+    }
 }
 
 async fn settle(world: &World, outcome_of: impl Fn(&str) -> Outcome) {

@@ -96,45 +96,71 @@ impl Dialect for MysqlDialect {
         ]
     }
 
-    /// The claim procedure (versions 3, 4 and 5) of a table without `id` picks in `event_id` order,
-    /// carries the event ids (as text, so that a binary column reads the same in JSON),
-    /// and returns 0 for `id`.
+    /// The claim procedure (versions 3, 4, 5 and 9) of a table without `id` picks in `event_id`
+    /// order, carries the event ids (as text, so that a binary column reads the same in JSON),
+    /// and returns 0 for `id`. Version 9's walk cannot resume within a millisecond by key (a
+    /// procedure variable cannot hold a key of the table's own collation), so it starts at the
+    /// first head's millisecond and stops before the millisecond of its cut: runs are shorter
+    /// where many events share a millisecond, never wrong.
     fn adapt_migration(version: i64, sql: String, key: Key) -> Result<String, String> {
-        if !matches!(version, 3..=5) || key != Key::EventId {
+        if !matches!(version, 3..=5 | 9) || key != Key::EventId {
             return Ok(sql);
         }
-        let sql = if version == 5 {
-            super::sql::replace_all(
-                sql,
+        use super::sql::replace_all;
+        // What versions 5 and 9 share after the runs are found: lock them, cut the claim.
+        const LOCK_AND_CUT: &[(&str, &str)] = &[
+            ("COLUMNS (id BIGINT PATH '$[0]')) AS hp", "COLUMNS (id VARCHAR(255) PATH '$[0]')) AS hp"),
+            (
+                "COLUMNS (id BIGINT PATH '$')) AS nx ON c.id = nx.id",
+                "COLUMNS (id VARCHAR(255) PATH '$')) AS nx ON c.event_id = nx.id",
+            ),
+            (
+                "SELECT o.id, p.was FROM JSON_TABLE(",
+                "SELECT CONVERT(o.event_id USING utf8mb4) AS id, p.was FROM JSON_TABLE(",
+            ),
+            ("ORDER BY o.created_at_ms, o.id LIMIT p_limit", "ORDER BY o.created_at_ms, o.event_id LIMIT p_limit"),
+        ];
+        let sql = match version {
+            5 => replace_all(
+                replace_all(sql, LOCK_AND_CUT)?,
                 &[
                     (
                         "SELECT r.id FROM (\n                    SELECT x.id,",
                         "SELECT r.id FROM (\n                    SELECT CONVERT(x.event_id USING utf8mb4) AS id,",
                     ),
-                    ("COLUMNS (id BIGINT PATH '$[0]')) AS hp", "COLUMNS (id VARCHAR(255) PATH '$[0]')) AS hp"),
                     ("COLUMNS (id BIGINT PATH '$[0]')) AS lp", "COLUMNS (id VARCHAR(255) PATH '$[0]')) AS lp"),
                     ("AS o ON o.id = lp.id", "AS o ON o.event_id = lp.id"),
                     ("AS h ON h.id = hp.id", "AS h ON h.event_id = hp.id"),
                     ("x.id > h.id", "x.event_id > h.event_id"),
                     ("ORDER BY x.created_at_ms, x.id", "ORDER BY x.created_at_ms, x.event_id"),
-                    (
-                        "COLUMNS (id BIGINT PATH '$')) AS nx ON c.id = nx.id",
-                        "COLUMNS (id VARCHAR(255) PATH '$')) AS nx ON c.event_id = nx.id",
-                    ),
-                    (
-                        "SELECT o.id, p.was FROM JSON_TABLE(",
-                        "SELECT CONVERT(o.event_id USING utf8mb4) AS id, p.was FROM JSON_TABLE(",
-                    ),
-                    (
-                        "ORDER BY o.created_at_ms, o.id LIMIT p_limit",
-                        "ORDER BY o.created_at_ms, o.event_id LIMIT p_limit",
-                    ),
                 ],
-            )?
-        } else {
-            sql
+            )?,
+            9 => replace_all(
+                replace_all(sql, LOCK_AND_CUT)?,
+                &[
+                    ("MAX(f.created_at_ms), MAX(f.id) INTO", "MAX(f.created_at_ms), 0 INTO"),
+                    ("SELECT o.created_at_ms, o.id\n", "SELECT o.created_at_ms\n"),
+                    ("COLUMNS (id BIGINT PATH '$[0]')) AS fp", "COLUMNS (id VARCHAR(255) PATH '$[0]')) AS fp"),
+                    ("AS o ON o.id = fp.id", "AS o ON o.event_id = fp.id"),
+                    ("ORDER BY o.created_at_ms, o.id LIMIT 1", "ORDER BY o.created_at_ms, o.event_id LIMIT 1"),
+                    ("OR id >= v_first_id", "OR TRUE"),
+                    ("MAX(e.created_at_ms), MAX(e.id) INTO", "MAX(e.created_at_ms), 0 INTO"),
+                    ("(SELECT created_at_ms, id FROM ", "(SELECT created_at_ms, event_id AS id FROM "),
+                    ("ORDER BY created_at_ms, id LIMIT 1 OFFSET", "ORDER BY created_at_ms, event_id LIMIT 1 OFFSET"),
+                    ("(SELECT id FROM ", "(SELECT event_id AS id FROM "),
+                    ("ORDER BY created_at_ms, id LIMIT p_limit)", "ORDER BY created_at_ms, event_id LIMIT p_limit)"),
+                    ("AS c ON c.id = walk.id", "AS c ON c.event_id = walk.id"),
+                    ("OR (c.created_at_ms = v_cut_c AND c.id <= v_cut_id)", ""),
+                    (
+                        "SELECT c.id,\n                           ROW_NUMBER() OVER w AS n,\n                           FIRST_VALUE(c.id)",
+                        "SELECT CONVERT(c.event_id USING utf8mb4) AS id,\n                           ROW_NUMBER() OVER w AS n,\n                           FIRST_VALUE(c.event_id)",
+                    ),
+                    ("ORDER BY c.created_at_ms, c.id)", "ORDER BY c.created_at_ms, c.event_id)"),
+                ],
+            )?,
+            _ => sql,
         };
-        let sql = if matches!(version, 4 | 5) {
+        let sql = if matches!(version, 4 | 5 | 9) {
             super::sql::replace_all(
                 sql,
                 &[
