@@ -95,11 +95,23 @@ impl Dialect for PostgresDialect {
         ]
     }
 
-    /// The claim function (versions 2, 4 and 5) of a table without `id` picks, orders, leases
-    /// and returns its rows by `event_id`, and returns 0 for `id`.
+    /// The claim function (versions 2, 4, 5 and 10) of a table without `id` picks, orders,
+    /// leases and returns its rows by `event_id`, and returns 0 for `id`.
     fn adapt_migration(version: i64, sql: String, key: Key) -> Result<String, String> {
-        if !matches!(version, 2 | 4 | 5) || key != Key::EventId {
+        if !matches!(version, 2 | 4 | 5 | 10) || key != Key::EventId {
             return Ok(sql);
+        }
+        if version == 10 {
+            return super::sql::replace_all(
+                sql,
+                &[
+                    ("RETURNS TABLE (id BIGINT, was TEXT", "RETURNS TABLE (id TEXT, was TEXT"),
+                    ("SELECT c.id::BIGINT AS id,", "SELECT c.event_id::TEXT AS id,"),
+                    ("ORDER BY c.created_at_ms, c.id", "ORDER BY c.created_at_ms, c.event_id"),
+                    ("c.id = (\n             SELECT e.id FROM", "c.event_id = (\n             SELECT e.event_id FROM"),
+                    ("ORDER BY e.created_at_ms, e.id", "ORDER BY e.created_at_ms, e.event_id"),
+                ],
+            );
         }
         if version == 5 {
             return super::sql::replace_all(
