@@ -101,25 +101,26 @@ impl Dialect for PostgresDialect {
         if !matches!(version, 2 | 4 | 5 | 10) || key != Key::EventId {
             return Ok(sql);
         }
+        use super::sql::replace_all;
+        // What the heads function of versions 5 and 10 share: it returns and orders by key.
+        const HEADS: &[(&str, &str)] = &[
+            ("RETURNS TABLE (id BIGINT, was TEXT", "RETURNS TABLE (id TEXT, was TEXT"),
+            ("SELECT c.id::BIGINT AS id,", "SELECT c.event_id::TEXT AS id,"),
+            ("ORDER BY c.created_at_ms, c.id", "ORDER BY c.created_at_ms, c.event_id"),
+        ];
         if version == 10 {
-            return super::sql::replace_all(
-                sql,
+            return replace_all(
+                replace_all(sql, HEADS)?,
                 &[
-                    ("RETURNS TABLE (id BIGINT, was TEXT", "RETURNS TABLE (id TEXT, was TEXT"),
-                    ("SELECT c.id::BIGINT AS id,", "SELECT c.event_id::TEXT AS id,"),
-                    ("ORDER BY c.created_at_ms, c.id", "ORDER BY c.created_at_ms, c.event_id"),
                     ("c.id = (\n             SELECT e.id FROM", "c.event_id = (\n             SELECT e.event_id FROM"),
                     ("ORDER BY e.created_at_ms, e.id", "ORDER BY e.created_at_ms, e.event_id"),
                 ],
             );
         }
         if version == 5 {
-            return super::sql::replace_all(
-                sql,
+            return replace_all(
+                replace_all(sql, HEADS)?,
                 &[
-                    ("RETURNS TABLE (id BIGINT, was TEXT", "RETURNS TABLE (id TEXT, was TEXT"),
-                    ("SELECT c.id::BIGINT AS id,", "SELECT c.event_id::TEXT AS id,"),
-                    ("ORDER BY c.created_at_ms, c.id", "ORDER BY c.created_at_ms, c.event_id"),
                     ("e.id < c.id", "e.event_id < c.event_id"),
                     ("SELECT x.id, x.status::TEXT AS was", "SELECT x.event_id::TEXT AS id, x.status::TEXT AS was"),
                     ("x.id > h.id", "x.event_id > h.id"),
@@ -129,7 +130,7 @@ impl Dialect for PostgresDialect {
                 ],
             );
         }
-        let sql = super::sql::replace_all(
+        let sql = replace_all(
             sql,
             &[
                 ("SELECT c.id, c.status AS was FROM", "SELECT c.event_id AS id, c.status AS was FROM"),
@@ -138,7 +139,7 @@ impl Dialect for PostgresDialect {
                 ("RETURNING o.id,", "RETURNING 0::BIGINT,"),
             ],
         )?;
-        if version == 4 { super::sql::replace_all(sql, &[("e.id < c.id", "e.event_id < c.event_id")]) } else { Ok(sql) }
+        if version == 4 { replace_all(sql, &[("e.id < c.id", "e.event_id < c.event_id")]) } else { Ok(sql) }
     }
 
     fn int(row: &PgRow, i: usize) -> Result<i64, sqlx::Error> {
