@@ -12,11 +12,6 @@ use crate::support::{TestDb, World};
 /// Explains the claim function's own statement, with its parameters filled in, under the
 /// planner settings the function carries (or none).
 async fn plan(pool: &sqlx::PgPool, body: &str, settings: &[String]) -> String {
-    let mut tx = pool.begin().await.unwrap();
-    for setting in settings {
-        let (name, value) = setting.split_once('=').unwrap();
-        sqlx::query(&format!("SET LOCAL {name} = {value}")).execute(&mut *tx).await.unwrap();
-    }
     let statement = body
         .replace("p_worker_id", "'w'")
         .replace("p_lock_until_ms", "0")
@@ -26,7 +21,36 @@ async fn plan(pool: &sqlx::PgPool, body: &str, settings: &[String]) -> String {
         .replace("p_failed_blocks", "false")
         .replace("p_run", "8")
         .replace(';', "");
-    let lines: Vec<String> = sqlx::query(&format!("EXPLAIN (COSTS OFF) {statement}"))
+    explain(pool, settings, &[], &statement).await
+}
+
+/// The heads function as PostgreSQL runs it: planned once for any parameters (a SQL
+/// function's statement gets a generic plan), under the function's own settings.
+async fn generic_plan(pool: &sqlx::PgPool, body: &str, settings: &[String]) -> String {
+    let statement = body
+        .replace("p_now_ms", "$1")
+        .replace("p_limit", "$2")
+        .replace("p_ordered", "$3")
+        .replace("p_failed_blocks", "$4")
+        .replace(';', "");
+    let prepare = format!("PREPARE heads(BIGINT, INTEGER, BOOLEAN, BOOLEAN) AS {statement}");
+    let generic = ["SET LOCAL plan_cache_mode = force_generic_plan", prepare.as_str()];
+    // Deallocated on the same connection (a prepared statement outlives the transaction).
+    explain(pool, settings, &generic, "EXECUTE heads(0, 100, true, false); DEALLOCATE heads").await
+}
+
+/// `EXPLAIN (COSTS OFF) statement` in a transaction with `settings` (`name=value`) set and
+/// `before` run first; rolled back.
+async fn explain(pool: &sqlx::PgPool, settings: &[String], before: &[&str], statement: &str) -> String {
+    let mut tx = pool.begin().await.unwrap();
+    for setting in settings {
+        let (name, value) = setting.split_once('=').unwrap();
+        sqlx::query(&format!("SET LOCAL {name} = {value}")).execute(&mut *tx).await.unwrap();
+    }
+    for sql in before {
+        sqlx::raw_sql(sql).execute(&mut *tx).await.unwrap();
+    }
+    let lines: Vec<String> = sqlx::raw_sql(&format!("EXPLAIN (COSTS OFF) {statement}"))
         .fetch_all(&mut *tx)
         .await
         .unwrap()
@@ -110,37 +134,6 @@ async fn postgres_claims_walk_the_claim_index_when_statistics_are_stale() {
     let ids: Vec<&str> = claimed.iter().map(|c| c.event_id.as_str()).collect();
     let expected: Vec<&str> = events[..100].iter().map(|e| e.event_id.as_str()).collect();
     assert_eq!(ids, expected);
-}
-
-/// The heads function as PostgreSQL runs it: planned once for any parameters (a SQL
-/// function's statement gets a generic plan), under the function's own settings.
-async fn generic_plan(pool: &sqlx::PgPool, body: &str, settings: &[String]) -> String {
-    let mut tx = pool.begin().await.unwrap();
-    for setting in settings {
-        let (name, value) = setting.split_once('=').unwrap();
-        sqlx::query(&format!("SET LOCAL {name} = {value}")).execute(&mut *tx).await.unwrap();
-    }
-    sqlx::query("SET LOCAL plan_cache_mode = force_generic_plan").execute(&mut *tx).await.unwrap();
-    let statement = body
-        .replace("p_now_ms", "$1")
-        .replace("p_limit", "$2")
-        .replace("p_ordered", "$3")
-        .replace("p_failed_blocks", "$4")
-        .replace(';', "");
-    sqlx::raw_sql(&format!("PREPARE heads(BIGINT, INTEGER, BOOLEAN, BOOLEAN) AS {statement}"))
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    let lines: Vec<String> = sqlx::raw_sql("EXPLAIN (COSTS OFF) EXECUTE heads(0, 100, true, false)")
-        .fetch_all(&mut *tx)
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get::<String, _>(0))
-        .collect();
-    sqlx::raw_sql("DEALLOCATE heads").execute(&mut *tx).await.unwrap();
-    tx.rollback().await.unwrap();
-    lines.join("\n")
 }
 
 /// One hot room of 500 events, analyzed while all were waiting, half of them delivered
