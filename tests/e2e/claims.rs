@@ -186,7 +186,7 @@ async fn postgres_head_check_in_a_hot_room_reads_the_room_order_index() {
 /// 50 rooms of 200 events each, the first 100 of every room delivered and the next one in
 /// flight, except in three rooms. The claim takes those three rooms' heads and nothing else;
 /// its head check reads the rows it walks once and each room's first event of a status a
-/// few times, never a room's history once per waiting event (what version 9's check did:
+/// few times, never a room's history once per waiting event (what version 5's check did:
 /// about 100 reads per waiting event here, half a second a claim, which four hosts on one
 /// table turned into minutes).
 #[tokio::test]

@@ -96,15 +96,15 @@ impl Dialect for MysqlDialect {
         ]
     }
 
-    /// The claim procedure (versions 3, 4, 5, 9 and 10) of a table without `id` picks in
+    /// The claim procedure (versions 3, 4, 5 and 9) of a table without `id` picks in
     /// `event_id` order, carries the event ids (as text, so that a binary column reads the
-    /// same in JSON), and returns 0 for `id`. The walk of versions 9 and 10 cannot resume
-    /// within a millisecond by key (a procedure variable cannot hold a key of the table's own
+    /// same in JSON), and returns 0 for `id`. Version 9's walk cannot resume within a
+    /// millisecond by key (a procedure variable cannot hold a key of the table's own
     /// collation), so it starts at the first head's millisecond and stops before the
     /// millisecond of its cut: runs are shorter where many events share a millisecond, never
     /// wrong.
     fn adapt_migration(version: i64, sql: String, key: Key) -> Result<String, String> {
-        if !matches!(version, 3..=5 | 9 | 10) || key != Key::EventId {
+        if !matches!(version, 3..=5 | 9) || key != Key::EventId {
             return Ok(sql);
         }
         use super::sql::replace_all;
@@ -136,7 +136,7 @@ impl Dialect for MysqlDialect {
                     ("ORDER BY x.created_at_ms, x.id", "ORDER BY x.created_at_ms, x.event_id"),
                 ],
             )?,
-            9 | 10 => replace_all(
+            9 => replace_all(
                 replace_all(sql, LOCK_AND_CUT)?,
                 &[
                     ("MAX(f.created_at_ms), MAX(f.id) INTO", "MAX(f.created_at_ms), 0 INTO"),
@@ -157,11 +157,14 @@ impl Dialect for MysqlDialect {
                         "SELECT CONVERT(c.event_id USING utf8mb4) AS id,\n                           ROW_NUMBER() OVER w AS n,\n                           FIRST_VALUE(c.event_id)",
                     ),
                     ("ORDER BY c.created_at_ms, c.id)", "ORDER BY c.created_at_ms, c.event_id)"),
+                    // The head check reads the room's first event in each status.
+                    ("AND h.id = (SELECT e.id FROM", "AND h.event_id = (SELECT e.event_id FROM"),
+                    ("ORDER BY e.created_at_ms, e.id LIMIT 1)", "ORDER BY e.created_at_ms, e.event_id LIMIT 1)"),
                 ],
             )?,
             _ => sql,
         };
-        let sql = if matches!(version, 4 | 5 | 9 | 10) {
+        let sql = if matches!(version, 4 | 5 | 9) {
             super::sql::replace_all(
                 sql,
                 &[
@@ -180,18 +183,6 @@ impl Dialect for MysqlDialect {
                     ),
                     ("SELECT c.id, c.status FROM", "SELECT CONVERT(c.event_id USING utf8mb4) AS id, c.status FROM"),
                     ("ORDER BY c.created_at_ms, c.id\n", "ORDER BY c.created_at_ms, c.event_id\n"),
-                ],
-            )?
-        } else {
-            sql
-        };
-        // Version 10's head check reads the room's first event in each status.
-        let sql = if version == 10 {
-            replace_all(
-                sql,
-                &[
-                    ("AND h.id = (SELECT e.id FROM", "AND h.event_id = (SELECT e.event_id FROM"),
-                    ("ORDER BY e.created_at_ms, e.id LIMIT 1)", "ORDER BY e.created_at_ms, e.event_id LIMIT 1)"),
                 ],
             )?
         } else {

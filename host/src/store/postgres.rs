@@ -95,20 +95,20 @@ impl Dialect for PostgresDialect {
         ]
     }
 
-    /// The claim function (versions 2, 4, 5 and 10) of a table without `id` picks, orders,
+    /// The claim function (versions 2, 4, 5 and 9) of a table without `id` picks, orders,
     /// leases and returns its rows by `event_id`, and returns 0 for `id`.
     fn adapt_migration(version: i64, sql: String, key: Key) -> Result<String, String> {
-        if !matches!(version, 2 | 4 | 5 | 10) || key != Key::EventId {
+        if !matches!(version, 2 | 4 | 5 | 9) || key != Key::EventId {
             return Ok(sql);
         }
         use super::sql::replace_all;
-        // What the heads function of versions 5 and 10 share: it returns and orders by key.
+        // What the heads function of versions 5 and 9 share: it returns and orders by key.
         const HEADS: &[(&str, &str)] = &[
             ("RETURNS TABLE (id BIGINT, was TEXT", "RETURNS TABLE (id TEXT, was TEXT"),
             ("SELECT c.id::BIGINT AS id,", "SELECT c.event_id::TEXT AS id,"),
             ("ORDER BY c.created_at_ms, c.id", "ORDER BY c.created_at_ms, c.event_id"),
         ];
-        if version == 10 {
+        if version == 9 {
             return replace_all(
                 replace_all(sql, HEADS)?,
                 &[

@@ -1,5 +1,6 @@
--- The head check asks for the room's first unfinished event instead of whether any comes
--- before the candidate. Version 5's NOT EXISTS, planned generically inside the function,
+-- Version 9 bounds MySQL's room runs by a walk of the claim index; this database's claim
+-- already takes each room's run with a bounded walk of the room. Its head check asks for
+-- the room's first unfinished event instead of whether any comes before the candidate. Version 5's NOT EXISTS, planned generically inside the function,
 -- went through room_outbox_room_idx by room and creation time and read the room's delivered
 -- events for every waiting event walked (7 ms of a 9 ms claim in a room of 500 events).
 -- The room's first unfinished event, in creation order, is the first entry of
