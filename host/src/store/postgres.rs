@@ -95,40 +95,51 @@ impl Dialect for PostgresDialect {
         ]
     }
 
-    /// The claim function (versions 2, 4, 5 and 9) of a table without `id` picks, orders,
+    /// The claim function (versions 2, 4, 5, 9 and 10) of a table without `id` picks, orders,
     /// leases and returns its rows by `event_id`, and returns 0 for `id`.
     fn adapt_migration(version: i64, sql: String, key: Key) -> Result<String, String> {
-        if !matches!(version, 2 | 4 | 5 | 9) || key != Key::EventId {
+        if !matches!(version, 2 | 4 | 5 | 9 | 10) || key != Key::EventId {
             return Ok(sql);
         }
         use super::sql::replace_all;
-        // What the heads function of versions 5 and 9 share: it returns and orders by key.
+        // What the heads functions of versions 5, 9 and 10 share: they return and order by key.
         const HEADS: &[(&str, &str)] = &[
             ("RETURNS TABLE (id BIGINT, was TEXT", "RETURNS TABLE (id TEXT, was TEXT"),
             ("SELECT c.id::BIGINT AS id,", "SELECT c.event_id::TEXT AS id,"),
             ("ORDER BY c.created_at_ms, c.id", "ORDER BY c.created_at_ms, c.event_id"),
         ];
-        if version == 9 {
-            return replace_all(
-                replace_all(sql, HEADS)?,
-                &[
-                    ("c.id = (\n             SELECT e.id FROM", "c.event_id = (\n             SELECT e.event_id FROM"),
-                    ("ORDER BY e.created_at_ms, e.id", "ORDER BY e.created_at_ms, e.event_id"),
-                ],
-            );
-        }
-        if version == 5 {
-            return replace_all(
-                replace_all(sql, HEADS)?,
-                &[
-                    ("e.id < c.id", "e.event_id < c.event_id"),
-                    ("SELECT x.id, x.status::TEXT AS was", "SELECT x.event_id::TEXT AS id, x.status::TEXT AS was"),
-                    ("x.id > h.id", "x.event_id > h.id"),
-                    ("ORDER BY x.created_at_ms, x.id", "ORDER BY x.created_at_ms, x.event_id"),
-                    ("WHERE o.id = taken.id", "WHERE o.event_id = taken.id"),
-                    ("RETURNING o.id,", "RETURNING 0::BIGINT,"),
-                ],
-            );
+        // Version 9's head check, restated by version 10.
+        const HEAD_CHECK: &[(&str, &str)] = &[
+            ("c.id = (\n             SELECT e.id FROM", "c.event_id = (\n             SELECT e.event_id FROM"),
+            ("ORDER BY e.created_at_ms, e.id", "ORDER BY e.created_at_ms, e.event_id"),
+        ];
+        // Version 5's claim around the heads (runs and update), restated by version 10.
+        const RUNS: &[(&str, &str)] = &[
+            ("SELECT x.id, x.status::TEXT AS was", "SELECT x.event_id::TEXT AS id, x.status::TEXT AS was"),
+            ("x.id > h.id", "x.event_id > h.id"),
+            ("ORDER BY x.created_at_ms, x.id", "ORDER BY x.created_at_ms, x.event_id"),
+            ("WHERE o.id = taken.id", "WHERE o.event_id = taken.id"),
+            ("RETURNING o.id,", "RETURNING 0::BIGINT,"),
+        ];
+        // Version 10's own: the walk's end, the walk of the rooms, the update by the taken keys.
+        const VERSION_10: &[(&str, &str)] = &[
+            ("AND o.id = ANY (ARRAY(SELECT k.id", "AND o.event_id = ANY (ARRAY(SELECT k.id"),
+            ("SELECT e.id, e.status, e.created_at_ms", "SELECT e.event_id AS id, e.status, e.created_at_ms"),
+            ("WHERE c.id = heads.id", "WHERE c.event_id = heads.id"),
+            ("p_after_id BIGINT", "p_after_id TEXT"),
+            ("reach_id BIGINT;", "reach_id TEXT;"),
+            ("SELECT c.created_at_ms, c.id INTO", "SELECT c.created_at_ms, c.event_id INTO"),
+            ("OR c.id <= reach_id", "OR c.event_id <= reach_id"),
+        ];
+        match version {
+            10 => return [HEADS, HEAD_CHECK, RUNS, VERSION_10].into_iter().try_fold(sql, replace_all),
+            9 => return [HEADS, HEAD_CHECK].into_iter().try_fold(sql, replace_all),
+            5 => {
+                return [HEADS, &[("e.id < c.id", "e.event_id < c.event_id")], RUNS]
+                    .into_iter()
+                    .try_fold(sql, replace_all);
+            }
+            _ => {}
         }
         let sql = replace_all(
             sql,
