@@ -5,7 +5,10 @@
 -- heads were planned on every claim (0.6 ms of a 0.7 ms empty claim, measured). Both are
 -- now PL/pgSQL, whose plans live as long as the connection; `force_generic_plan` keeps the
 -- plan that version 9's tests show (one plan for any parameters), and the settings each
--- function carries are in force when it is planned.
+-- function carries are in force when it is planned. A kept plan may have been made while
+-- the table was empty, so nothing may depend on the statistics: every routine prices
+-- sorting out (only the index's own order is cheap), and the update names the taken keys
+-- (`id = ANY`), where a plan made on an empty table scanned the whole key for them.
 --
 -- Heads. Version 9 walked the claim index in creation order and asked each claimable event
 -- whether it is its room's first. When every room with a backlog has its head in flight
@@ -129,7 +132,8 @@ BEGIN
 END;
 $$;
 
--- The claim of version 5, unchanged but for its language: its plan is kept too.
+-- The claim of version 5, its plan kept too; sorting priced out (the cut still sorts the
+-- few rows taken: nothing else can) and the update by the taken keys.
 CREATE OR REPLACE FUNCTION room_outbox_claim(p_worker_id TEXT, p_lock_until_ms BIGINT, p_now_ms BIGINT, p_limit INTEGER,
                                              p_ordered BOOLEAN, p_failed_blocks BOOLEAN, p_run INTEGER)
 RETURNS TABLE (id BIGINT, app_code VARCHAR, event_id VARCHAR, event_type VARCHAR, room_id VARCHAR,

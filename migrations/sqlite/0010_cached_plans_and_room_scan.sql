@@ -1,3 +1,3 @@
--- Version 10 keeps PostgreSQL's claim plans for the connection's life and bounds its walk
--- of busy rooms' backlogs. This backend's claim statements are prepared once per store.
+-- Version 10 changes PostgreSQL's claim routines only: plans kept for the connection's
+-- life, and a walk of busy rooms' backlogs that stops and asks the rooms instead.
 SELECT 1;
