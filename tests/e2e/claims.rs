@@ -71,6 +71,42 @@ async fn explain(pool: &sqlx::PgPool, settings: &[String], before: &[&str], stat
     lines.join("\n")
 }
 
+/// `n` waiting events over `rooms` rooms taking turns, an hour old, a millisecond apart.
+fn spread(world: &World, n: usize, rooms: usize) -> Vec<outbox_host::store::NewEvent> {
+    let base = outbox_host::store::now_ms() - 3_600_000;
+    (0..n)
+        .map(|i| outbox_host::store::NewEvent {
+            created_at_ms: base + i as i64,
+            ..world.event("RoomGiftSent", &format!("room-{}", i % rooms), Status::Pending)
+        })
+        .collect()
+}
+
+/// The entries `index` has returned to scans so far, by the server's own counters, with
+/// this connection's own reads flushed to them first. `after`: wait (up to 5 s) until the
+/// count has moved past it, since a flush may land a moment later; a claim reads something.
+async fn entries_read(conn: &mut sqlx::PgConnection, index: &str, after: Option<i64>) -> i64 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut *conn).await.unwrap();
+        sqlx::query("SELECT pg_stat_clear_snapshot()").execute(&mut *conn).await.unwrap();
+        let read: i64 = sqlx::query_scalar(
+            "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = $1 AND schemaname = current_schema()",
+        )
+        .bind(index)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+        match after {
+            Some(before) if read <= before => {
+                assert!(std::time::Instant::now() < deadline, "{index}: no reads counted after the claim");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            _ => return read,
+        }
+    }
+}
+
 #[tokio::test]
 async fn postgres_claims_walk_the_claim_index_when_statistics_are_stale() {
     let Some(db) = TestDb::postgres().await else { return };
@@ -230,13 +266,7 @@ async fn postgres_claim_behind_busy_rooms_reads_each_room_not_the_backlog() {
     let Some(db) = TestDb::postgres().await else { return };
     let world = World::on(db).await;
     const ROOMS: usize = 50;
-    let base = outbox_host::store::now_ms() - 3_600_000;
-    let events: Vec<_> = (0..ROOMS * 200)
-        .map(|i| outbox_host::store::NewEvent {
-            created_at_ms: base + i as i64,
-            ..world.event("RoomGiftSent", &format!("room-{}", i % ROOMS), Status::Pending)
-        })
-        .collect();
+    let events = spread(&world, ROOMS * 200, ROOMS);
     for chunk in events.chunks(2_000) {
         world.producer.insert(chunk).await.unwrap();
     }
@@ -261,9 +291,7 @@ async fn postgres_claim_behind_busy_rooms_reads_each_room_not_the_backlog() {
 
     // The claim on a connection of its own, whose index reads are counted.
     let mut conn = pool.acquire().await.unwrap();
-    let read = "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'room_outbox_claim_idx'";
-    sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut *conn).await.unwrap();
-    let before: i64 = sqlx::query_scalar(read).fetch_one(&mut *conn).await.unwrap();
+    let before = entries_read(&mut conn, "room_outbox_claim_idx", None).await;
     let claimed: Vec<String> =
         sqlx::query_scalar("SELECT event_id FROM room_outbox_claim('w', $1, $2, 100, true, false, 8)")
             .bind(now + 60_000)
@@ -271,9 +299,7 @@ async fn postgres_claim_behind_busy_rooms_reads_each_room_not_the_backlog() {
             .fetch_all(&mut *conn)
             .await
             .unwrap();
-    sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut *conn).await.unwrap();
-    sqlx::query("SELECT pg_stat_clear_snapshot()").execute(&mut *conn).await.unwrap();
-    let after: i64 = sqlx::query_scalar(read).fetch_one(&mut *conn).await.unwrap();
+    let after = entries_read(&mut conn, "room_outbox_claim_idx", Some(before)).await;
     let expected: Vec<String> = (10..18).map(|k| nth(3, k)).collect();
     assert_eq!(claimed, expected, "room-3's head and its run, in order");
     eprintln!("claim index entries read: {}", after - before);
@@ -299,24 +325,14 @@ async fn postgres_claim_plans_made_on_an_empty_table_serve_a_full_one() {
     let none: Vec<String> = sqlx::query_scalar(claim).bind(now + 60_000).bind(now).fetch_all(&mut *conn).await.unwrap();
     assert!(none.is_empty());
 
-    let base = now - 3_600_000;
-    let events: Vec<_> = (0..20_000)
-        .map(|i| outbox_host::store::NewEvent {
-            created_at_ms: base + i as i64,
-            ..world.event("RoomGiftSent", &format!("room-{}", i % 500), Status::Pending)
-        })
-        .collect();
+    let events = spread(&world, 20_000, 500);
     for chunk in events.chunks(2_000) {
         world.producer.insert(chunk).await.unwrap();
     }
-    let read = "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'room_outbox_pkey'";
-    sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut *conn).await.unwrap();
-    let before: i64 = sqlx::query_scalar(read).fetch_one(&mut *conn).await.unwrap();
+    let before = entries_read(&mut conn, "room_outbox_pkey", None).await;
     let claimed: Vec<String> =
         sqlx::query_scalar(claim).bind(now + 60_000).bind(now).fetch_all(&mut *conn).await.unwrap();
-    sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut *conn).await.unwrap();
-    sqlx::query("SELECT pg_stat_clear_snapshot()").execute(&mut *conn).await.unwrap();
-    let after: i64 = sqlx::query_scalar(read).fetch_one(&mut *conn).await.unwrap();
+    let after = entries_read(&mut conn, "room_outbox_pkey", Some(before)).await;
     let first: Vec<&str> = events[..100].iter().map(|e| e.event_id.as_str()).collect();
     assert_eq!(claimed, first, "the first 100 events, each its room's head (500 rooms)");
     eprintln!("primary key entries read: {}", after - before);
