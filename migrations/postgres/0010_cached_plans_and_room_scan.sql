@@ -112,6 +112,8 @@ BEGIN
        AND (c.status = 'pending'
             OR (c.status = 'retryable' AND c.next_retry_at_ms <= p_now_ms)
             OR (c.status = 'delivering' AND c.lock_until_ms < p_now_ms))
+       -- The walk's end: the first line bounds the index scan, the second the key within
+       -- the last millisecond (no end: every row).
        AND c.created_at_ms <= COALESCE(reach_ms, 9223372036854775807)
        AND (reach_ms IS NULL OR c.created_at_ms < reach_ms OR c.id <= reach_id)
        AND (NOT p_ordered OR c.id = (

@@ -131,26 +131,23 @@ impl Dialect for PostgresDialect {
             ("SELECT c.created_at_ms, c.id INTO", "SELECT c.created_at_ms, c.event_id INTO"),
             ("OR c.id <= reach_id", "OR c.event_id <= reach_id"),
         ];
-        match version {
-            10 => return [HEADS, HEAD_CHECK, RUNS, VERSION_10].into_iter().try_fold(sql, replace_all),
-            9 => return [HEADS, HEAD_CHECK].into_iter().try_fold(sql, replace_all),
-            5 => {
-                return [HEADS, &[("e.id < c.id", "e.event_id < c.event_id")], RUNS]
-                    .into_iter()
-                    .try_fold(sql, replace_all);
-            }
-            _ => {}
-        }
-        let sql = replace_all(
-            sql,
-            &[
-                ("SELECT c.id, c.status AS was FROM", "SELECT c.event_id AS id, c.status AS was FROM"),
-                ("ORDER BY c.created_at_ms, c.id", "ORDER BY c.created_at_ms, c.event_id"),
-                ("WHERE o.id = picked.id", "WHERE o.event_id = picked.id"),
-                ("RETURNING o.id,", "RETURNING 0::BIGINT,"),
-            ],
-        )?;
-        if version == 4 { replace_all(sql, &[("e.id < c.id", "e.event_id < c.event_id")]) } else { Ok(sql) }
+        // Versions 2 and 4's claim in one statement: pick, order, lease, return by key.
+        const PICK: &[(&str, &str)] = &[
+            ("SELECT c.id, c.status AS was FROM", "SELECT c.event_id AS id, c.status AS was FROM"),
+            ("ORDER BY c.created_at_ms, c.id", "ORDER BY c.created_at_ms, c.event_id"),
+            ("WHERE o.id = picked.id", "WHERE o.event_id = picked.id"),
+            ("RETURNING o.id,", "RETURNING 0::BIGINT,"),
+        ];
+        // Versions 4 and 5's head check: no earlier unfinished event of the room.
+        const EARLIER: &[(&str, &str)] = &[("e.id < c.id", "e.event_id < c.event_id")];
+        let steps: &[&[(&str, &str)]] = match version {
+            2 => &[PICK],
+            4 => &[PICK, EARLIER],
+            5 => &[HEADS, EARLIER, RUNS],
+            9 => &[HEADS, HEAD_CHECK],
+            _ => &[HEADS, HEAD_CHECK, RUNS, VERSION_10],
+        };
+        steps.iter().try_fold(sql, |sql, pairs| replace_all(sql, pairs))
     }
 
     fn int(row: &PgRow, i: usize) -> Result<i64, sqlx::Error> {
