@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail, ensure};
 use clap::Parser;
 use outbox_host::config::{RoomOrdering, SinkConfig, SinkSettings, WorkerConfig};
-use outbox_host::engine::Worker;
+use outbox_host::engine::{Signal, Worker};
 use outbox_host::ops::metrics::Metrics;
 use outbox_host::sandbox::{AttemptFailure, Deliver, Delivered, Event, SinkRuntime};
 use outbox_host::store::{Mark, NewEvent, Outcome, Status, Store, now_ms};
@@ -286,6 +286,7 @@ async fn latency(db: &Db, rate: u32, args: &Args, sink: Arc<dyn Deliver>) -> any
     let shutdown = CancellationToken::new();
     let metrics = Arc::new(Metrics::new(sink.name()));
     let worker = Worker::new(db.open().await?, sink, WorkerConfig::default(), "bench", metrics);
+    let trips = tokio::spawn(count_round_trips(worker.subscribe()));
     let task = tokio::spawn(worker.run(shutdown.clone()));
     let per_tick = (rate / 100).max(1) as usize;
     let mut tick = tokio::time::interval(Duration::from_millis(10));
@@ -303,6 +304,7 @@ async fn latency(db: &Db, rate: u32, args: &Args, sink: Arc<dyn Deliver>) -> any
     }
     shutdown.cancel();
     task.await??;
+    let trips = trips.await?;
     let mut ms: Vec<f64> = db.latencies_ms().await?.into_iter().map(|l| l as f64).collect();
     ensure!(ms.len() == produced, "{} latencies for {produced} events", ms.len());
     ms.sort_by(f64::total_cmp);
@@ -315,7 +317,38 @@ async fn latency(db: &Db, rate: u32, args: &Args, sink: Arc<dyn Deliver>) -> any
         "p95_ms": percentile(&ms, 95.0),
         "p99_ms": percentile(&ms, 99.0),
         "max_ms": ms.last().copied().unwrap_or(0.0),
+        "claims": trips.claims,
+        "empty_claims": trips.empty_claims,
+        "outcome_writes": trips.writes,
+        "signals_missed": trips.missed,
     }))
+}
+
+/// The worker's database round trips over a run, counted from its signals.
+#[derive(Default)]
+struct RoundTrips {
+    claims: u64,
+    empty_claims: u64,
+    writes: u64,
+    /// Signals the counter fell behind on (the counts are short by up to this many).
+    missed: u64,
+}
+
+async fn count_round_trips(mut signals: tokio::sync::broadcast::Receiver<Signal>) -> RoundTrips {
+    let mut trips = RoundTrips::default();
+    loop {
+        match signals.recv().await {
+            Ok(Signal::Claimed(_)) => trips.claims += 1,
+            Ok(Signal::Idle) => {
+                trips.claims += 1;
+                trips.empty_claims += 1;
+            }
+            Ok(Signal::Recorded(_)) => trips.writes += 1,
+            Ok(Signal::Stopped) | Err(tokio::sync::broadcast::error::RecvError::Closed) => return trips,
+            Ok(Signal::Released(_)) => {}
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => trips.missed += missed,
+        }
+    }
 }
 
 /// Fresh-store instantiate + `deliver` of the fake sink, in process, with the median of
@@ -550,8 +583,14 @@ async fn main() -> anyhow::Result<()> {
                 format!("{}", lat["events"]),
                 "-".into(),
                 format!(
-                    "p50 {} ms, p95 {} ms, p99 {} ms, max {} ms",
-                    lat["p50_ms"], lat["p95_ms"], lat["p99_ms"], lat["max_ms"]
+                    "p50 {} ms, p95 {} ms, p99 {} ms, max {} ms; {} claims ({} empty), {} outcome writes",
+                    lat["p50_ms"],
+                    lat["p95_ms"],
+                    lat["p99_ms"],
+                    lat["max_ms"],
+                    lat["claims"],
+                    lat["empty_claims"],
+                    lat["outcome_writes"]
                 ),
             ]);
             results.push(json!({ "backend": name, "latency": lat }));

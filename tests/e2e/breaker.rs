@@ -58,8 +58,9 @@ fn assert_accepted_once_in_room_order(events: &[NewEvent], received: &[Received]
 
 /// Tencent IM answers 10006 (the app's call frequency limit) to everything for 5 s. The sink
 /// pushes back, so the breaker pauses the whole sink and probes once per `retry-after`
-/// (the sink's 1 s): the first wave of deliveries (`concurrency`) plus about one probe per
-/// second reach the stand-in. Pushed-back attempts are deferrals, not failures of the event:
+/// (the sink's 1 s): the first wave of deliveries (at most `concurrency`: one per room of
+/// the first claim, whose rooms' runs are whole) plus about one probe per second reach the
+/// stand-in. Pushed-back attempts are deferrals, not failures of the event:
 /// `retry_count` never grows, and it only ever grows, so every row ends at 0.
 async fn an_app_rate_limit_costs_a_few_attempts_no_retry_count_and_keeps_room_order(world: World) {
     let im = TencentIm::start([]).await;
@@ -104,7 +105,8 @@ async fn an_app_rate_limit_costs_a_few_attempts_no_retry_count_and_keeps_room_or
     let bound = CONCURRENCY + 2 * outage.as_secs() as usize;
     eprintln!("{refused} attempts reached the stand-in during the {outage:?} outage");
     assert!(refused <= bound, "{refused} attempts during a {outage:?} outage (bound {bound})");
-    assert!(refused > CONCURRENCY, "the breaker probed during the outage: {refused} attempts");
+    // Every opening after the first followed a refused probe, on top of the first wave.
+    assert!(refused as f64 >= opened, "{refused} refusals for {opened} openings: the probes reached the stand-in");
     assert_eq!(throttles as usize, refused, "every refusal was a push-back");
     assert!(opened >= 2.0 && closed == 1.0, "opened {opened} times, closed {closed} times");
     assert!(Instant::now() >= recovered_at);

@@ -30,6 +30,7 @@ per_backend!(
     history_and_recent_failures_describe_the_last_hour,
     per_room_claims_take_each_rooms_run_and_nothing_that_could_overtake,
     per_room_claims_on_a_mixed_backlog_agree_with_the_model,
+    per_room_claims_behind_fewer_rooms_than_the_batch_take_whole_runs,
 );
 
 async fn claims_follow_creation_order_and_batch_size(world: World) {
@@ -494,6 +495,43 @@ async fn per_room_claims_take_each_rooms_run_and_nothing_that_could_overtake(wor
     assert_eq!(ids(&unordered_run), [&a[2], &a[3], &a[4], &b[0], &b[2]].map(String::clone));
 }
 
+/// Three rooms taking turns, ten events each, claimed 10 at a time with runs of 4: fewer
+/// heads than the claim takes, so it takes whole runs, oldest head first (room-0's four,
+/// room-1's four, room-2's first two), not every room's oldest events (four, three, three),
+/// which would leave every room busy until all its events are written. A second claim takes
+/// nothing: every room's head is held. MySQL still cuts in creation order.
+async fn per_room_claims_behind_fewer_rooms_than_the_batch_take_whole_runs(world: World) {
+    let (mut rooms, mut produced): ([Vec<String>; 3], Vec<String>) = Default::default();
+    for _ in 0..10 {
+        for (r, ids) in rooms.iter_mut().enumerate() {
+            ids.push(world.produce("RoomGiftSent", &format!("room-{r}"), Status::Pending).await);
+            produced.push(ids.last().unwrap().clone());
+        }
+    }
+    let now = now_ms();
+    let order = RoomOrder::PerRoom { failed_blocks: false, run: 4 };
+    let claimed = world.producer.claim_in_order("w", now, now + 60_000, 10, order).await.unwrap();
+    let got: Vec<&str> = claimed.iter().map(|c| c.event_id.as_str()).collect();
+    // Each room's first `counts[r]` events, in creation order (as a claim returns them).
+    let taken = |counts: [usize; 3]| -> Vec<&str> {
+        let first = |id: &String| rooms.iter().zip(counts).any(|(ids, n)| ids[..n].contains(id));
+        produced.iter().filter(|id| first(id)).map(String::as_str).collect()
+    };
+    if world.db.url.starts_with("mysql:") {
+        assert_eq!(got, taken([4, 3, 3]), "MySQL: the oldest ten of the three runs");
+    } else {
+        assert_eq!(got, taken([4, 4, 2]), "whole runs, oldest head first");
+    }
+    let rows: Vec<String> = claimed.iter().map(|c| c.event_id.clone()).collect();
+    for id in &rows {
+        assert_eq!(world.row(id).await.status, Status::Delivering);
+    }
+    assert!(
+        world.producer.claim_in_order("w2", now, now + 60_000, 10, order).await.unwrap().is_empty(),
+        "every room's head is held: nothing else may be taken"
+    );
+}
+
 /// One row of [`per_room_claims_on_a_mixed_backlog_agree_with_the_model`]'s table.
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Kind {
@@ -510,10 +548,11 @@ enum Kind {
 /// in, claimed with several limits and run lengths: each claim is what the model says. The
 /// model: the first `limit` rooms' heads (a room's first unfinished event, if claimable), each
 /// followed by its room's next unfinished events while each is claimable, up to `run`, all
-/// cut to `limit` in creation order. MySQL finds the runs by walking at most `limit` rows of
-/// each status, so a run may stop early there where the walk ended (never later): on MySQL
-/// each room's part is a prefix of the model's, and the claim is the first `limit` of the
-/// heads and what it took of the runs.
+/// cut to `limit`: in creation order, or, when there are fewer heads than `limit`, whole runs
+/// oldest head first. MySQL cuts in creation order always, and finds the runs by walking at
+/// most `limit` rows of each status, so a run may stop early there where the walk ended
+/// (never later): on MySQL each room's part is a prefix of the model's, and the claim is the
+/// first `limit` of the heads and what it took of the runs.
 async fn per_room_claims_on_a_mixed_backlog_agree_with_the_model(world: World) {
     let mysql = world.db.url.starts_with("mysql:");
     let mut seed = 0x2545_f491_4f6c_dd1d_u64;
@@ -583,11 +622,16 @@ async fn per_room_claims_on_a_mixed_backlog_agree_with_the_model(world: World) {
                 .collect();
             runs.push((i, after));
         }
+        // Fewer heads than the limit: whole runs, oldest head first, then the cut.
+        let few_rooms = runs.len() < limit;
         runs.truncate(limit);
         let mut model: Vec<usize> =
             runs.iter().flat_map(|(h, after)| std::iter::once(*h).chain(after.clone())).collect();
-        model.sort_unstable();
+        if !few_rooms {
+            model.sort_unstable();
+        }
         model.truncate(limit);
+        model.sort_unstable();
 
         let order = RoomOrder::PerRoom { failed_blocks, run: run as u32 };
         let claimed = world.producer.claim_in_order("w", now, now + 60_000, limit as u32, order).await.unwrap();

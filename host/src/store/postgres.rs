@@ -95,10 +95,10 @@ impl Dialect for PostgresDialect {
         ]
     }
 
-    /// The claim function (versions 2, 4, 5, 9 and 10) of a table without `id` picks, orders,
-    /// leases and returns its rows by `event_id`, and returns 0 for `id`.
+    /// The claim function (versions 2, 4, 5, 9, 10 and 11) of a table without `id` picks,
+    /// orders, leases and returns its rows by `event_id`, and returns 0 for `id`.
     fn adapt_migration(version: i64, sql: String, key: Key) -> Result<String, String> {
-        if !matches!(version, 2 | 4 | 5 | 9 | 10) || key != Key::EventId {
+        if !matches!(version, 2 | 4 | 5 | 9 | 10 | 11) || key != Key::EventId {
             return Ok(sql);
         }
         use super::sql::replace_all;
@@ -113,7 +113,7 @@ impl Dialect for PostgresDialect {
             ("c.id = (\n             SELECT e.id FROM", "c.event_id = (\n             SELECT e.event_id FROM"),
             ("ORDER BY e.created_at_ms, e.id", "ORDER BY e.created_at_ms, e.event_id"),
         ];
-        // Version 5's claim around the heads (runs and update), restated by version 10.
+        // Version 5's claim around the heads (runs and update), restated by versions 10 and 11.
         const RUNS: &[(&str, &str)] = &[
             ("SELECT x.id, x.status::TEXT AS was", "SELECT x.event_id::TEXT AS id, x.status::TEXT AS was"),
             ("x.id > h.id", "x.event_id > h.id"),
@@ -121,9 +121,11 @@ impl Dialect for PostgresDialect {
             ("WHERE o.id = taken.id", "WHERE o.event_id = taken.id"),
             ("RETURNING o.id,", "RETURNING 0::BIGINT,"),
         ];
-        // Version 10's own: the walk's end, the walk of the rooms, the update by the taken keys.
+        // Version 10's update by the taken keys, restated by version 11.
+        const TAKEN_KEYS: &[(&str, &str)] =
+            &[("AND o.id = ANY (ARRAY(SELECT k.id", "AND o.event_id = ANY (ARRAY(SELECT k.id")];
+        // Version 10's own: the walk's end, the walk of the rooms.
         const VERSION_10: &[(&str, &str)] = &[
-            ("AND o.id = ANY (ARRAY(SELECT k.id", "AND o.event_id = ANY (ARRAY(SELECT k.id"),
             ("SELECT e.id, e.status, e.created_at_ms", "SELECT e.event_id AS id, e.status, e.created_at_ms"),
             ("WHERE c.id = heads.id", "WHERE c.event_id = heads.id"),
             ("p_after_id BIGINT", "p_after_id TEXT"),
@@ -145,7 +147,8 @@ impl Dialect for PostgresDialect {
             4 => &[PICK, EARLIER],
             5 => &[HEADS, EARLIER, RUNS],
             9 => &[HEADS, HEAD_CHECK],
-            _ => &[HEADS, HEAD_CHECK, RUNS, VERSION_10],
+            10 => &[HEADS, HEAD_CHECK, RUNS, TAKEN_KEYS, VERSION_10],
+            _ => &[RUNS, TAKEN_KEYS],
         };
         steps.iter().try_fold(sql, |sql, pairs| replace_all(sql, pairs))
     }

@@ -248,8 +248,12 @@ impl Dialect for SqliteDialect {
                     Some((_, _, last)) if heads.len() >= limit as usize => *last,
                     _ => i64::MAX,
                 };
-                let mut taken = Vec::with_capacity(heads.len());
-                if run > 1 && until < i64::MAX {
+                // Each taken row with where it sorts in the cut: creation order when the heads
+                // fill the claim; with fewer heads, whole runs, oldest head first (each room's
+                // run is then in flight at once, not its first two events).
+                let few_rooms = until == i64::MAX;
+                let mut taken: Vec<((i64, i64, i64, i64), i64, String)> = Vec::with_capacity(heads.len());
+                if run > 1 && !few_rooms {
                     // The heads fill the claim: one statement for every room's run, each
                     // bounded by the last head (a few rows, mostly none). `CROSS JOIN` makes
                     // SQLite walk from the heads, never from every unfinished row.
@@ -259,25 +263,29 @@ impl Dialect for SqliteDialect {
                         q = q.bind(*head);
                     }
                     let runs: Vec<(i64, String, i64)> = q.fetch_all(&mut *tx).await?;
-                    taken.extend(runs.into_iter().map(|(id, status, at)| (at, id, status)));
+                    taken.extend(runs.into_iter().map(|(id, status, at)| ((at, id, at, id), id, status)));
                 } else if run > 1 {
                     // Fewer heads than the claim takes: each room's run walked on its own,
                     // stopping after `run - 1` events however deep the room's backlog.
-                    for (head, _, _) in &heads {
+                    for &(head, _, head_at) in &heads {
                         let next: Vec<(i64, String, i64, bool)> = sqlx::query_as(&store.own.followers)
                             .bind(now_ms)
-                            .bind(*head)
+                            .bind(head)
                             .bind(failed_blocks)
                             .bind(i64::from(run - 1))
                             .bind(until)
                             .fetch_all(&mut *tx)
                             .await?;
-                        taken.extend(next.into_iter().take_while(|f| f.3).map(|(id, status, at, _)| (at, id, status)));
+                        taken.extend(
+                            next.into_iter()
+                                .take_while(|f| f.3)
+                                .map(|(id, status, at, _)| ((head_at, head, at, id), id, status)),
+                        );
                     }
                 }
-                taken.extend(heads.into_iter().map(|(head, status, created_at_ms)| (created_at_ms, head, status)));
-                // At most `limit` rows, in creation order: each room keeps a prefix of its run.
-                taken.sort_by_key(|(at, id, _)| (*at, *id));
+                taken.extend(heads.into_iter().map(|(head, status, at)| ((at, head, at, head), head, status)));
+                // At most `limit` rows: each room keeps a prefix of its run.
+                taken.sort_by_key(|(cut, _, _)| *cut);
                 taken.truncate(limit as usize);
                 taken.into_iter().map(|(_, id, status)| (id, status)).collect()
             }
