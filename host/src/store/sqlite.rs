@@ -242,16 +242,17 @@ impl Dialect for SqliteDialect {
                 // Each head's run: the room's next events while each is claimable. Nobody
                 // else can take them (they are not heads while their head is unfinished),
                 // and this transaction holds the write lock anyway.
-                // When the heads alone fill the claim, only events older than the last head
-                // can make the cut below.
+                //
+                // Fewer heads than the claim takes: the cut keeps whole runs, oldest head
+                // first (each room's run is then in flight at once, not its first two
+                // events). Otherwise it keeps creation order, and only events older than the
+                // last head can make it.
+                let few_rooms = heads.len() < limit as usize;
                 let until = match heads.last() {
-                    Some((_, _, last)) if heads.len() >= limit as usize => *last,
+                    Some((_, _, last)) if !few_rooms => *last,
                     _ => i64::MAX,
                 };
-                // Each taken row with where it sorts in the cut: creation order when the heads
-                // fill the claim; with fewer heads, whole runs, oldest head first (each room's
-                // run is then in flight at once, not its first two events).
-                let few_rooms = until == i64::MAX;
+                // Each taken row with where it sorts in the cut.
                 let mut taken: Vec<((i64, i64, i64, i64), i64, String)> = Vec::with_capacity(heads.len());
                 if run > 1 && !few_rooms {
                     // The heads fill the claim: one statement for every room's run, each
