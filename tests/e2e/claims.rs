@@ -396,7 +396,10 @@ async fn mariadb_head_check_reads_each_rooms_first_events_not_its_history() {
         .replace("JSON_ARRAYAGG(id) INTO v_heads", "COUNT(*)")
         .replace("p_now_ms", &now.to_string())
         .replace("p_limit", "100")
-        .replace("p_failed_blocks", "FALSE");
+        .replace("p_failed_blocks", "FALSE")
+        // No cut (migration 12): the walk goes on until it has its heads, as it did before.
+        .replace("v_cut_c", "9223372036854775807")
+        .replace("v_cut_id", "9223372036854775807");
     let analyzed: String =
         sqlx::query_scalar(&format!("ANALYZE FORMAT=JSON {statement}")).fetch_one(&mut conn).await.unwrap();
     let analyzed: serde_json::Value = serde_json::from_str(&analyzed).unwrap();
@@ -420,6 +423,93 @@ async fn mariadb_head_check_reads_each_rooms_first_events_not_its_history() {
     let mut rooms: Vec<String> = claimed.iter().map(|r| r.get::<String, _>(4)).collect(); // o.room_id
     rooms.sort();
     assert_eq!(rooms, free, "one head from each room with nothing in flight");
+}
+
+/// MySQL's version of [`postgres_claim_behind_busy_rooms_reads_each_room_not_the_backlog`]
+/// (migration 12): 50 rooms of 200 events, every room's first event in flight except in
+/// room-3, whose first ten are delivered. The claim takes room-3's head and its whole run,
+/// reading the server's handler counters' worth of a few rows per room, not the 9,950
+/// waiting events: version 9 walked all of them (21,803 reads, measured) and took two of
+/// room-3's events, the run its walk of 100 rows reached.
+#[tokio::test]
+async fn mysql_claim_behind_busy_rooms_reads_each_room_not_the_backlog() {
+    let Some(db) = TestDb::mysql().await else { return };
+    let world = World::on(db).await;
+    const ROOMS: usize = 50;
+    let events = spread(&world, ROOMS * 200, ROOMS);
+    for chunk in events.chunks(2_000) {
+        world.producer.insert(chunk).await.unwrap();
+    }
+    let mut conn = <sqlx::MySqlConnection as sqlx::Connection>::connect(&world.db.url).await.unwrap();
+    let now = outbox_host::store::now_ms();
+    let nth = |room: usize, k: usize| events[k * ROOMS + room].event_id.clone();
+    let quoted = |ids: &[String]| ids.iter().map(|id| format!("'{id}'")).collect::<Vec<_>>().join(", ");
+    let in_flight: Vec<String> = (0..ROOMS).filter(|&r| r != 3).map(|r| nth(r, 0)).collect();
+    let delivered: Vec<String> = (0..10).map(|k| nth(3, k)).collect();
+    for statement in [
+        format!(
+            "UPDATE room_outbox SET status = 'delivering', worker_id = 'other', lock_until_ms = {} \
+             WHERE event_id IN ({})",
+            now + 600_000,
+            quoted(&in_flight)
+        ),
+        format!("UPDATE room_outbox SET status = 'delivered' WHERE event_id IN ({})", quoted(&delivered)),
+    ] {
+        sqlx::query(&statement).execute(&mut conn).await.unwrap();
+    }
+
+    let handler_reads = "SELECT CAST(SUM(VARIABLE_VALUE) AS SIGNED) FROM information_schema.SESSION_STATUS \
+                         WHERE VARIABLE_NAME LIKE 'HANDLER_READ%'";
+    let before: i64 = sqlx::query_scalar(handler_reads).fetch_one(&mut conn).await.unwrap();
+    let claimed = sqlx::query("CALL room_outbox_claim('w', ?, ?, 100, TRUE, FALSE, 8)")
+        .bind(now + 60_000)
+        .bind(now)
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+    let after: i64 = sqlx::query_scalar(handler_reads).fetch_one(&mut conn).await.unwrap();
+    let claimed: Vec<String> = claimed.iter().map(|r| r.get::<String, _>(2)).collect(); // o.event_id
+    let expected: Vec<String> = (10..18).map(|k| nth(3, k)).collect();
+    assert_eq!(claimed, expected, "room-3's head and its whole run, in order");
+    eprintln!("rows read by the claim: {}", after - before);
+    assert!(after - before <= 3_000, "{} rows read for 100 rows and 9,950 waiting", after - before);
+}
+
+/// A MySQL table migrated before version 12 has its room order index room first. Version 12
+/// rebuilds it status first in one online `ALTER`, keeping every row, and the claim then
+/// takes a room's whole run through it.
+#[tokio::test]
+async fn mysql_migration_12_rebuilds_the_room_order_index_status_first() {
+    let Some(db) = TestDb::mysql().await else { return };
+    let world = World::on(db).await;
+    let events = spread(&world, 40, 4);
+    world.producer.insert(&events).await.unwrap();
+    let mut conn = <sqlx::MySqlConnection as sqlx::Connection>::connect(&world.db.url).await.unwrap();
+    let columns = "SELECT GROUP_CONCAT(column_name ORDER BY seq_in_index) FROM information_schema.statistics \
+                   WHERE table_schema = DATABASE() AND table_name = 'room_outbox' \
+                   AND index_name = 'room_outbox_room_order_idx'";
+    let fresh: String = sqlx::query_scalar(columns).fetch_one(&mut conn).await.unwrap();
+    assert_eq!(fresh, "status,room_id,app_code,created_at_ms,id", "a new table's index");
+    for statement in [
+        "ALTER TABLE room_outbox DROP INDEX room_outbox_room_order_idx, \
+         ADD INDEX room_outbox_room_order_idx (room_id, app_code, status, created_at_ms, id)",
+        "DELETE FROM room_outbox_migrations WHERE version = 12",
+    ] {
+        sqlx::query(statement).execute(&mut conn).await.unwrap();
+    }
+    let rows = "SELECT CAST(COUNT(*) AS SIGNED) FROM room_outbox WHERE status = 'pending'";
+    let pending: i64 = sqlx::query_scalar(rows).fetch_one(&mut conn).await.unwrap();
+
+    let upgraded = outbox_host::store::open(&world.db_url(), 2, "room_outbox").await.unwrap();
+    upgraded.migrate().await.unwrap();
+    let rebuilt: String = sqlx::query_scalar(columns).fetch_one(&mut conn).await.unwrap();
+    assert_eq!(rebuilt, "status,room_id,app_code,created_at_ms,id");
+    assert_eq!(sqlx::query_scalar::<_, i64>(rows).fetch_one(&mut conn).await.unwrap(), pending);
+
+    let now = outbox_host::store::now_ms();
+    let order = outbox_host::store::RoomOrder::PerRoom { failed_blocks: false, run: 10 };
+    let claimed = upgraded.claim_in_order("w", now, now + 60_000, 100, order).await.unwrap();
+    assert_eq!(claimed.len(), 40, "every room's whole run");
 }
 
 /// Calls `each(table, rows)` for every table access in a MariaDB `ANALYZE FORMAT=JSON`

@@ -96,15 +96,16 @@ impl Dialect for MysqlDialect {
         ]
     }
 
-    /// The claim procedure (versions 3, 4, 5 and 9) of a table without `id` picks in
+    /// The claim procedure (versions 3, 4, 5, 9 and 12) of a table without `id` picks in
     /// `event_id` order, carries the event ids (as text, so that a binary column reads the
     /// same in JSON), and returns 0 for `id`. Version 9's walk cannot resume within a
     /// millisecond by key (a procedure variable cannot hold a key of the table's own
     /// collation), so it starts at the first head's millisecond and stops before the
     /// millisecond of its cut: runs are shorter where many events share a millisecond, never
-    /// wrong.
+    /// wrong. Version 12's walk is cut at a millisecond the same way; its runs step from event
+    /// to event by `event_id` within a millisecond, as the table orders them.
     fn adapt_migration(version: i64, sql: String, key: Key) -> Result<String, String> {
-        if !matches!(version, 3..=5 | 9) || key != Key::EventId {
+        if !matches!(version, 3..=5 | 9 | 12) || key != Key::EventId {
             return Ok(sql);
         }
         use super::sql::replace_all;
@@ -162,9 +163,67 @@ impl Dialect for MysqlDialect {
                     ("ORDER BY e.created_at_ms, e.id LIMIT 1)", "ORDER BY e.created_at_ms, e.event_id LIMIT 1)"),
                 ],
             )?,
+            12 => replace_all(
+                sql,
+                &[
+                    ("created_at_ms, id), ALGORITHM", "created_at_ms, event_id), ALGORITHM"),
+                    // The cut, to the millisecond.
+                    ("MAX(e.created_at_ms), MAX(e.id) INTO", "MAX(e.created_at_ms), 0 INTO"),
+                    ("(SELECT created_at_ms, id FROM ", "(SELECT created_at_ms, event_id AS id FROM "),
+                    ("ORDER BY created_at_ms, id LIMIT 1 OFFSET", "ORDER BY created_at_ms, event_id LIMIT 1 OFFSET"),
+                    (
+                        "(h.created_at_ms < v_cut_c OR (h.created_at_ms = v_cut_c AND h.id <= v_cut_id))",
+                        "h.created_at_ms <= v_cut_c",
+                    ),
+                    (
+                        "(h.created_at_ms > v_cut_c OR (h.created_at_ms = v_cut_c AND h.id > v_cut_id))",
+                        "h.created_at_ms > v_cut_c",
+                    ),
+                    // The head check and the rooms' first events.
+                    ("AND h.id = (SELECT e.id FROM", "AND h.event_id = (SELECT e.event_id FROM"),
+                    ("AS h ON h.id = (SELECT e.id FROM", "AS h ON h.event_id = (SELECT e.event_id FROM"),
+                    ("ORDER BY e.created_at_ms, e.id LIMIT 1)", "ORDER BY e.created_at_ms, e.event_id LIMIT 1)"),
+                    // The runs.
+                    ("COLUMNS (id BIGINT PATH '$[0]')) AS lp", "COLUMNS (id VARCHAR(255) PATH '$[0]')) AS lp"),
+                    ("AS o ON o.id = lp.id", "AS o ON o.event_id = lp.id"),
+                    ("COLUMNS (id BIGINT PATH '$[0]')) AS hp", "COLUMNS (id VARCHAR(255) PATH '$[0]')) AS hp"),
+                    ("AS o ON o.id = hp.id", "AS o ON o.event_id = hp.id"),
+                    (
+                        "SELECT o.id, o.room_id, o.app_code, o.created_at_ms, o.id, 1",
+                        "SELECT o.event_id, o.room_id, o.app_code, o.created_at_ms, o.event_id, 1",
+                    ),
+                    ("nx.created_at_ms, nx.id, r.n + 1", "nx.created_at_ms, nx.event_id, r.n + 1"),
+                    ("AS nx ON nx.id = (\n", "AS nx ON nx.event_id = (\n"),
+                    // What is left of `e.id` after the head checks: the runs' step.
+                    ("SELECT e.id FROM", "SELECT e.event_id FROM"),
+                    ("e.created_at_ms = r.c AND e.id > r.id", "e.created_at_ms = r.c AND e.event_id > r.id"),
+                    ("b.created_at_ms = r.c AND b.id > r.id", "b.created_at_ms = r.c AND b.event_id > r.id"),
+                    (
+                        "b.created_at_ms = nx.created_at_ms AND b.id < nx.id",
+                        "b.created_at_ms = nx.created_at_ms AND b.event_id < nx.event_id",
+                    ),
+                    ("AS c ON c.id = r.id", "AS c ON c.event_id = r.id"),
+                    (
+                        "SELECT c.id, c.status, r.head FROM (",
+                        "SELECT CONVERT(c.event_id USING utf8mb4) AS id, c.status, CONVERT(r.head USING utf8mb4) AS head FROM (",
+                    ),
+                    // The cut of heads and runs.
+                    ("head BIGINT PATH '$[2]'", "head VARCHAR(255) PATH '$[2]'"),
+                    (
+                        "SELECT o.id, p.was FROM JSON_TABLE(",
+                        "SELECT CONVERT(o.event_id USING utf8mb4) AS id, p.was FROM JSON_TABLE(",
+                    ),
+                    ("AS h ON h.id = COALESCE(p.head, p.id)", "AS h ON h.event_id = COALESCE(p.head, p.id)"),
+                    ("IF(v_few, h.id, o.id),", "IF(v_few, h.event_id, o.event_id),"),
+                    (
+                        "o.created_at_ms, o.id\n                 LIMIT p_limit",
+                        "o.created_at_ms, o.event_id\n                 LIMIT p_limit",
+                    ),
+                ],
+            )?,
             _ => sql,
         };
-        let sql = if matches!(version, 4 | 5 | 9) {
+        let sql = if matches!(version, 4 | 5 | 9 | 12) {
             super::sql::replace_all(
                 sql,
                 &[

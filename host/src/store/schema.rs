@@ -457,7 +457,7 @@ pub fn addition_statements(backend: Backend, table: &str, key: Key, additions: &
         rebuild(&mut out, "room_order_idx");
         out.push(match backend {
             Backend::Mysql => format!(
-                "ALTER TABLE {table} ADD INDEX {table}_room_order_idx (room_id, app_code, status, created_at_ms{key_last}), \
+                "ALTER TABLE {table} ADD INDEX {table}_room_order_idx (status, room_id, app_code, created_at_ms{key_last}), \
                  ALGORITHM=INPLACE, LOCK=NONE"
             ),
             Backend::Postgres => format!(
@@ -548,7 +548,7 @@ mod tests {
                 "ALTER TABLE room_outbox ADD COLUMN updated_at_ms BIGINT NOT NULL DEFAULT 0, \
                  ADD COLUMN delivered_at_ms BIGINT NULL, ALGORITHM=INSTANT"
                     .to_string(),
-                "ALTER TABLE room_outbox ADD INDEX room_outbox_room_order_idx (room_id, app_code, status, created_at_ms, \
+                "ALTER TABLE room_outbox ADD INDEX room_outbox_room_order_idx (status, room_id, app_code, created_at_ms, \
                  event_id), ALGORITHM=INPLACE, LOCK=NONE"
                     .to_string(),
                 "ALTER TABLE room_outbox ADD INDEX room_outbox_claim_idx (status, created_at_ms, event_id), \
