@@ -5,25 +5,26 @@
 --
 -- Index. The room order index now leads with the status: (status, room_id, app_code,
 -- created_at_ms, id). Every probe of version 9 names all three of status, room and app, so
--- it reads the same; and the rooms with a row in one status are now a loose scan of that
--- status's part of the index (one read per such room), where before it was every room the
--- table has ever held, delivered ones included. The index is rebuilt here in one online
--- ALTER (the old one serves until the new one is in place); on a table that does not have it
--- yet, the host adds it after the migrations, in the new order.
+-- it reads the same; and the next room with an event in one status is one read, where
+-- before it meant every room the table has ever held, delivered ones included. The index
+-- is rebuilt here in one online ALTER (the old one serves until the new one is in place);
+-- a table that does not have it yet gets it from the host after the migrations, in the new
+-- order.
 --
 -- Heads. Version 9 walked each claimable status in creation order until it had p_limit
 -- heads. When every room with a backlog has its head in flight, that walk reads the whole
 -- backlog (1.5 µs an event: at 5,000 events/s over 50 rooms the claim slowed as the backlog
 -- grew, and the backlog grew as the claim slowed). The walk now stops at a cut: where the
--- first of the per-status walks of 2 × p_limit claimable rows ends. If it found fewer than
--- p_limit heads and a walk was cut, the rest come from the rooms: each room's first row in
--- each claimable status, after the cut, checked as a walked row is.
+-- first of the per-status walks of 2 × p_limit claimable rows ends. Only when the heads it
+-- found and their runs leave the claim short, and a walk was cut, are the rooms asked: each
+-- room's first event in each claimable status, past the cut, checked as a walked one is.
 --
 -- Runs. Each picked head's run is its room's next pending events, one probe each, while no
--- event of another unfinished status comes between. With fewer heads than p_limit the claim
--- keeps whole runs, oldest head first; otherwise the p_limit oldest of heads and runs, as
--- before. A run here holds pending events only: an event waiting for its retry, or one
--- whose lease ran out, ends it (it is a head of a later claim).
+-- event of another unfinished status comes between. With fewer heads than p_limit in the
+-- walk the claim keeps whole runs, oldest head first; otherwise the p_limit oldest of heads
+-- and runs, as before. A run here holds pending events only: a due retry, or an event whose
+-- lease ran out, ends it (it heads a later claim). Runs are locked after the cut, so that
+-- only what is taken is locked.
 SET @room_order = (
     SELECT IF(COUNT(*) = 0, 'DO 0',
               'ALTER TABLE room_outbox DROP INDEX room_outbox_room_order_idx, ADD INDEX room_outbox_room_order_idx (status, room_id, app_code, created_at_ms, id), ALGORITHM=INPLACE, LOCK=NONE')
@@ -42,19 +43,27 @@ SQL SECURITY INVOKER
 BEGIN
     DECLARE v_picked JSON;
     DECLARE v_heads JSON;
-    DECLARE v_rest JSON;
+    DECLARE v_new JSON;
     DECLARE v_run JSON;
+    DECLARE v_new_run JSON;
+    DECLARE v_rooms JSON;
     DECLARE v_cut_c BIGINT;
-    DECLARE v_cut_id BIGINT;
     DECLARE v_edge INT;
     DECLARE v_few BOOLEAN;
     DECLARE v_bound_c BIGINT;
+    DECLARE v_left INT;
+    DECLARE v_asked BOOLEAN;
+    DECLARE v_from INT;
+    DECLARE v_turn INT;
+    DECLARE v_turn_heads JSON;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    -- A room loop's read past the last room finds nothing: that ends the loop.
+    DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
     START TRANSACTION;
     IF p_ordered THEN
         -- The cut: the earliest end of a per-status walk of 2 × p_limit claimable rows.
         SET v_edge = 2 * p_limit - 1;
-        SELECT MAX(e.created_at_ms), MAX(e.id) INTO v_cut_c, v_cut_id FROM (
+        SELECT MAX(e.created_at_ms), MAX(e.id) INTO v_cut_c, @room_outbox_claim_cut_key FROM (
             SELECT created_at_ms, id FROM (
             (SELECT created_at_ms, id FROM room_outbox WHERE status = 'pending'
               ORDER BY created_at_ms, id LIMIT 1 OFFSET v_edge)
@@ -67,9 +76,10 @@ BEGIN
             ) AS edges
             ORDER BY created_at_ms, id LIMIT 1
         ) AS e;
+        -- No cut: every walk ended before 2 × p_limit rows. (The keys are user variables,
+        -- which take the key column's type and collation, whatever the table's key is.)
         IF v_cut_c IS NULL THEN
             SET v_cut_c = 9223372036854775807;
-            SET v_cut_id = 9223372036854775807;
         END IF;
         -- Each room's head up to the cut, found by a plain read (a locking read would lock
         -- every row of a hot room's backlog that it walks past). An event is a head when it
@@ -79,7 +89,7 @@ BEGIN
             SELECT id FROM (
             (SELECT h.id, h.created_at_ms FROM room_outbox AS h
               WHERE h.status = 'pending'
-                AND (h.created_at_ms < v_cut_c OR (h.created_at_ms = v_cut_c AND h.id <= v_cut_id))
+                AND (h.created_at_ms < v_cut_c OR (h.created_at_ms = v_cut_c AND h.id <= @room_outbox_claim_cut_key))
                 AND h.id = (SELECT e.id FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
                              WHERE e.room_id = h.room_id AND e.app_code = h.app_code AND e.status = 'pending'
                              ORDER BY e.created_at_ms, e.id LIMIT 1)
@@ -100,7 +110,7 @@ BEGIN
             UNION ALL
             (SELECT h.id, h.created_at_ms FROM room_outbox AS h
               WHERE h.status = 'retryable' AND h.next_retry_at_ms <= p_now_ms
-                AND (h.created_at_ms < v_cut_c OR (h.created_at_ms = v_cut_c AND h.id <= v_cut_id))
+                AND (h.created_at_ms < v_cut_c OR (h.created_at_ms = v_cut_c AND h.id <= @room_outbox_claim_cut_key))
                 AND h.id = (SELECT e.id FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
                              WHERE e.room_id = h.room_id AND e.app_code = h.app_code AND e.status = 'retryable'
                              ORDER BY e.created_at_ms, e.id LIMIT 1)
@@ -121,7 +131,7 @@ BEGIN
             UNION ALL
             (SELECT h.id, h.created_at_ms FROM room_outbox AS h
               WHERE h.status = 'delivering' AND h.lock_until_ms < p_now_ms
-                AND (h.created_at_ms < v_cut_c OR (h.created_at_ms = v_cut_c AND h.id <= v_cut_id))
+                AND (h.created_at_ms < v_cut_c OR (h.created_at_ms = v_cut_c AND h.id <= @room_outbox_claim_cut_key))
                 AND h.id = (SELECT e.id FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
                              WHERE e.room_id = h.room_id AND e.app_code = h.app_code AND e.status = 'delivering'
                              ORDER BY e.created_at_ms, e.id LIMIT 1)
@@ -142,121 +152,153 @@ BEGIN
             ) AS claimable
             ORDER BY created_at_ms, id LIMIT p_limit
         ) AS heads;
-        IF COALESCE(JSON_LENGTH(v_heads), 0) < p_limit AND v_cut_c < 9223372036854775807 THEN
-            -- Fewer than p_limit, and the backlog goes on past the cut: the heads after it
-            -- come from the rooms, each room's first row in each claimable status.
-        SELECT JSON_ARRAYAGG(id) INTO v_rest FROM (
-            SELECT id FROM (
-            (SELECT h.id, h.created_at_ms FROM (
-                SELECT status, room_id, app_code FROM room_outbox FORCE INDEX (room_outbox_room_order_idx)
-                 WHERE status LIKE 'pending' GROUP BY status, room_id, app_code) AS r
-              JOIN room_outbox AS h ON h.id = (SELECT e.id FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
-                             WHERE e.status = 'pending' AND e.room_id = r.room_id AND e.app_code = r.app_code
-                             ORDER BY e.created_at_ms, e.id LIMIT 1)
-              WHERE h.status = 'pending'
-                AND (h.created_at_ms > v_cut_c OR (h.created_at_ms = v_cut_c AND h.id > v_cut_id))
-                AND (SELECT e.created_at_ms < h.created_at_ms OR (e.created_at_ms = h.created_at_ms AND e.id < h.id)
-                       FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
-                      WHERE e.room_id = h.room_id AND e.app_code = h.app_code AND e.status = 'delivering'
-                      ORDER BY e.created_at_ms, e.id LIMIT 1) IS NOT TRUE
-                AND (SELECT e.created_at_ms < h.created_at_ms OR (e.created_at_ms = h.created_at_ms AND e.id < h.id)
-                       FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
-                      WHERE e.room_id = h.room_id AND e.app_code = h.app_code AND e.status = 'retryable'
-                      ORDER BY e.created_at_ms, e.id LIMIT 1) IS NOT TRUE
-                AND (NOT p_failed_blocks
-                     OR (SELECT e.created_at_ms < h.created_at_ms OR (e.created_at_ms = h.created_at_ms AND e.id < h.id)
-                       FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
-                      WHERE e.room_id = h.room_id AND e.app_code = h.app_code AND e.status = 'failed'
-                      ORDER BY e.created_at_ms, e.id LIMIT 1) IS NOT TRUE)
-              ORDER BY h.created_at_ms, h.id LIMIT p_limit)
-            UNION ALL
-            (SELECT h.id, h.created_at_ms FROM (
-                SELECT status, room_id, app_code FROM room_outbox FORCE INDEX (room_outbox_room_order_idx)
-                 WHERE status LIKE 'retryable' GROUP BY status, room_id, app_code) AS r
-              JOIN room_outbox AS h ON h.id = (SELECT e.id FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
-                             WHERE e.status = 'retryable' AND e.room_id = r.room_id AND e.app_code = r.app_code
-                             ORDER BY e.created_at_ms, e.id LIMIT 1)
-              WHERE h.status = 'retryable' AND h.next_retry_at_ms <= p_now_ms
-                AND (h.created_at_ms > v_cut_c OR (h.created_at_ms = v_cut_c AND h.id > v_cut_id))
-                AND (SELECT e.created_at_ms < h.created_at_ms OR (e.created_at_ms = h.created_at_ms AND e.id < h.id)
-                       FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
-                      WHERE e.room_id = h.room_id AND e.app_code = h.app_code AND e.status = 'pending'
-                      ORDER BY e.created_at_ms, e.id LIMIT 1) IS NOT TRUE
-                AND (SELECT e.created_at_ms < h.created_at_ms OR (e.created_at_ms = h.created_at_ms AND e.id < h.id)
-                       FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
-                      WHERE e.room_id = h.room_id AND e.app_code = h.app_code AND e.status = 'delivering'
-                      ORDER BY e.created_at_ms, e.id LIMIT 1) IS NOT TRUE
-                AND (NOT p_failed_blocks
-                     OR (SELECT e.created_at_ms < h.created_at_ms OR (e.created_at_ms = h.created_at_ms AND e.id < h.id)
-                       FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
-                      WHERE e.room_id = h.room_id AND e.app_code = h.app_code AND e.status = 'failed'
-                      ORDER BY e.created_at_ms, e.id LIMIT 1) IS NOT TRUE)
-              ORDER BY h.created_at_ms, h.id LIMIT p_limit)
-            UNION ALL
-            (SELECT h.id, h.created_at_ms FROM (
-                SELECT status, room_id, app_code FROM room_outbox FORCE INDEX (room_outbox_room_order_idx)
-                 WHERE status LIKE 'delivering' GROUP BY status, room_id, app_code) AS r
-              JOIN room_outbox AS h ON h.id = (SELECT e.id FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
-                             WHERE e.status = 'delivering' AND e.room_id = r.room_id AND e.app_code = r.app_code
-                             ORDER BY e.created_at_ms, e.id LIMIT 1)
-              WHERE h.status = 'delivering' AND h.lock_until_ms < p_now_ms
-                AND (h.created_at_ms > v_cut_c OR (h.created_at_ms = v_cut_c AND h.id > v_cut_id))
-                AND (SELECT e.created_at_ms < h.created_at_ms OR (e.created_at_ms = h.created_at_ms AND e.id < h.id)
-                       FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
-                      WHERE e.room_id = h.room_id AND e.app_code = h.app_code AND e.status = 'pending'
-                      ORDER BY e.created_at_ms, e.id LIMIT 1) IS NOT TRUE
-                AND (SELECT e.created_at_ms < h.created_at_ms OR (e.created_at_ms = h.created_at_ms AND e.id < h.id)
-                       FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
-                      WHERE e.room_id = h.room_id AND e.app_code = h.app_code AND e.status = 'retryable'
-                      ORDER BY e.created_at_ms, e.id LIMIT 1) IS NOT TRUE
-                AND (NOT p_failed_blocks
-                     OR (SELECT e.created_at_ms < h.created_at_ms OR (e.created_at_ms = h.created_at_ms AND e.id < h.id)
-                       FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
-                      WHERE e.room_id = h.room_id AND e.app_code = h.app_code AND e.status = 'failed'
-                      ORDER BY e.created_at_ms, e.id LIMIT 1) IS NOT TRUE)
-              ORDER BY h.created_at_ms, h.id LIMIT p_limit)
-            ) AS claimable
-            ORDER BY created_at_ms, id LIMIT p_limit
-        ) AS rest;
-            SET v_heads = JSON_MERGE_PRESERVE(COALESCE(v_heads, JSON_ARRAY()), COALESCE(v_rest, JSON_ARRAY()));
-        END IF;
         SET v_few = COALESCE(JSON_LENGTH(v_heads), 0) < p_limit;
-        -- Then the heads that are still claimable, locked; one another claim holds is skipped.
-        SELECT JSON_ARRAYAGG(JSON_ARRAY(id, status)) INTO v_picked FROM (
-            SELECT c.id, c.status FROM room_outbox AS c
-              JOIN JSON_TABLE(COALESCE(v_heads, JSON_ARRAY()), '$[*]' COLUMNS (id BIGINT PATH '$')) AS hd ON c.id = hd.id
-             WHERE c.status = 'pending'
-                OR (c.status = 'retryable' AND c.next_retry_at_ms <= p_now_ms)
-                OR (c.status = 'delivering' AND c.lock_until_ms < p_now_ms)
-             ORDER BY c.created_at_ms, c.id
-             FOR UPDATE SKIP LOCKED
-        ) AS picked;
-        IF p_run > 1 AND v_picked IS NOT NULL THEN
-            -- Runs end where the claim could not take them: with p_limit heads, at the last.
-            SET v_bound_c = 9223372036854775807;
-            IF NOT v_few THEN
-                SELECT MAX(o.created_at_ms) INTO v_bound_c
-                  FROM JSON_TABLE(v_picked, '$[*]' COLUMNS (id BIGINT PATH '$[0]')) AS lp
-                  JOIN room_outbox AS o ON o.id = lp.id;
+        SET v_picked = JSON_ARRAY();
+        SET v_run = JSON_ARRAY();
+        SET v_left = p_limit;
+        SET v_asked = FALSE;
+        -- The heads in turns, oldest first: with fewer than p_limit, as many at a time as
+        -- whole runs would fill the claim with, so that heads the claim cannot keep cost no
+        -- runs; otherwise all at once.
+        SET v_from = 0;
+        SET v_turn = IF(v_few, CEIL(p_limit / GREATEST(p_run, 1)), p_limit);
+        heads: LOOP
+            SELECT JSON_ARRAYAGG(id) INTO v_turn_heads FROM (
+                SELECT o.id FROM JSON_TABLE(COALESCE(v_heads, JSON_ARRAY()), '$[*]' COLUMNS (id BIGINT PATH '$')) AS hs
+                  JOIN room_outbox AS o ON o.id = hs.id
+                 ORDER BY o.created_at_ms, o.id LIMIT v_turn OFFSET v_from
+            ) AS turn;
+            SET v_from = v_from + v_turn;
+            IF v_turn_heads IS NULL THEN
+                IF v_asked OR NOT v_few OR v_cut_c = 9223372036854775807 THEN
+                    LEAVE heads;
+                END IF;
+                SET v_asked = TRUE;
+                -- The claim is not full and the backlog goes on past the cut: heads past it
+                -- come from the rooms, each room's first event in each claimable status (one read
+                -- of the room order index per room with such an event, in a loop: MariaDB has no
+                -- LATERAL, and a recursive query cannot skip through an index), checked as a
+                -- walked event is. Statuses with nothing claimable past the cut are not read.
+                SET v_rooms = JSON_ARRAY();
+                SET @room_outbox_claim_id = NULL;
+                SELECT room_id, app_code, id INTO @room_outbox_claim_room, @room_outbox_claim_app, @room_outbox_claim_id
+                  FROM room_outbox FORCE INDEX (room_outbox_room_order_idx)
+                 WHERE status = 'pending'
+                 ORDER BY status, room_id, app_code, created_at_ms, id LIMIT 1;
+                WHILE @room_outbox_claim_id IS NOT NULL DO
+                    SET v_rooms = JSON_ARRAY_APPEND(v_rooms, '$', @room_outbox_claim_id);
+                    SET @room_outbox_claim_id = NULL;
+                    SELECT room_id, app_code, id INTO @room_outbox_claim_room, @room_outbox_claim_app, @room_outbox_claim_id
+                      FROM room_outbox FORCE INDEX (room_outbox_room_order_idx)
+                     WHERE status = 'pending' AND (room_id > @room_outbox_claim_room
+                                              OR (room_id = @room_outbox_claim_room AND app_code > @room_outbox_claim_app))
+                     ORDER BY status, room_id, app_code, created_at_ms, id LIMIT 1;
+                END WHILE;
+                IF EXISTS (SELECT 1 FROM room_outbox WHERE status = 'retryable' AND created_at_ms >= v_cut_c
+                                                            AND next_retry_at_ms <= p_now_ms) THEN
+                    SET @room_outbox_claim_id = NULL;
+                    SELECT room_id, app_code, id INTO @room_outbox_claim_room, @room_outbox_claim_app, @room_outbox_claim_id
+                      FROM room_outbox FORCE INDEX (room_outbox_room_order_idx)
+                     WHERE status = 'retryable'
+                     ORDER BY status, room_id, app_code, created_at_ms, id LIMIT 1;
+                    WHILE @room_outbox_claim_id IS NOT NULL DO
+                        SET v_rooms = JSON_ARRAY_APPEND(v_rooms, '$', @room_outbox_claim_id);
+                        SET @room_outbox_claim_id = NULL;
+                        SELECT room_id, app_code, id INTO @room_outbox_claim_room, @room_outbox_claim_app, @room_outbox_claim_id
+                          FROM room_outbox FORCE INDEX (room_outbox_room_order_idx)
+                         WHERE status = 'retryable' AND (room_id > @room_outbox_claim_room
+                                                  OR (room_id = @room_outbox_claim_room AND app_code > @room_outbox_claim_app))
+                         ORDER BY status, room_id, app_code, created_at_ms, id LIMIT 1;
+                    END WHILE;
+                END IF;
+                IF EXISTS (SELECT 1 FROM room_outbox WHERE status = 'delivering' AND created_at_ms >= v_cut_c
+                                                            AND lock_until_ms < p_now_ms) THEN
+                    SET @room_outbox_claim_id = NULL;
+                    SELECT room_id, app_code, id INTO @room_outbox_claim_room, @room_outbox_claim_app, @room_outbox_claim_id
+                      FROM room_outbox FORCE INDEX (room_outbox_room_order_idx)
+                     WHERE status = 'delivering'
+                     ORDER BY status, room_id, app_code, created_at_ms, id LIMIT 1;
+                    WHILE @room_outbox_claim_id IS NOT NULL DO
+                        SET v_rooms = JSON_ARRAY_APPEND(v_rooms, '$', @room_outbox_claim_id);
+                        SET @room_outbox_claim_id = NULL;
+                        SELECT room_id, app_code, id INTO @room_outbox_claim_room, @room_outbox_claim_app, @room_outbox_claim_id
+                          FROM room_outbox FORCE INDEX (room_outbox_room_order_idx)
+                         WHERE status = 'delivering' AND (room_id > @room_outbox_claim_room
+                                                  OR (room_id = @room_outbox_claim_room AND app_code > @room_outbox_claim_app))
+                         ORDER BY status, room_id, app_code, created_at_ms, id LIMIT 1;
+                    END WHILE;
+                END IF;
+                SELECT JSON_ARRAYAGG(id) INTO v_heads FROM (
+                    SELECT h.id FROM JSON_TABLE(v_rooms, '$[*]' COLUMNS (id BIGINT PATH '$')) AS rm
+                      JOIN room_outbox AS h ON h.id = rm.id
+                     WHERE (h.created_at_ms > v_cut_c OR (h.created_at_ms = v_cut_c AND h.id > @room_outbox_claim_cut_key))
+                       AND (h.status = 'pending'
+                            OR (h.status = 'retryable' AND h.next_retry_at_ms <= p_now_ms)
+                            OR (h.status = 'delivering' AND h.lock_until_ms < p_now_ms))
+                       AND (SELECT e.created_at_ms < h.created_at_ms OR (e.created_at_ms = h.created_at_ms AND e.id < h.id)
+                               FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
+                              WHERE e.room_id = h.room_id AND e.app_code = h.app_code AND e.status = 'pending'
+                              ORDER BY e.created_at_ms, e.id LIMIT 1) IS NOT TRUE
+                       AND (SELECT e.created_at_ms < h.created_at_ms OR (e.created_at_ms = h.created_at_ms AND e.id < h.id)
+                               FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
+                              WHERE e.room_id = h.room_id AND e.app_code = h.app_code AND e.status = 'delivering'
+                              ORDER BY e.created_at_ms, e.id LIMIT 1) IS NOT TRUE
+                       AND (SELECT e.created_at_ms < h.created_at_ms OR (e.created_at_ms = h.created_at_ms AND e.id < h.id)
+                               FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
+                              WHERE e.room_id = h.room_id AND e.app_code = h.app_code AND e.status = 'retryable'
+                              ORDER BY e.created_at_ms, e.id LIMIT 1) IS NOT TRUE
+                       AND (NOT p_failed_blocks
+                            OR (SELECT e.created_at_ms < h.created_at_ms OR (e.created_at_ms = h.created_at_ms AND e.id < h.id)
+                               FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
+                              WHERE e.room_id = h.room_id AND e.app_code = h.app_code AND e.status = 'failed'
+                              ORDER BY e.created_at_ms, e.id LIMIT 1) IS NOT TRUE)
+                     ORDER BY h.created_at_ms, h.id LIMIT v_left
+                ) AS rest;
+                SET v_from = 0;
+                ITERATE heads;
             END IF;
-            -- Each picked head's run: its room's next pending event, one probe each, while
-            -- no event of another unfinished status comes between; then locked.
-            SELECT JSON_ARRAYAGG(JSON_ARRAY(id, status, head)) INTO v_run FROM (
-                SELECT c.id, c.status, r.head FROM (
-                    WITH RECURSIVE run (head, room_id, app_code, c, id, n) AS (
-                        SELECT o.id, o.room_id, o.app_code, o.created_at_ms, o.id, 1
-                          FROM JSON_TABLE(v_picked, '$[*]' COLUMNS (id BIGINT PATH '$[0]')) AS hp
+            -- Then the heads that are still claimable, locked; one another claim holds is skipped.
+            SELECT JSON_ARRAYAGG(JSON_ARRAY(id, status)) INTO v_new FROM (
+                SELECT c.id, c.status FROM room_outbox AS c
+                  JOIN JSON_TABLE(v_turn_heads, '$[*]' COLUMNS (id BIGINT PATH '$')) AS hd ON c.id = hd.id
+                 WHERE c.status = 'pending'
+                    OR (c.status = 'retryable' AND c.next_retry_at_ms <= p_now_ms)
+                    OR (c.status = 'delivering' AND c.lock_until_ms < p_now_ms)
+                 ORDER BY c.created_at_ms, c.id
+                 FOR UPDATE SKIP LOCKED
+            ) AS picked;
+            SET v_new_run = NULL;
+            IF p_run > 1 AND v_new IS NOT NULL THEN
+                -- Runs end where the claim could not take them: with p_limit heads, at the last.
+                SET v_bound_c = 9223372036854775807;
+                SET @room_outbox_claim_bound_key = NULL;
+                IF NOT v_few THEN
+                    SELECT MAX(b.created_at_ms), MAX(b.id) INTO v_bound_c, @room_outbox_claim_bound_key FROM (
+                        SELECT o.created_at_ms, o.id
+                          FROM JSON_TABLE(v_new, '$[*]' COLUMNS (id BIGINT PATH '$[0]')) AS lp
+                          JOIN room_outbox AS o ON o.id = lp.id
+                         ORDER BY o.created_at_ms DESC, o.id DESC LIMIT 1
+                    ) AS b;
+                END IF;
+                SELECT JSON_ARRAYAGG(JSON_ARRAY(id, 'pending', head)) INTO v_new_run FROM (
+                    WITH RECURSIVE run (head, room_id, app_code, c, id, n, next_id) AS (
+                        SELECT o.id, o.room_id, o.app_code, o.created_at_ms, o.id, 1,
+                               (SELECT e.id FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
+                                     WHERE e.status = 'pending' AND e.room_id = o.room_id AND e.app_code = o.app_code
+                                       AND (e.created_at_ms > o.created_at_ms OR (e.created_at_ms = o.created_at_ms AND e.id > o.id))
+                                     ORDER BY e.created_at_ms, e.id LIMIT 1)
+                          FROM JSON_TABLE(v_new, '$[*]' COLUMNS (id BIGINT PATH '$[0]')) AS hp
                           JOIN room_outbox AS o ON o.id = hp.id
                         UNION ALL
-                        SELECT r.head, r.room_id, r.app_code, nx.created_at_ms, nx.id, r.n + 1
+                        SELECT r.head, r.room_id, r.app_code, nx.created_at_ms, nx.id, r.n + 1,
+                               (SELECT e.id FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
+                                     WHERE e.status = 'pending' AND e.room_id = nx.room_id AND e.app_code = nx.app_code
+                                       AND (e.created_at_ms > nx.created_at_ms OR (e.created_at_ms = nx.created_at_ms AND e.id > nx.id))
+                                     ORDER BY e.created_at_ms, e.id LIMIT 1)
                           FROM run AS r
-                          JOIN room_outbox AS nx ON nx.id = (
-                              SELECT e.id FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
-                               WHERE e.status = 'pending' AND e.room_id = r.room_id AND e.app_code = r.app_code
-                                 AND (e.created_at_ms > r.c OR (e.created_at_ms = r.c AND e.id > r.id))
-                                 AND e.created_at_ms <= v_bound_c
-                               ORDER BY e.created_at_ms, e.id LIMIT 1)
+                          JOIN room_outbox AS nx ON nx.id = r.next_id
                          WHERE r.n < p_run
+                           AND (nx.created_at_ms < v_bound_c OR (nx.created_at_ms = v_bound_c AND nx.id < @room_outbox_claim_bound_key))
                            AND NOT EXISTS (
                                SELECT 1 FROM room_outbox AS b FORCE INDEX (room_outbox_room_order_idx)
                                 WHERE b.status = 'delivering' AND b.room_id = r.room_id AND b.app_code = r.app_code
@@ -274,12 +316,16 @@ BEGIN
                                   AND (b.created_at_ms < nx.created_at_ms OR (b.created_at_ms = nx.created_at_ms AND b.id < nx.id))))
                     )
                     SELECT head, id FROM run WHERE n > 1
-                ) AS r
-                JOIN room_outbox AS c ON c.id = r.id
-                WHERE c.status = 'pending'
-                ORDER BY c.created_at_ms, c.id
-                FOR UPDATE
-            ) AS locked;
+                ) AS r;
+            END IF;
+            SET v_picked = JSON_MERGE_PRESERVE(v_picked, COALESCE(v_new, JSON_ARRAY()));
+            SET v_run = JSON_MERGE_PRESERVE(v_run, COALESCE(v_new_run, JSON_ARRAY()));
+            SET v_left = p_limit - JSON_LENGTH(v_picked) - JSON_LENGTH(v_run);
+            IF v_left <= 0 OR NOT v_few THEN
+                LEAVE heads;
+            END IF;
+        END LOOP heads;
+        IF JSON_LENGTH(v_run) > 0 THEN
             -- Heads and runs, cut to p_limit: with fewer heads than p_limit whole runs,
             -- oldest head first; otherwise in creation order.
             SELECT JSON_ARRAYAGG(JSON_ARRAY(id, was)) INTO v_picked FROM (
@@ -292,6 +338,18 @@ BEGIN
                           o.created_at_ms, o.id
                  LIMIT p_limit
             ) AS cut;
+            -- Then what was kept locked, waiting rather than skipping (only a producer's or an
+            -- operator's short write can hold a run's event), still claimable.
+            SELECT JSON_ARRAYAGG(JSON_ARRAY(id, was)) INTO v_picked FROM (
+                SELECT c.id, k.was FROM room_outbox AS c
+                  JOIN JSON_TABLE(v_picked, '$[*]' COLUMNS (id BIGINT PATH '$[0]', was VARCHAR(16) PATH '$[1]')) AS k
+                    ON c.id = k.id
+                 WHERE c.status = 'pending'
+                    OR (c.status = 'retryable' AND c.next_retry_at_ms <= p_now_ms)
+                    OR (c.status = 'delivering' AND c.lock_until_ms < p_now_ms)
+                 ORDER BY c.created_at_ms, c.id
+                 FOR UPDATE
+            ) AS locked;
         END IF;
     ELSE
         SELECT JSON_ARRAYAGG(JSON_ARRAY(id, status)) INTO v_picked FROM (

@@ -102,8 +102,8 @@ impl Dialect for MysqlDialect {
     /// millisecond by key (a procedure variable cannot hold a key of the table's own
     /// collation), so it starts at the first head's millisecond and stops before the
     /// millisecond of its cut: runs are shorter where many events share a millisecond, never
-    /// wrong. Version 12's walk is cut at a millisecond the same way; its runs step from event
-    /// to event by `event_id` within a millisecond, as the table orders them.
+    /// wrong. Version 12 keeps its keys in user variables, which take the column's own type
+    /// and collation, so it walks, cuts and steps by `event_id` as it does by `id`.
     fn adapt_migration(version: i64, sql: String, key: Key) -> Result<String, String> {
         if !matches!(version, 3..=5 | 9 | 12) || key != Key::EventId {
             return Ok(sql);
@@ -167,25 +167,49 @@ impl Dialect for MysqlDialect {
                 sql,
                 &[
                     ("created_at_ms, id), ALGORITHM", "created_at_ms, event_id), ALGORITHM"),
-                    // The cut, to the millisecond.
-                    ("MAX(e.created_at_ms), MAX(e.id) INTO", "MAX(e.created_at_ms), 0 INTO"),
+                    // The cut.
                     ("(SELECT created_at_ms, id FROM ", "(SELECT created_at_ms, event_id AS id FROM "),
                     ("ORDER BY created_at_ms, id LIMIT 1 OFFSET", "ORDER BY created_at_ms, event_id LIMIT 1 OFFSET"),
-                    (
-                        "(h.created_at_ms < v_cut_c OR (h.created_at_ms = v_cut_c AND h.id <= v_cut_id))",
-                        "h.created_at_ms <= v_cut_c",
-                    ),
-                    (
-                        "(h.created_at_ms > v_cut_c OR (h.created_at_ms = v_cut_c AND h.id > v_cut_id))",
-                        "h.created_at_ms > v_cut_c",
-                    ),
-                    // The head check and the rooms' first events.
+                    ("h.id <= @", "h.event_id <= @"),
+                    ("h.id > @", "h.event_id > @"),
+                    // The walk's head check.
                     ("AND h.id = (SELECT e.id FROM", "AND h.event_id = (SELECT e.event_id FROM"),
-                    ("AS h ON h.id = (SELECT e.id FROM", "AS h ON h.event_id = (SELECT e.event_id FROM"),
                     ("ORDER BY e.created_at_ms, e.id LIMIT 1)", "ORDER BY e.created_at_ms, e.event_id LIMIT 1)"),
+                    // The heads in turns.
+                    (
+                        "SELECT o.id FROM JSON_TABLE(COALESCE(v_heads",
+                        "SELECT CONVERT(o.event_id USING utf8mb4) AS id FROM JSON_TABLE(COALESCE(v_heads",
+                    ),
+                    ("COLUMNS (id BIGINT PATH '$')) AS hs", "COLUMNS (id VARCHAR(255) PATH '$')) AS hs"),
+                    ("AS o ON o.id = hs.id", "AS o ON o.event_id = hs.id"),
+                    (
+                        "ORDER BY o.created_at_ms, o.id LIMIT v_turn",
+                        "ORDER BY o.created_at_ms, o.event_id LIMIT v_turn",
+                    ),
+                    // The rooms' first events.
+                    (
+                        "SELECT room_id, app_code, id INTO",
+                        "SELECT room_id, app_code, CONVERT(event_id USING utf8mb4) INTO",
+                    ),
+                    (
+                        "ORDER BY status, room_id, app_code, created_at_ms, id LIMIT 1",
+                        "ORDER BY status, room_id, app_code, created_at_ms, event_id LIMIT 1",
+                    ),
+                    (
+                        "SELECT h.id FROM JSON_TABLE(v_rooms, '$[*]' COLUMNS (id BIGINT PATH '$')) AS rm",
+                        "SELECT CONVERT(h.event_id USING utf8mb4) AS id FROM JSON_TABLE(v_rooms, '$[*]' COLUMNS (id VARCHAR(255) PATH '$')) AS rm",
+                    ),
+                    ("AS h ON h.id = rm.id", "AS h ON h.event_id = rm.id"),
+                    (
+                        "ORDER BY h.created_at_ms, h.id LIMIT v_left",
+                        "ORDER BY h.created_at_ms, h.event_id LIMIT v_left",
+                    ),
                     // The runs.
+                    ("SELECT o.created_at_ms, o.id\n", "SELECT o.created_at_ms, o.event_id AS id\n"),
                     ("COLUMNS (id BIGINT PATH '$[0]')) AS lp", "COLUMNS (id VARCHAR(255) PATH '$[0]')) AS lp"),
                     ("AS o ON o.id = lp.id", "AS o ON o.event_id = lp.id"),
+                    ("ORDER BY o.created_at_ms DESC, o.id DESC", "ORDER BY o.created_at_ms DESC, o.event_id DESC"),
+                    ("nx.id < @", "nx.event_id < @"),
                     ("COLUMNS (id BIGINT PATH '$[0]')) AS hp", "COLUMNS (id VARCHAR(255) PATH '$[0]')) AS hp"),
                     ("AS o ON o.id = hp.id", "AS o ON o.event_id = hp.id"),
                     (
@@ -193,21 +217,20 @@ impl Dialect for MysqlDialect {
                         "SELECT o.event_id, o.room_id, o.app_code, o.created_at_ms, o.event_id, 1",
                     ),
                     ("nx.created_at_ms, nx.id, r.n + 1", "nx.created_at_ms, nx.event_id, r.n + 1"),
-                    ("AS nx ON nx.id = (\n", "AS nx ON nx.event_id = (\n"),
-                    // What is left of `e.id` after the head checks: the runs' step.
-                    ("SELECT e.id FROM", "SELECT e.event_id FROM"),
-                    ("e.created_at_ms = r.c AND e.id > r.id", "e.created_at_ms = r.c AND e.event_id > r.id"),
+                    ("AS nx ON nx.id = r.next_id", "AS nx ON nx.event_id = r.next_id"),
+                    ("(SELECT e.id FROM", "(SELECT e.event_id FROM"),
+                    ("e.id > o.id", "e.event_id > o.event_id"),
+                    ("e.id > nx.id", "e.event_id > nx.event_id"),
                     ("b.created_at_ms = r.c AND b.id > r.id", "b.created_at_ms = r.c AND b.event_id > r.id"),
                     (
                         "b.created_at_ms = nx.created_at_ms AND b.id < nx.id",
                         "b.created_at_ms = nx.created_at_ms AND b.event_id < nx.event_id",
                     ),
-                    ("AS c ON c.id = r.id", "AS c ON c.event_id = r.id"),
                     (
-                        "SELECT c.id, c.status, r.head FROM (",
-                        "SELECT CONVERT(c.event_id USING utf8mb4) AS id, c.status, CONVERT(r.head USING utf8mb4) AS head FROM (",
+                        "SELECT head, id FROM run WHERE n > 1",
+                        "SELECT CONVERT(head USING utf8mb4) AS head, CONVERT(id USING utf8mb4) AS id FROM run WHERE n > 1",
                     ),
-                    // The cut of heads and runs.
+                    // The cut of heads and runs, and its lock.
                     ("head BIGINT PATH '$[2]'", "head VARCHAR(255) PATH '$[2]'"),
                     (
                         "SELECT o.id, p.was FROM JSON_TABLE(",
@@ -219,6 +242,8 @@ impl Dialect for MysqlDialect {
                         "o.created_at_ms, o.id\n                 LIMIT p_limit",
                         "o.created_at_ms, o.event_id\n                 LIMIT p_limit",
                     ),
+                    ("SELECT c.id, k.was FROM", "SELECT CONVERT(c.event_id USING utf8mb4) AS id, k.was FROM"),
+                    ("ON c.id = k.id", "ON c.event_id = k.id"),
                 ],
             )?,
             _ => sql,
