@@ -163,11 +163,17 @@ BEGIN
         SET v_from = 0;
         SET v_turn = IF(v_few, CEIL(p_limit / GREATEST(p_run, 1)), p_limit);
         heads: LOOP
-            SELECT JSON_ARRAYAGG(id) INTO v_turn_heads FROM (
-                SELECT o.id FROM JSON_TABLE(COALESCE(v_heads, JSON_ARRAY()), '$[*]' COLUMNS (id BIGINT PATH '$')) AS hs
-                  JOIN room_outbox AS o ON o.id = hs.id
-                 ORDER BY o.created_at_ms, o.id LIMIT v_turn OFFSET v_from
-            ) AS turn;
+            IF v_from >= COALESCE(JSON_LENGTH(v_heads), 0) THEN
+                SET v_turn_heads = NULL;
+            ELSEIF v_from = 0 AND JSON_LENGTH(v_heads) <= v_turn THEN
+                SET v_turn_heads = v_heads;
+            ELSE
+                SELECT JSON_ARRAYAGG(id) INTO v_turn_heads FROM (
+                    SELECT o.id FROM JSON_TABLE(v_heads, '$[*]' COLUMNS (id BIGINT PATH '$')) AS hs
+                      JOIN room_outbox AS o ON o.id = hs.id
+                     ORDER BY o.created_at_ms, o.id LIMIT v_turn OFFSET v_from
+                ) AS turn;
+            END IF;
             SET v_from = v_from + v_turn;
             IF v_turn_heads IS NULL THEN
                 IF v_asked OR NOT v_few OR v_cut_c = 9223372036854775807 THEN

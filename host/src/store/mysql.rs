@@ -177,8 +177,8 @@ impl Dialect for MysqlDialect {
                     ("ORDER BY e.created_at_ms, e.id LIMIT 1)", "ORDER BY e.created_at_ms, e.event_id LIMIT 1)"),
                     // The heads in turns.
                     (
-                        "SELECT o.id FROM JSON_TABLE(COALESCE(v_heads",
-                        "SELECT CONVERT(o.event_id USING utf8mb4) AS id FROM JSON_TABLE(COALESCE(v_heads",
+                        "SELECT o.id FROM JSON_TABLE(v_heads",
+                        "SELECT CONVERT(o.event_id USING utf8mb4) AS id FROM JSON_TABLE(v_heads",
                     ),
                     ("COLUMNS (id BIGINT PATH '$')) AS hs", "COLUMNS (id VARCHAR(255) PATH '$')) AS hs"),
                     ("AS o ON o.id = hs.id", "AS o ON o.event_id = hs.id"),
