@@ -47,6 +47,7 @@ BEGIN
     DECLARE v_run JSON;
     DECLARE v_new_run JSON;
     DECLARE v_rooms JSON;
+    DECLARE v_seen INT;
     DECLARE v_cut_c BIGINT;
     DECLARE v_edge INT;
     DECLARE v_few BOOLEAN;
@@ -183,16 +184,19 @@ BEGIN
                 -- The claim is not full and the backlog goes on past the cut: heads past it
                 -- come from the rooms, each room's first event in each claimable status (one read
                 -- of the room order index per room with such an event, in a loop: MariaDB has no
-                -- LATERAL, and a recursive query cannot skip through an index), checked as a
-                -- walked event is. Statuses with nothing claimable past the cut are not read.
+                -- LATERAL, and a recursive query cannot skip through an index; past 64 rooms with
+                -- pending events, one scan), checked as a walked event is. Statuses with nothing
+                -- claimable past the cut are not read.
                 SET v_rooms = JSON_ARRAY();
                 SET @room_outbox_claim_id = NULL;
                 SELECT room_id, app_code, id INTO @room_outbox_claim_room, @room_outbox_claim_app, @room_outbox_claim_id
                   FROM room_outbox FORCE INDEX (room_outbox_room_order_idx)
                  WHERE status = 'pending'
                  ORDER BY status, room_id, app_code, created_at_ms, id LIMIT 1;
-                WHILE @room_outbox_claim_id IS NOT NULL DO
+                SET v_seen = 1;
+                WHILE @room_outbox_claim_id IS NOT NULL AND v_seen <= 64 DO
                     SET v_rooms = JSON_ARRAY_APPEND(v_rooms, '$', @room_outbox_claim_id);
+                    SET v_seen = v_seen + 1;
                     SET @room_outbox_claim_id = NULL;
                     SELECT room_id, app_code, id INTO @room_outbox_claim_room, @room_outbox_claim_app, @room_outbox_claim_id
                       FROM room_outbox FORCE INDEX (room_outbox_room_order_idx)
@@ -200,6 +204,23 @@ BEGIN
                                               OR (room_id = @room_outbox_claim_room AND app_code > @room_outbox_claim_app))
                      ORDER BY status, room_id, app_code, created_at_ms, id LIMIT 1;
                 END WHILE;
+                IF @room_outbox_claim_id IS NOT NULL THEN
+                    -- More rooms than a loop should read: one loose scan of the status's part of
+                    -- the index instead, each room's first event by its first millisecond (on
+                    -- statistics older than the backlog MariaDB reads the whole part, once).
+                    SELECT JSON_ARRAYAGG(k) INTO v_rooms FROM (
+                        SELECT MIN(f.id) AS k FROM (
+                            SELECT status, room_id, app_code, MIN(created_at_ms) AS c
+                              FROM room_outbox FORCE INDEX (room_outbox_room_order_idx)
+                             WHERE status LIKE 'pending' GROUP BY status, room_id, app_code
+                        ) AS r
+                        JOIN room_outbox AS f FORCE INDEX (room_outbox_room_order_idx)
+                          ON f.status = 'pending' AND f.room_id = r.room_id AND f.app_code = r.app_code
+                         AND f.created_at_ms = r.c
+                         GROUP BY r.room_id, r.app_code
+                    ) AS firsts;
+                    SET v_rooms = COALESCE(v_rooms, JSON_ARRAY());
+                END IF;
                 IF EXISTS (SELECT 1 FROM room_outbox WHERE status = 'retryable' AND created_at_ms >= v_cut_c
                                                             AND next_retry_at_ms <= p_now_ms) THEN
                     SET @room_outbox_claim_id = NULL;

@@ -475,6 +475,50 @@ async fn mysql_claim_behind_busy_rooms_reads_each_room_not_the_backlog() {
     assert!(after - before <= 3_000, "{} rows read for 100 rows and 9,950 waiting", after - before);
 }
 
+/// Behind 50 busy rooms' backlogs (200 events each, every head in flight) wait 100 quiet
+/// rooms of two events each: more rooms than the claim's room loop reads (64), so it scans
+/// them at once. The claim takes the oldest quiet rooms' whole runs, oldest head first:
+/// rooms 0–49, both events each.
+#[tokio::test]
+async fn mysql_claim_behind_busy_rooms_finds_many_quiet_rooms_oldest_first() {
+    let Some(db) = TestDb::mysql().await else { return };
+    let world = World::on(db).await;
+    let base = outbox_host::store::now_ms() - 3_600_000;
+    let at = |i: usize, room: String| outbox_host::store::NewEvent {
+        created_at_ms: base + i as i64,
+        ..world.event("RoomGiftSent", &room, Status::Pending)
+    };
+    let busy: Vec<_> = (0..50 * 200).map(|i| at(i, format!("busy-{}", i % 50))).collect();
+    let quiet: Vec<_> = (0..200).map(|i| at(50 * 200 + i, format!("quiet-{:03}", i % 100))).collect();
+    for chunk in busy.chunks(2_000).chain(quiet.chunks(2_000)) {
+        world.producer.insert(chunk).await.unwrap();
+    }
+    let mut conn = <sqlx::MySqlConnection as sqlx::Connection>::connect(&world.db.url).await.unwrap();
+    let now = outbox_host::store::now_ms();
+    let heads: Vec<String> = busy[..50].iter().map(|e| format!("'{}'", e.event_id)).collect();
+    sqlx::query(&format!(
+        "UPDATE room_outbox SET status = 'delivering', worker_id = 'other', lock_until_ms = {} WHERE event_id IN ({})",
+        now + 600_000,
+        heads.join(", ")
+    ))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+
+    let claimed = sqlx::query("CALL room_outbox_claim('w', ?, ?, 100, TRUE, FALSE, 8)")
+        .bind(now + 60_000)
+        .bind(now)
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+    let mut got: Vec<String> = claimed.iter().map(|r| r.get::<String, _>(2)).collect(); // o.event_id
+    got.sort();
+    let mut expected: Vec<String> =
+        quiet.iter().enumerate().filter(|(i, _)| i % 100 < 50).map(|(_, e)| e.event_id.clone()).collect();
+    expected.sort();
+    assert_eq!(got, expected, "quiet rooms 0-49, both events each");
+}
+
 /// A MySQL table migrated before version 12 has its room order index room first. Version 12
 /// rebuilds it status first in one online `ALTER`, keeping every row, and the claim then
 /// takes a room's whole run through it.

@@ -200,6 +200,7 @@ impl Dialect for MysqlDialect {
                         "SELECT CONVERT(h.event_id USING utf8mb4) AS id FROM JSON_TABLE(v_rooms, '$[*]' COLUMNS (id VARCHAR(255) PATH '$')) AS rm",
                     ),
                     ("AS h ON h.id = rm.id", "AS h ON h.event_id = rm.id"),
+                    ("SELECT MIN(f.id) AS k FROM (", "SELECT CONVERT(MIN(f.event_id) USING utf8mb4) AS k FROM ("),
                     (
                         "ORDER BY h.created_at_ms, h.id LIMIT v_left",
                         "ORDER BY h.created_at_ms, h.event_id LIMIT v_left",
