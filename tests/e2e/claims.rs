@@ -82,6 +82,35 @@ fn spread(world: &World, n: usize, rooms: usize) -> Vec<outbox_host::store::NewE
         .collect()
 }
 
+/// 50 rooms of 200 events, taking turns; every room's first event in flight under a live
+/// lease, but room-3's first ten delivered. Returns room-3's events 10 to 17: its head and
+/// the run that a claim of 100 with runs of 8 takes, in order.
+async fn busy_rooms_but_room_3(world: &World) -> Vec<String> {
+    const ROOMS: usize = 50;
+    let events = spread(world, ROOMS * 200, ROOMS);
+    for chunk in events.chunks(2_000) {
+        world.producer.insert(chunk).await.unwrap();
+    }
+    // A room's k-th event (rooms take turns, one event each).
+    let nth = |room: usize, k: usize| &events[k * ROOMS + room].event_id;
+    let listed = |ids: Vec<&String>| ids.iter().map(|id| format!("'{id}'")).collect::<Vec<_>>().join(", ");
+    let in_flight = listed((0..ROOMS).filter(|&r| r != 3).map(|r| nth(r, 0)).collect());
+    let until = outbox_host::store::now_ms() + 600_000;
+    for statement in [
+        format!(
+            "UPDATE room_outbox SET status = 'delivering', worker_id = 'other', lock_until_ms = {until} \
+             WHERE event_id IN ({in_flight})"
+        ),
+        format!(
+            "UPDATE room_outbox SET status = 'delivered' WHERE event_id IN ({})",
+            listed((0..10).map(|k| nth(3, k)).collect())
+        ),
+    ] {
+        world.db.execute(&statement).await.unwrap();
+    }
+    (10..18).map(|k| nth(3, k).clone()).collect()
+}
+
 /// The entries `index` has returned to scans so far, by the server's own counters, with
 /// this connection's own reads flushed to them first. `after`: wait (up to 5 s) until the
 /// count has moved past it, since a flush may land a moment later; a claim reads something.
@@ -265,29 +294,9 @@ async fn postgres_head_check_in_a_hot_room_reads_the_room_order_index() {
 async fn postgres_claim_behind_busy_rooms_reads_each_room_not_the_backlog() {
     let Some(db) = TestDb::postgres().await else { return };
     let world = World::on(db).await;
-    const ROOMS: usize = 50;
-    let events = spread(&world, ROOMS * 200, ROOMS);
-    for chunk in events.chunks(2_000) {
-        world.producer.insert(chunk).await.unwrap();
-    }
+    let expected = busy_rooms_but_room_3(&world).await;
     let pool = sqlx::PgPool::connect(&world.db_url()).await.unwrap();
     let now = outbox_host::store::now_ms();
-    // Every room's first event in flight under a live lease, but room-3's first ten delivered.
-    // A room's k-th event (rooms take turns, one event each).
-    let nth = |room: usize, k: usize| events[k * ROOMS + room].event_id.clone();
-    let in_flight: Vec<String> = (0..ROOMS).filter(|&r| r != 3).map(|r| nth(r, 0)).collect();
-    sqlx::query("UPDATE room_outbox SET status = 'delivering', worker_id = 'other', lock_until_ms = $1 WHERE event_id = ANY($2)")
-        .bind(now + 600_000)
-        .bind(&in_flight)
-        .execute(&pool)
-        .await
-        .unwrap();
-    let delivered: Vec<String> = (0..10).map(|k| nth(3, k)).collect();
-    sqlx::query("UPDATE room_outbox SET status = 'delivered' WHERE event_id = ANY($1)")
-        .bind(&delivered)
-        .execute(&pool)
-        .await
-        .unwrap();
 
     // The claim on a connection of its own, whose index reads are counted.
     let mut conn = pool.acquire().await.unwrap();
@@ -300,7 +309,6 @@ async fn postgres_claim_behind_busy_rooms_reads_each_room_not_the_backlog() {
             .await
             .unwrap();
     let after = entries_read(&mut conn, "room_outbox_claim_idx", Some(before)).await;
-    let expected: Vec<String> = (10..18).map(|k| nth(3, k)).collect();
     assert_eq!(claimed, expected, "room-3's head and its run, in order");
     eprintln!("claim index entries read: {}", after - before);
     assert!(after - before <= 1_500, "{} claim index entries read for 100 rows and 9,950 waiting", after - before);
@@ -435,28 +443,9 @@ async fn mariadb_head_check_reads_each_rooms_first_events_not_its_history() {
 async fn mysql_claim_behind_busy_rooms_reads_each_room_not_the_backlog() {
     let Some(db) = TestDb::mysql().await else { return };
     let world = World::on(db).await;
-    const ROOMS: usize = 50;
-    let events = spread(&world, ROOMS * 200, ROOMS);
-    for chunk in events.chunks(2_000) {
-        world.producer.insert(chunk).await.unwrap();
-    }
+    let expected = busy_rooms_but_room_3(&world).await;
     let mut conn = <sqlx::MySqlConnection as sqlx::Connection>::connect(&world.db.url).await.unwrap();
     let now = outbox_host::store::now_ms();
-    let nth = |room: usize, k: usize| events[k * ROOMS + room].event_id.clone();
-    let quoted = |ids: &[String]| ids.iter().map(|id| format!("'{id}'")).collect::<Vec<_>>().join(", ");
-    let in_flight: Vec<String> = (0..ROOMS).filter(|&r| r != 3).map(|r| nth(r, 0)).collect();
-    let delivered: Vec<String> = (0..10).map(|k| nth(3, k)).collect();
-    for statement in [
-        format!(
-            "UPDATE room_outbox SET status = 'delivering', worker_id = 'other', lock_until_ms = {} \
-             WHERE event_id IN ({})",
-            now + 600_000,
-            quoted(&in_flight)
-        ),
-        format!("UPDATE room_outbox SET status = 'delivered' WHERE event_id IN ({})", quoted(&delivered)),
-    ] {
-        sqlx::query(&statement).execute(&mut conn).await.unwrap();
-    }
 
     let handler_reads = "SELECT CAST(SUM(VARIABLE_VALUE) AS SIGNED) FROM information_schema.SESSION_STATUS \
                          WHERE VARIABLE_NAME LIKE 'HANDLER_READ%'";
@@ -469,7 +458,6 @@ async fn mysql_claim_behind_busy_rooms_reads_each_room_not_the_backlog() {
         .unwrap();
     let after: i64 = sqlx::query_scalar(handler_reads).fetch_one(&mut conn).await.unwrap();
     let claimed: Vec<String> = claimed.iter().map(|r| r.get::<String, _>(2)).collect(); // o.event_id
-    let expected: Vec<String> = (10..18).map(|k| nth(3, k)).collect();
     assert_eq!(claimed, expected, "room-3's head and its whole run, in order");
     eprintln!("rows read by the claim: {}", after - before);
     assert!(after - before <= 3_000, "{} rows read for 100 rows and 9,950 waiting", after - before);
