@@ -105,10 +105,17 @@ impl Dialect for MysqlDialect {
     /// wrong. Version 12 keeps its keys in user variables, which take the column's own type
     /// and collation, so it walks, cuts and steps by `event_id` as it does by `id`.
     fn adapt_migration(version: i64, sql: String, key: Key) -> Result<String, String> {
-        if !matches!(version, 3..=5 | 9 | 12) || key != Key::EventId {
+        if !matches!(version, 3..=5 | 9 | 12 | 13) || key != Key::EventId {
             return Ok(sql);
         }
         use super::sql::replace_all;
+        if version == 13 {
+            // Only the claim index: its key column.
+            return replace_all(
+                sql,
+                &[("created_at_ms, id, next_retry_at_ms", "created_at_ms, event_id, next_retry_at_ms")],
+            );
+        }
         // What versions 5 and 9 share after the runs are found: lock them, cut the claim.
         const LOCK_AND_CUT: &[(&str, &str)] = &[
             ("COLUMNS (id BIGINT PATH '$[0]')) AS hp", "COLUMNS (id VARCHAR(255) PATH '$[0]')) AS hp"),

@@ -475,7 +475,8 @@ pub fn addition_statements(backend: Backend, table: &str, key: Key, additions: &
         rebuild(&mut out, "claim_idx");
         out.push(match backend {
             Backend::Mysql => format!(
-                "ALTER TABLE {table} ADD INDEX {table}_claim_idx (status, created_at_ms, {k}), ALGORITHM=INPLACE, LOCK=NONE"
+                "ALTER TABLE {table} ADD INDEX {table}_claim_idx (status, created_at_ms, {k}, next_retry_at_ms, lock_until_ms), \
+                 ALGORITHM=INPLACE, LOCK=NONE"
             ),
             Backend::Postgres => format!(
                 "CREATE INDEX CONCURRENTLY IF NOT EXISTS {table}_claim_idx ON {table} (created_at_ms, {k}) \
@@ -551,8 +552,8 @@ mod tests {
                 "ALTER TABLE room_outbox ADD INDEX room_outbox_room_order_idx (status, room_id, app_code, created_at_ms, \
                  event_id), ALGORITHM=INPLACE, LOCK=NONE"
                     .to_string(),
-                "ALTER TABLE room_outbox ADD INDEX room_outbox_claim_idx (status, created_at_ms, event_id), \
-                 ALGORITHM=INPLACE, LOCK=NONE"
+                "ALTER TABLE room_outbox ADD INDEX room_outbox_claim_idx (status, created_at_ms, event_id, next_retry_at_ms, \
+                 lock_until_ms), ALGORITHM=INPLACE, LOCK=NONE"
                     .to_string(),
             ]
         );
