@@ -529,14 +529,14 @@ async fn mysql_migration_12_rebuilds_the_room_order_index_status_first() {
     ] {
         sqlx::query(statement).execute(&mut conn).await.unwrap();
     }
-    let rows = "SELECT CAST(COUNT(*) AS SIGNED) FROM room_outbox WHERE status = 'pending'";
-    let pending: i64 = sqlx::query_scalar(rows).fetch_one(&mut conn).await.unwrap();
-
-    let upgraded = outbox_host::store::open(&world.db_url(), 2, "room_outbox").await.unwrap();
-    upgraded.migrate().await.unwrap();
-    let rebuilt: String = sqlx::query_scalar(columns).fetch_one(&mut conn).await.unwrap();
+    let (upgraded, rebuilt) = migrate_again(
+        &world,
+        &mut conn,
+        columns,
+        "SELECT CAST(COUNT(*) AS SIGNED) FROM room_outbox WHERE status = 'pending'",
+    )
+    .await;
     assert_eq!(rebuilt, "status,room_id,app_code,created_at_ms,id");
-    assert_eq!(sqlx::query_scalar::<_, i64>(rows).fetch_one(&mut conn).await.unwrap(), pending);
 
     let now = outbox_host::store::now_ms();
     let order = outbox_host::store::RoomOrder::PerRoom { failed_blocks: false, run: 10 };
@@ -594,14 +594,9 @@ async fn mysql_migration_13_puts_the_due_times_in_the_claim_index() {
         !mariadb || !walk_reads_index_alone(&mut conn, walk).await,
         "before version 13 each row walked is read by its key"
     );
-    let rows = "SELECT CAST(COUNT(*) AS SIGNED) FROM room_outbox WHERE status IN ('pending', 'retryable')";
-    let waiting: i64 = sqlx::query_scalar(rows).fetch_one(&mut conn).await.unwrap();
-
-    let upgraded = outbox_host::store::open(&world.db_url(), 2, "room_outbox").await.unwrap();
-    upgraded.migrate().await.unwrap();
-    let rebuilt: String = sqlx::query_scalar(columns).fetch_one(&mut conn).await.unwrap();
+    let waiting = "SELECT CAST(COUNT(*) AS SIGNED) FROM room_outbox WHERE status IN ('pending', 'retryable')";
+    let (upgraded, rebuilt) = migrate_again(&world, &mut conn, columns, waiting).await;
     assert_eq!(rebuilt, "status,created_at_ms,id,next_retry_at_ms,lock_until_ms");
-    assert_eq!(sqlx::query_scalar::<_, i64>(rows).fetch_one(&mut conn).await.unwrap(), waiting);
     assert!(!mariadb || walk_reads_index_alone(&mut conn, walk).await);
 
     let now = outbox_host::store::now_ms();
@@ -612,6 +607,23 @@ async fn mysql_migration_13_puts_the_due_times_in_the_claim_index() {
     let mut expected: Vec<String> = (0..50).map(|i| format!("free-{i}")).chain(["room-2000".to_string()]).collect();
     expected.sort();
     assert_eq!(rooms, expected, "the due retry and the pending rows, none of the retries not due");
+}
+
+/// Applies the migrations again through a new store (a host upgraded in place); returns it
+/// and the index's columns (`columns`) afterwards, checking that the rows `kept` counts are
+/// all still there.
+async fn migrate_again(
+    world: &World,
+    conn: &mut sqlx::MySqlConnection,
+    columns: &str,
+    kept: &str,
+) -> (std::sync::Arc<dyn outbox_host::store::Store>, String) {
+    let before: i64 = sqlx::query_scalar(kept).fetch_one(&mut *conn).await.unwrap();
+    let upgraded = outbox_host::store::open(&world.db_url(), 2, "room_outbox").await.unwrap();
+    upgraded.migrate().await.unwrap();
+    let rebuilt: String = sqlx::query_scalar(columns).fetch_one(&mut *conn).await.unwrap();
+    assert_eq!(sqlx::query_scalar::<_, i64>(kept).fetch_one(&mut *conn).await.unwrap(), before, "rows kept");
+    (upgraded, rebuilt)
 }
 
 /// Whether MariaDB reads `walk` from an index alone (its `ANALYZE FORMAT=JSON` says
