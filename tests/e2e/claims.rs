@@ -422,12 +422,7 @@ async fn mariadb_head_check_reads_each_rooms_first_events_not_its_history() {
     assert!(probed <= (4 * ROOMS) as f64, "{probed} rows read by the probes for {ROOMS} rooms");
 
     // And the claim itself: the three free rooms' heads.
-    let claimed = sqlx::query("CALL room_outbox_claim('w', ?, ?, 100, TRUE, FALSE, 1)")
-        .bind(now + 60_000)
-        .bind(now)
-        .fetch_all(&mut conn)
-        .await
-        .unwrap();
+    let claimed = claim_in_order(&mut conn, now, 1).await;
     let mut rooms: Vec<String> = claimed.iter().map(|r| r.get::<String, _>(4)).collect(); // o.room_id
     rooms.sort();
     assert_eq!(rooms, free, "one head from each room with nothing in flight");
@@ -450,12 +445,7 @@ async fn mysql_claim_behind_busy_rooms_reads_each_room_not_the_backlog() {
     let handler_reads = "SELECT CAST(SUM(VARIABLE_VALUE) AS SIGNED) FROM information_schema.SESSION_STATUS \
                          WHERE VARIABLE_NAME LIKE 'HANDLER_READ%'";
     let before: i64 = sqlx::query_scalar(handler_reads).fetch_one(&mut conn).await.unwrap();
-    let claimed = sqlx::query("CALL room_outbox_claim('w', ?, ?, 100, TRUE, FALSE, 8)")
-        .bind(now + 60_000)
-        .bind(now)
-        .fetch_all(&mut conn)
-        .await
-        .unwrap();
+    let claimed = claim_in_order(&mut conn, now, 8).await;
     let after: i64 = sqlx::query_scalar(handler_reads).fetch_one(&mut conn).await.unwrap();
     let claimed: Vec<String> = claimed.iter().map(|r| r.get::<String, _>(2)).collect(); // o.event_id
     assert_eq!(claimed, expected, "room-3's head and its whole run, in order");
@@ -493,12 +483,7 @@ async fn mysql_claim_behind_busy_rooms_finds_many_quiet_rooms_oldest_first() {
     .await
     .unwrap();
 
-    let claimed = sqlx::query("CALL room_outbox_claim('w', ?, ?, 100, TRUE, FALSE, 8)")
-        .bind(now + 60_000)
-        .bind(now)
-        .fetch_all(&mut conn)
-        .await
-        .unwrap();
+    let claimed = claim_in_order(&mut conn, now, 8).await;
     let mut got: Vec<String> = claimed.iter().map(|r| r.get::<String, _>(2)).collect(); // o.event_id
     got.sort();
     let mut expected: Vec<String> =
@@ -607,6 +592,18 @@ async fn mysql_migration_13_puts_the_due_times_in_the_claim_index() {
     let mut expected: Vec<String> = (0..50).map(|i| format!("free-{i}")).chain(["room-2000".to_string()]).collect();
     expected.sort();
     assert_eq!(rooms, expected, "the due retry and the pending rows, none of the retries not due");
+}
+
+/// Calls MySQL's claim procedure for 100 rows in room order (`failed` not blocking), runs
+/// of `run`, leased for a minute from `now`: its rows as the server returns them.
+async fn claim_in_order(conn: &mut sqlx::MySqlConnection, now: i64, run: u32) -> Vec<sqlx::mysql::MySqlRow> {
+    sqlx::query("CALL room_outbox_claim('w', ?, ?, 100, TRUE, FALSE, ?)")
+        .bind(now + 60_000)
+        .bind(now)
+        .bind(run)
+        .fetch_all(conn)
+        .await
+        .unwrap()
 }
 
 /// Applies the migrations again through a new store (a host upgraded in place); returns it
