@@ -29,12 +29,11 @@ pub struct Statements {
     /// The pick of rooms' heads only (`RoomOrder::PerRoom`; `?3` is `failed_blocks`), with
     /// their creation times.
     pick_heads: String,
-    /// The unfinished events after one head (`?2`) in its room, in order, at most `?4`, none
-    /// created after `?5`, each saying whether it is claimable now (`?1`).
-    followers: String,
-    /// The runs after many heads (`?5…`) at once: of each room's unfinished events after its
-    /// head, none created after `?4`, the first `?3 - 1` while each is claimable (`?1`).
-    runs_after: ByCount,
+    /// Each head's run (heads `?6…`): of its room's unfinished events after it, none after
+    /// (`?4`, `?5`) in claim order, the first `?3 - 1` while each is claimable (`?1`), with
+    /// the head it follows. Walked one event at a time from the head, so a run costs `?3` index reads
+    /// however deep the room's backlog, and however many of its events share a millisecond.
+    runs: ByCount,
     /// The claim's take of the picked ids, per count.
     take: ByCount,
     /// One row's failure, under its lease.
@@ -85,11 +84,6 @@ impl Dialect for SqliteDialect {
                  OR ({a}status = 'delivering' AND {a}lock_until_ms < ?1))"
             )
         };
-        // `x` is in the room of the head `h`, after it.
-        let after_head = format!(
-            "x.room_id = h.room_id AND x.app_code = h.app_code \
-             AND (x.created_at_ms > h.created_at_ms OR (x.created_at_ms = h.created_at_ms AND x.{key} > h.{key}))"
-        );
         let (claimable_row, claimable_c, claimable_x) = (claimable(""), claimable("c."), claimable("x."));
         Statements {
             pick: format!(
@@ -108,30 +102,34 @@ impl Dialect for SqliteDialect {
                                OR (e.created_at_ms = c.created_at_ms AND e.{key} < c.{key}))) \
                  ORDER BY c.created_at_ms, c.{key} LIMIT ?2"
             ),
-            followers: format!(
-                "SELECT x.{key}, x.status, x.created_at_ms, {claimable_x} \
-                 FROM {t} AS h, {t} AS x \
-                 WHERE h.{key} = ?2 AND {after_head} \
-                   AND x.status IN ('pending', 'delivering', 'retryable', 'failed') \
-                   AND (x.status <> 'failed' OR ?3) AND x.created_at_ms <= ?5 \
-                 ORDER BY x.created_at_ms, x.{key} LIMIT ?4"
-            ),
-            runs_after: {
+            runs: {
                 let t = t.clone();
-                let after_head = after_head.clone();
                 ByCount::new(move |n| {
-                    let heads: Vec<String> = (5..5 + n).map(|i| format!("?{i}")).collect();
+                    let heads: Vec<String> = (6..6 + n).map(|i| format!("?{i}")).collect();
+                    // `y` is one of the room's unfinished events, before (`?4`, `?5`).
+                    let unfinished = format!(
+                        "y.status IN ('pending', 'delivering', 'retryable', 'failed') AND (y.status <> 'failed' OR ?2) \
+                         AND (y.created_at_ms < ?4 OR (y.created_at_ms = ?4 AND y.{key} < ?5))"
+                    );
                     format!(
-                        "SELECT id, status, created_at_ms FROM ( \
-                           SELECT x.{key} AS id, x.status AS status, x.created_at_ms AS created_at_ms, \
-                                  ROW_NUMBER() OVER w AS n, \
-                                  MIN({claimable_x}) OVER w AS unbroken \
-                             FROM {t} AS h CROSS JOIN {t} AS x ON {after_head} \
-                            WHERE h.{key} IN ({}) \
-                              AND x.status IN ('pending', 'delivering', 'retryable', 'failed') \
-                              AND (x.status <> 'failed' OR ?2) AND x.created_at_ms <= ?4 \
-                           WINDOW w AS (PARTITION BY x.app_code, x.room_id ORDER BY x.created_at_ms, x.{key})) \
-                         WHERE n < ?3 AND unbroken",
+                        "WITH RECURSIVE run(head, head_at, room_id, app_code, id, status, created_at_ms, n) AS ( \
+                           SELECT h.{key}, h.created_at_ms, h.room_id, h.app_code, h.{key}, h.status, h.created_at_ms, 0 \
+                             FROM {t} AS h WHERE h.{key} IN ({}) \
+                           UNION ALL \
+                           SELECT r.head, r.head_at, r.room_id, r.app_code, x.{key}, x.status, x.created_at_ms, r.n + 1 \
+                             FROM run AS r CROSS JOIN {t} AS x \
+                            WHERE r.n < ?3 - 1 \
+                              AND x.{key} = COALESCE( \
+                                    (SELECT y.{key} FROM {t} AS y \
+                                      WHERE y.room_id = r.room_id AND y.created_at_ms = r.created_at_ms \
+                                        AND y.{key} > r.id AND y.app_code = r.app_code AND {unfinished} \
+                                      ORDER BY y.{key} LIMIT 1), \
+                                    (SELECT y.{key} FROM {t} AS y \
+                                      WHERE y.room_id = r.room_id AND y.created_at_ms > r.created_at_ms \
+                                        AND y.created_at_ms <= ?4 AND y.app_code = r.app_code AND {unfinished} \
+                                      ORDER BY y.created_at_ms, y.{key} LIMIT 1)) \
+                              AND {claimable_x}) \
+                         SELECT head, head_at, id, status, created_at_ms FROM run WHERE n > 0",
                         heads.join(", ")
                     )
                 })
@@ -245,44 +243,33 @@ impl Dialect for SqliteDialect {
                 //
                 // Fewer heads than the claim takes: the cut keeps whole runs, oldest head
                 // first (each room's run is then in flight at once, not its first two
-                // events). Otherwise it keeps creation order, and only events older than the
-                // last head can make it.
+                // events). Otherwise it keeps creation order, and only events before the last
+                // head can make it: the walk stops there.
                 let few_rooms = heads.len() < limit as usize;
                 let until = match heads.last() {
-                    Some((_, _, last)) if !few_rooms => *last,
-                    _ => i64::MAX,
+                    Some(&(last, _, last_at)) if !few_rooms => (last_at, last),
+                    _ => (i64::MAX, i64::MAX),
                 };
                 // Each taken row with where it sorts in the cut.
                 let mut taken: Vec<((i64, i64, i64, i64), i64, String)> = Vec::with_capacity(heads.len());
-                if run > 1 && !few_rooms {
-                    // The heads fill the claim: one statement for every room's run, each
-                    // bounded by the last head (a few rows, mostly none). `CROSS JOIN` makes
-                    // SQLite walk from the heads, never from every unfinished row.
-                    let sql = store.own.runs_after.get(heads.len());
-                    let mut q = sqlx::query_as(&sql).bind(now_ms).bind(failed_blocks).bind(i64::from(run)).bind(until);
+                if run > 1 && !heads.is_empty() {
+                    // One statement for every room's run. `CROSS JOIN` makes SQLite walk
+                    // from the heads, never from every unfinished row.
+                    let sql = store.own.runs.get(heads.len());
+                    let mut q = sqlx::query_as(&sql)
+                        .bind(now_ms)
+                        .bind(failed_blocks)
+                        .bind(i64::from(run))
+                        .bind(until.0)
+                        .bind(until.1);
                     for (head, _, _) in &heads {
                         q = q.bind(*head);
                     }
-                    let runs: Vec<(i64, String, i64)> = q.fetch_all(&mut *tx).await?;
-                    taken.extend(runs.into_iter().map(|(id, status, at)| ((at, id, at, id), id, status)));
-                } else if run > 1 {
-                    // Fewer heads than the claim takes: each room's run walked on its own,
-                    // stopping after `run - 1` events however deep the room's backlog.
-                    for &(head, _, head_at) in &heads {
-                        let next: Vec<(i64, String, i64, bool)> = sqlx::query_as(&store.own.followers)
-                            .bind(now_ms)
-                            .bind(head)
-                            .bind(failed_blocks)
-                            .bind(i64::from(run - 1))
-                            .bind(until)
-                            .fetch_all(&mut *tx)
-                            .await?;
-                        taken.extend(
-                            next.into_iter()
-                                .take_while(|f| f.3)
-                                .map(|(id, status, at, _)| ((head_at, head, at, id), id, status)),
-                        );
-                    }
+                    let runs: Vec<(i64, i64, i64, String, i64)> = q.fetch_all(&mut *tx).await?;
+                    taken.extend(runs.into_iter().map(|(head, head_at, id, status, at)| {
+                        let cut = if few_rooms { (head_at, head, at, id) } else { (at, id, at, id) };
+                        (cut, id, status)
+                    }));
                 }
                 taken.extend(heads.into_iter().map(|(head, status, at)| ((at, head, at, head), head, status)));
                 // At most `limit` rows: each room keeps a prefix of its run.
