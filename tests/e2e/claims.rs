@@ -295,12 +295,19 @@ async fn postgres_claim_behind_busy_rooms_reads_each_room_not_the_backlog() {
     let Some(db) = TestDb::postgres().await else { return };
     let world = World::on(db).await;
     let expected = busy_rooms_but_room_3(&world).await;
+    let (claimed, read) = claim_counting(&world, "room_outbox_claim_idx").await;
+    assert_eq!(claimed, expected, "room-3's head and its run, in order");
+    eprintln!("claim index entries read: {read}");
+    assert!(read <= 1_500, "{read} claim index entries read for 100 rows and 9,950 waiting");
+}
+
+/// A PostgreSQL claim of 100 with runs of 8, on a connection of its own: the event ids it
+/// took, in order, and how many entries of `index` it read (the server's own counters).
+async fn claim_counting(world: &World, index: &str) -> (Vec<String>, i64) {
     let pool = sqlx::PgPool::connect(&world.db_url()).await.unwrap();
     let now = outbox_host::store::now_ms();
-
-    // The claim on a connection of its own, whose index reads are counted.
     let mut conn = pool.acquire().await.unwrap();
-    let before = entries_read(&mut conn, "room_outbox_claim_idx", None).await;
+    let before = entries_read(&mut conn, index, None).await;
     let claimed: Vec<String> =
         sqlx::query_scalar("SELECT event_id FROM room_outbox_claim('w', $1, $2, 100, true, false, 8)")
             .bind(now + 60_000)
@@ -308,10 +315,34 @@ async fn postgres_claim_behind_busy_rooms_reads_each_room_not_the_backlog() {
             .fetch_all(&mut *conn)
             .await
             .unwrap();
-    let after = entries_read(&mut conn, "room_outbox_claim_idx", Some(before)).await;
-    assert_eq!(claimed, expected, "room-3's head and its run, in order");
-    eprintln!("claim index entries read: {}", after - before);
-    assert!(after - before <= 1_500, "{} claim index entries read for 100 rows and 9,950 waiting", after - before);
+    let after = entries_read(&mut conn, index, Some(before)).await;
+    (claimed, after - before)
+}
+
+/// 200 rooms of 10 events, all created in one millisecond (a batch inserted at once): a claim
+/// of 100 with runs of 8 takes the first 100 rooms' heads and nothing else, since every other
+/// event sorts after the last head in claim order and the cut drops it. Version 11 still read
+/// each head's next seven events from the room order index (its runs ended at the last head's
+/// millisecond), 700 entries to keep none; version 14 ends a run at the last head itself,
+/// and the index stops there. What is left is the head check, about two entries a head.
+#[tokio::test]
+async fn postgres_runs_end_at_the_last_head_in_claim_order() {
+    let Some(db) = TestDb::postgres().await else { return };
+    let world = World::on(db).await;
+    const ROOMS: usize = 200;
+    let at = outbox_host::store::now_ms() - 3_600_000;
+    let events: Vec<_> = (0..ROOMS * 10)
+        .map(|i| outbox_host::store::NewEvent {
+            created_at_ms: at,
+            ..world.event("RoomGiftSent", &format!("room-{}", i % ROOMS), Status::Pending)
+        })
+        .collect();
+    world.producer.insert(&events).await.unwrap();
+    let (claimed, read) = claim_counting(&world, "room_outbox_room_order_idx").await;
+    let heads: Vec<String> = events[..100].iter().map(|e| e.event_id.clone()).collect();
+    assert_eq!(claimed, heads, "the first 100 rooms' heads, in order, and no run");
+    eprintln!("room order index entries read: {read}");
+    assert!(read <= 400, "{read} room order index entries read for 100 heads");
 }
 
 /// A connection keeps its claim plans (migration 10), so the plans made when the table was

@@ -95,7 +95,7 @@ impl Dialect for PostgresDialect {
         ]
     }
 
-    /// The claim function (versions 2, 4, 5, 9, 10 and 11) of a table without `id` picks,
+    /// The claim function (versions 2, 4, 5, 9, 10, 11 and 14) of a table without `id` picks,
     /// orders, leases and returns its rows by `event_id`, and returns 0 for `id`.
     fn adapt_migration(version: i64, sql: String, key: Key) -> Result<String, String> {
         if key != Key::EventId {
@@ -113,7 +113,8 @@ impl Dialect for PostgresDialect {
             ("c.id = (\n             SELECT e.id FROM", "c.event_id = (\n             SELECT e.event_id FROM"),
             ("ORDER BY e.created_at_ms, e.id", "ORDER BY e.created_at_ms, e.event_id"),
         ];
-        // Version 5's claim around the heads (runs and update), restated by versions 10 and 11.
+        // Version 5's claim around the heads (runs and update), restated by versions 10, 11
+        // and 14.
         const RUNS: &[(&str, &str)] = &[
             ("SELECT x.id, x.status::TEXT AS was", "SELECT x.event_id::TEXT AS id, x.status::TEXT AS was"),
             ("x.id > h.id", "x.event_id > h.id"),
@@ -133,6 +134,9 @@ impl Dialect for PostgresDialect {
             ("SELECT c.created_at_ms, c.id INTO", "SELECT c.created_at_ms, c.event_id INTO"),
             ("OR c.id <= reach_id", "OR c.event_id <= reach_id"),
         ];
+        // Version 14's end of a run: the last head by key.
+        const LAST_HEAD: &[(&str, &str)] =
+            &[("(x.created_at_ms, x.id) < (reach.until_ms", "(x.created_at_ms, x.event_id) < (reach.until_ms")];
         // Versions 2 and 4's claim in one statement: pick, order, lease, return by key.
         const PICK: &[(&str, &str)] = &[
             ("SELECT c.id, c.status AS was FROM", "SELECT c.event_id AS id, c.status AS was FROM"),
@@ -149,6 +153,7 @@ impl Dialect for PostgresDialect {
             9 => &[HEADS, HEAD_CHECK],
             10 => &[HEADS, HEAD_CHECK, RUNS, TAKEN_KEYS, VERSION_10],
             11 => &[RUNS, TAKEN_KEYS],
+            14 => &[RUNS, TAKEN_KEYS, LAST_HEAD],
             // No claim routine in it: nothing to adapt.
             _ => &[],
         };
