@@ -31,8 +31,9 @@ pub struct Statements {
     pick_heads: String,
     /// Each head's run (heads `?6…`): of its room's unfinished events after it, none after
     /// (`?4`, `?5`) in claim order, the first `?3 - 1` while each is claimable (`?1`), with
-    /// the head it follows. Walked one event at a time from the head, so a run costs `?3` index reads
-    /// however deep the room's backlog, and however many of its events share a millisecond.
+    /// the head it follows. Walked one event at a time from the head, so a run costs `?3`
+    /// index reads however deep the room's backlog, and however many of its events share a
+    /// millisecond.
     runs: ByCount,
     /// The claim's take of the picked ids, per count.
     take: ByCount,
@@ -106,9 +107,11 @@ impl Dialect for SqliteDialect {
                 let t = t.clone();
                 ByCount::new(move |n| {
                     let heads: Vec<String> = (6..6 + n).map(|i| format!("?{i}")).collect();
-                    // `y` is one of the room's unfinished events, before (`?4`, `?5`).
-                    let unfinished = format!(
-                        "y.status IN ('pending', 'delivering', 'retryable', 'failed') AND (y.status <> 'failed' OR ?2) \
+                    // `y` is an unfinished event of the room of the run's step `r`, before
+                    // (`?4`, `?5`).
+                    let in_room = format!(
+                        "y.room_id = r.room_id AND y.app_code = r.app_code \
+                         AND y.status IN ('pending', 'delivering', 'retryable', 'failed') AND (y.status <> 'failed' OR ?2) \
                          AND (y.created_at_ms < ?4 OR (y.created_at_ms = ?4 AND y.{key} < ?5))"
                     );
                     format!(
@@ -121,12 +124,10 @@ impl Dialect for SqliteDialect {
                             WHERE r.n < ?3 - 1 \
                               AND x.{key} = COALESCE( \
                                     (SELECT y.{key} FROM {t} AS y \
-                                      WHERE y.room_id = r.room_id AND y.created_at_ms = r.created_at_ms \
-                                        AND y.{key} > r.id AND y.app_code = r.app_code AND {unfinished} \
+                                      WHERE {in_room} AND y.created_at_ms = r.created_at_ms AND y.{key} > r.id \
                                       ORDER BY y.{key} LIMIT 1), \
                                     (SELECT y.{key} FROM {t} AS y \
-                                      WHERE y.room_id = r.room_id AND y.created_at_ms > r.created_at_ms \
-                                        AND y.created_at_ms <= ?4 AND y.app_code = r.app_code AND {unfinished} \
+                                      WHERE {in_room} AND y.created_at_ms > r.created_at_ms AND y.created_at_ms <= ?4 \
                                       ORDER BY y.created_at_ms, y.{key} LIMIT 1)) \
                               AND {claimable_x}) \
                          SELECT head, head_at, id, status, created_at_ms FROM run WHERE n > 0",
