@@ -560,6 +560,51 @@ async fn mysql_migration_12_rebuilds_the_room_order_index_status_first() {
     assert_eq!(claimed.len(), 40, "every room's whole run");
 }
 
+/// Version 15 puts the status first in SQLite's room order index, as version 12 did on
+/// MySQL: a database migrated before it gets the index rebuilt with every row kept, and a
+/// claim behind a busy room (its head held elsewhere) takes the other rooms' heads and
+/// whole runs through it. (What such a claim reads is counted in `store::sqlite`'s tests.)
+#[tokio::test]
+async fn sqlite_migration_15_rebuilds_the_room_order_index_status_first() {
+    let world = World::on(TestDb::sqlite()).await;
+    let mut events = spread(&world, 1_000, 1);
+    events.extend(spread(&world, 30, 3).into_iter().map(|e| outbox_host::store::NewEvent {
+        room_id: format!("quiet-{}", e.room_id),
+        created_at_ms: e.created_at_ms + 10_000,
+        ..e
+    }));
+    world.producer.insert(&events).await.unwrap();
+    let mut conn =
+        <sqlx::SqliteConnection as sqlx::Connection>::connect(&format!("{}?mode=rw", world.db.url)).await.unwrap();
+    let columns = "SELECT group_concat(name, ',') FROM \
+                   (SELECT name FROM pragma_index_info('room_outbox_room_order_idx') ORDER BY seqno)";
+    let fresh: String = sqlx::query_scalar(columns).fetch_one(&mut conn).await.unwrap();
+    assert_eq!(fresh, "status,room_id,app_code,created_at_ms,id", "a new table's index");
+    for statement in [
+        "DROP INDEX room_outbox_room_order_idx",
+        "CREATE INDEX room_outbox_room_order_idx ON room_outbox (room_id, app_code, status, created_at_ms, id)",
+        "DELETE FROM room_outbox_migrations WHERE version = 15",
+        "UPDATE room_outbox SET status = 'delivering', worker_id = 'elsewhere', lock_until_ms = 9000000000000 \
+         WHERE event_id = (SELECT event_id FROM room_outbox WHERE room_id = 'room-0' ORDER BY created_at_ms LIMIT 1)",
+    ] {
+        sqlx::query(statement).execute(&mut conn).await.unwrap();
+    }
+    let kept = "SELECT COUNT(*) FROM room_outbox WHERE status = 'pending'";
+    let before: i64 = sqlx::query_scalar(kept).fetch_one(&mut conn).await.unwrap();
+    let upgraded = outbox_host::store::open(&world.db_url(), 2, "room_outbox").await.unwrap();
+    upgraded.migrate().await.unwrap();
+    let rebuilt: String = sqlx::query_scalar(columns).fetch_one(&mut conn).await.unwrap();
+    assert_eq!(rebuilt, "status,room_id,app_code,created_at_ms,id");
+    assert_eq!(sqlx::query_scalar::<_, i64>(kept).fetch_one(&mut conn).await.unwrap(), before, "rows kept");
+
+    let now = outbox_host::store::now_ms();
+    let order = outbox_host::store::RoomOrder::PerRoom { failed_blocks: false, run: 10 };
+    let claimed = upgraded.claim_in_order("w", now, now + 60_000, 100, order).await.unwrap();
+    let rooms: std::collections::BTreeSet<&str> = claimed.iter().map(|c| c.room_id.as_str()).collect();
+    assert_eq!(rooms.into_iter().collect::<Vec<_>>(), ["quiet-room-0", "quiet-room-1", "quiet-room-2"]);
+    assert_eq!(claimed.len(), 30, "every quiet room's whole run, nothing of the busy room");
+}
+
 /// Version 13 puts the due times in MySQL's claim index, so that a claim walking retries
 /// that are not due yet reads them from the index alone (before, each cost a lookup of its
 /// row: 170–270 ms a claim behind 50,000 of them). A table made before it is rebuilt in one

@@ -466,7 +466,7 @@ pub fn addition_statements(backend: Backend, table: &str, key: Key, additions: &
                  WHERE status IN ('pending', 'delivering', 'retryable', 'failed')"
             ),
             Backend::Sqlite => format!(
-                "CREATE INDEX IF NOT EXISTS {table}_room_order_idx ON {table} (room_id, app_code, status, created_at_ms{key_last})"
+                "CREATE INDEX IF NOT EXISTS {table}_room_order_idx ON {table} (status, room_id, app_code, created_at_ms{key_last})"
             ),
         });
     }
