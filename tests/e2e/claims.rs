@@ -205,6 +205,11 @@ async fn postgres_claims_walk_the_claim_index_when_statistics_are_stale() {
     assert!(around.contains("Index Scan using room_outbox_room_order_idx"), "the runs walk the room index:\n{around}");
     assert!(around.contains("Index Scan using room_outbox_pkey on room_outbox o"), "updated by key:\n{around}");
     assert!(around.contains("Index Cond: (id = ANY"), "updated by the taken keys:\n{around}");
+    // Each row's status before the update comes from the row itself, by key; before
+    // migration 16 a join to the taken rows rescanned them for every row (batch_size²).
+    assert!(around.contains("Index Scan using room_outbox_pkey on room_outbox w"), "{around}");
+    assert!(around.contains("Index Cond: (id = o.id)"), "{around}");
+    assert!(!around.contains("Materialize"), "the update rescans a list per row:\n{around}");
     for reads_all in ["Seq Scan", "Hash Join", "Bitmap"] {
         assert!(!around.contains(reads_all), "the claim reads every claimable row ({reads_all}):\n{around}");
     }

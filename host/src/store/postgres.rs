@@ -113,14 +113,20 @@ impl Dialect for PostgresDialect {
             ("c.id = (\n             SELECT e.id FROM", "c.event_id = (\n             SELECT e.event_id FROM"),
             ("ORDER BY e.created_at_ms, e.id", "ORDER BY e.created_at_ms, e.event_id"),
         ];
-        // Version 5's claim around the heads (runs and update), restated by versions 10, 11
-        // and 14.
+        // Version 5's claim around the heads (runs and update), restated by versions 10, 11,
+        // 14 and 16.
         const RUNS: &[(&str, &str)] = &[
             ("SELECT x.id, x.status::TEXT AS was", "SELECT x.event_id::TEXT AS id, x.status::TEXT AS was"),
             ("x.id > h.id", "x.event_id > h.id"),
             ("ORDER BY x.created_at_ms, x.id", "ORDER BY x.created_at_ms, x.event_id"),
-            ("WHERE o.id = taken.id", "WHERE o.event_id = taken.id"),
             ("RETURNING o.id,", "RETURNING 0::BIGINT,"),
+        ];
+        // Versions 5-14's update, joined to the taken rows.
+        const TAKEN_JOIN: &[(&str, &str)] = &[("WHERE o.id = taken.id", "WHERE o.event_id = taken.id")];
+        // Version 16's update: by the taken keys, each row's status before it by its key.
+        const BY_KEY: &[(&str, &str)] = &[
+            ("WHERE o.id = ANY (ARRAY(SELECT k.id", "WHERE o.event_id = ANY (ARRAY(SELECT k.id"),
+            ("WHERE w.id = o.id", "WHERE w.event_id = o.event_id"),
         ];
         // Version 10's update by the taken keys, restated by version 11.
         const TAKEN_KEYS: &[(&str, &str)] =
@@ -149,11 +155,12 @@ impl Dialect for PostgresDialect {
         let steps: &[&[(&str, &str)]] = match version {
             2 => &[PICK],
             4 => &[PICK, EARLIER],
-            5 => &[HEADS, EARLIER, RUNS],
+            5 => &[HEADS, EARLIER, RUNS, TAKEN_JOIN],
             9 => &[HEADS, HEAD_CHECK],
-            10 => &[HEADS, HEAD_CHECK, RUNS, TAKEN_KEYS, VERSION_10],
-            11 => &[RUNS, TAKEN_KEYS],
-            14 => &[RUNS, TAKEN_KEYS, LAST_HEAD],
+            10 => &[HEADS, HEAD_CHECK, RUNS, TAKEN_JOIN, TAKEN_KEYS, VERSION_10],
+            11 => &[RUNS, TAKEN_JOIN, TAKEN_KEYS],
+            14 => &[RUNS, TAKEN_JOIN, TAKEN_KEYS, LAST_HEAD],
+            16 => &[RUNS, LAST_HEAD, BY_KEY],
             // No claim routine in it: nothing to adapt.
             _ => &[],
         };
