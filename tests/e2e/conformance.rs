@@ -540,8 +540,9 @@ enum Kind {
     Failed,
 }
 
-/// A backlog of 150 events over 6 rooms, three to a millisecond, in every state a row can be
-/// in, claimed with several limits and run lengths: each claim is what the model says. The
+/// A backlog of 150 events over 6 rooms and a seventh that starts late (found only past the
+/// heads walk's end), three to a millisecond, in every state a row can be in, claimed with
+/// several limits and run lengths: each claim is what the model says. The
 /// model: the first `limit` rooms' heads (a room's first unfinished event, if claimable), each
 /// followed by its room's next unfinished events while each is claimable, up to `run`, all
 /// cut to `limit`: in creation order, or, when there are fewer heads than `limit`, whole runs
@@ -572,7 +573,12 @@ async fn per_room_claims_on_a_mixed_backlog_agree_with_the_model(world: World) {
                 90..=94 => Kind::Failed,
                 _ => Kind::Pending,
             };
-            let room = format!("room-{}", next() % 6);
+            // A seventh room starts late: its head comes after more claimable events than
+            // a claim of 10 walks, so only asking the rooms finds it.
+            let room = match next() % 8 {
+                0 if i >= 120 => "room-late".to_string(),
+                _ => format!("room-{}", next() % 6),
+            };
             let mut event = world.event("RoomGiftSent", &room, Status::Pending);
             event.created_at_ms = base + i / 3;
             world.producer.insert(std::slice::from_ref(&event)).await.unwrap();
