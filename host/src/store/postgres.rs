@@ -95,7 +95,7 @@ impl Dialect for PostgresDialect {
         ]
     }
 
-    /// The claim function (versions 2, 4, 5, 9, 10, 11 and 14) of a table without `id` picks,
+    /// The claim function (versions 2, 4, 5, 9, 10, 11, 14 and 16) of a table without `id` picks,
     /// orders, leases and returns its rows by `event_id`, and returns 0 for `id`.
     fn adapt_migration(version: i64, sql: String, key: Key) -> Result<String, String> {
         if key != Key::EventId {

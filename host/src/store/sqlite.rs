@@ -92,27 +92,24 @@ impl Dialect for SqliteDialect {
             )
         };
         let (claimable_row, claimable_c, claimable_x) = (claimable(""), claimable("c."), claimable("x."));
-        // Whether the event `a` (its key `k`) heads its room: no unfinished event of the room
-        // (`failed` ones only when `?3`) comes before it. One read of the room order index
-        // (status first) per status: each status's first event in the room, however deep
-        // the room's backlog or history.
-        let head = |a: &str, k: &str| {
-            let earlier = |s: &str| {
-                format!(
-                    "IFNULL((SELECT e.created_at_ms, e.{key} FROM {t} AS e INDEXED BY {t}_room_order_idx \
-                              WHERE e.status = '{s}' AND e.room_id = {a}.room_id AND e.app_code = {a}.app_code \
-                              ORDER BY e.created_at_ms, e.{key} LIMIT 1) < ({a}.created_at_ms, {a}.{k}), 0)"
-                )
-            };
+        // Whether the event `c` heads its room: no unfinished event of the room (`failed`
+        // ones only when `?3`) comes before it. One read of the room order index (status
+        // first) per status: each status's first event in the room, however deep the room's
+        // backlog or history.
+        let earlier = |s: &str| {
             format!(
-                "NOT ({} OR {} OR {} OR (?3 AND {}))",
-                earlier("pending"),
-                earlier("delivering"),
-                earlier("retryable"),
-                earlier("failed")
+                "IFNULL((SELECT e.created_at_ms, e.{key} FROM {t} AS e INDEXED BY {t}_room_order_idx \
+                          WHERE e.status = '{s}' AND e.room_id = c.room_id AND e.app_code = c.app_code \
+                          ORDER BY e.created_at_ms, e.{key} LIMIT 1) < (c.created_at_ms, c.{key}), 0)"
             )
         };
-        let (head_c, head_w) = (head("c", key), head("w", "k"));
+        let head_c = format!(
+            "NOT ({} OR {} OR {} OR (?3 AND {}))",
+            earlier("pending"),
+            earlier("delivering"),
+            earlier("retryable"),
+            earlier("failed")
+        );
         Statements {
             pick: format!(
                 "SELECT {key}, status FROM {t} INDEXED BY {t}_pick_idx \
@@ -153,17 +150,14 @@ impl Dialect for SqliteDialect {
                                   ORDER BY y.app_code LIMIT 1), \
                                 (SELECT y.{key} FROM {t} AS y INDEXED BY {t}_room_order_idx \
                                   WHERE y.status = r.status AND y.room_id > r.room_id \
-                                  ORDER BY y.room_id, y.app_code LIMIT 1))), \
-                     w AS ( \
-                       SELECT c.{key} AS k, c.status, c.created_at_ms, c.room_id, c.app_code \
-                         FROM rooms AS r CROSS JOIN {t} AS c \
-                        WHERE c.{key} = (SELECT f.{key} FROM {t} AS f INDEXED BY {t}_room_order_idx \
-                                          WHERE f.status = r.status AND f.room_id = r.room_id AND f.app_code = r.app_code \
-                                          ORDER BY f.created_at_ms, f.{key} LIMIT 1) \
-                          AND {claimable_c} \
-                          AND (c.created_at_ms > ?4 OR (c.created_at_ms = ?4 AND c.{key} > ?5))) \
-                     SELECT w.k, w.status, w.created_at_ms FROM w WHERE {head_w} \
-                      ORDER BY w.created_at_ms, w.k LIMIT ?2",
+                                  ORDER BY y.room_id, y.app_code LIMIT 1))) \
+                     SELECT c.{key}, c.status, c.created_at_ms FROM rooms AS r CROSS JOIN {t} AS c \
+                      WHERE c.{key} = (SELECT f.{key} FROM {t} AS f INDEXED BY {t}_room_order_idx \
+                                        WHERE f.status = r.status AND f.room_id = r.room_id AND f.app_code = r.app_code \
+                                        ORDER BY f.created_at_ms, f.{key} LIMIT 1) \
+                        AND {claimable_c} \
+                        AND (c.created_at_ms > ?4 OR (c.created_at_ms = ?4 AND c.{key} > ?5)) AND {head_c} \
+                      ORDER BY c.created_at_ms, c.{key} LIMIT ?2",
                     first_room("pending"),
                     first_room("retryable"),
                     first_room("delivering")
