@@ -565,6 +565,62 @@ async fn mysql_migration_12_rebuilds_the_room_order_index_status_first() {
     assert_eq!(claimed.len(), 40, "every room's whole run");
 }
 
+/// Version 17: MariaDB's claim runs without the subquery cache (its head checks never ask
+/// the same question twice, so the cache only cost a lookup and an insert each), and leaves
+/// the session's `optimizer_switch` as it found it, after a claim and after a claim that
+/// fails part-way (a trigger refusing the lease's update), when the procedure's handler
+/// rolls back.
+#[tokio::test]
+async fn mariadb_claim_runs_without_the_subquery_cache_and_restores_the_session() {
+    let Some(db) = TestDb::mysql().await else { return };
+    let world = World::on(db).await;
+    world.producer.insert(&spread(&world, 400, 200)).await.unwrap();
+    let mut conn = <sqlx::MySqlConnection as sqlx::Connection>::connect(&world.db.url).await.unwrap();
+    let version: String = sqlx::query_scalar("SELECT VERSION()").fetch_one(&mut conn).await.unwrap();
+    if !version.contains("MariaDB") {
+        eprintln!("skipped: the subquery cache is MariaDB's; this is {version}");
+        return;
+    }
+    let switch = "SELECT @@SESSION.optimizer_switch";
+    let misses = "SELECT CAST(VARIABLE_VALUE AS SIGNED) FROM information_schema.SESSION_STATUS \
+                  WHERE VARIABLE_NAME = 'SUBQUERY_CACHE_MISS'";
+    let before: String = sqlx::query_scalar(switch).fetch_one(&mut conn).await.unwrap();
+    assert!(before.contains("subquery_cache=on"), "the server's default: {before}");
+    let missed: i64 = sqlx::query_scalar(misses).fetch_one(&mut conn).await.unwrap();
+
+    let now = outbox_host::store::now_ms();
+    let claimed = claim_in_order(&mut conn, now, 8).await;
+    assert_eq!(claimed.len(), 100, "100 heads of 200 rooms");
+    let after: i64 = sqlx::query_scalar(misses).fetch_one(&mut conn).await.unwrap();
+    assert_eq!(after - missed, 0, "head checks looked up in the subquery cache");
+    let restored: String = sqlx::query_scalar(switch).fetch_one(&mut conn).await.unwrap();
+    assert_eq!(restored, before, "the session's optimizer_switch after a claim");
+
+    sqlx::query(
+        "CREATE TRIGGER room_outbox_refuse BEFORE UPDATE ON room_outbox FOR EACH ROW \
+         SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused by the test'",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let failed = sqlx::query("CALL room_outbox_claim('w', ?, ?, 100, TRUE, FALSE, 8)")
+        .bind(now + 60_000)
+        .bind(now)
+        .fetch_all(&mut conn)
+        .await
+        .expect_err("the trigger refuses the lease");
+    assert!(failed.to_string().contains("refused by the test"), "{failed}");
+    let restored: String = sqlx::query_scalar(switch).fetch_one(&mut conn).await.unwrap();
+    assert_eq!(restored, before, "the session's optimizer_switch after a failed claim");
+    sqlx::query("DROP TRIGGER room_outbox_refuse").execute(&mut conn).await.unwrap();
+    let leased: i64 =
+        sqlx::query_scalar("SELECT CAST(COUNT(*) AS SIGNED) FROM room_outbox WHERE status = 'delivering'")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(leased, 100, "the failed claim leased nothing more");
+}
+
 /// Version 15 puts the status first in SQLite's room order index, as version 12 did on
 /// MySQL: a database migrated before it gets the index rebuilt with every row kept, and a
 /// claim behind a busy room (its head held elsewhere) takes the other rooms' heads and

@@ -47,6 +47,74 @@ impl MysqlStore {
     }
 }
 
+/// Version 12's claim procedure (and version 17's restatement of it) for a table keyed by
+/// `event_id`.
+const BOUNDED_WALK: &[(&str, &str)] = &[
+    // The cut.
+    ("(SELECT created_at_ms, id FROM ", "(SELECT created_at_ms, event_id AS id FROM "),
+    ("ORDER BY created_at_ms, id LIMIT 1 OFFSET", "ORDER BY created_at_ms, event_id LIMIT 1 OFFSET"),
+    ("h.id <= @", "h.event_id <= @"),
+    ("h.id > @", "h.event_id > @"),
+    // The walk's head check.
+    ("AND h.id = (SELECT e.id FROM", "AND h.event_id = (SELECT e.event_id FROM"),
+    ("ORDER BY e.created_at_ms, e.id LIMIT 1)", "ORDER BY e.created_at_ms, e.event_id LIMIT 1)"),
+    // The heads in turns.
+    ("SELECT o.id FROM JSON_TABLE(v_heads", "SELECT CONVERT(o.event_id USING utf8mb4) AS id FROM JSON_TABLE(v_heads"),
+    ("COLUMNS (id BIGINT PATH '$')) AS hs", "COLUMNS (id VARCHAR(255) PATH '$')) AS hs"),
+    ("AS o ON o.id = hs.id", "AS o ON o.event_id = hs.id"),
+    ("ORDER BY o.created_at_ms, o.id LIMIT v_turn", "ORDER BY o.created_at_ms, o.event_id LIMIT v_turn"),
+    // The rooms' first events.
+    ("SELECT room_id, app_code, id INTO", "SELECT room_id, app_code, CONVERT(event_id USING utf8mb4) INTO"),
+    (
+        "ORDER BY status, room_id, app_code, created_at_ms, id LIMIT 1",
+        "ORDER BY status, room_id, app_code, created_at_ms, event_id LIMIT 1",
+    ),
+    (
+        "SELECT h.id FROM JSON_TABLE(v_rooms, '$[*]' COLUMNS (id BIGINT PATH '$')) AS rm",
+        "SELECT CONVERT(h.event_id USING utf8mb4) AS id FROM JSON_TABLE(v_rooms, '$[*]' COLUMNS (id VARCHAR(255) PATH '$')) AS rm",
+    ),
+    ("AS h ON h.id = rm.id", "AS h ON h.event_id = rm.id"),
+    ("SELECT MIN(f.id) AS k FROM (", "SELECT CONVERT(MIN(f.event_id) USING utf8mb4) AS k FROM ("),
+    ("ORDER BY h.created_at_ms, h.id LIMIT v_left", "ORDER BY h.created_at_ms, h.event_id LIMIT v_left"),
+    // The runs.
+    ("SELECT o.created_at_ms, o.id\n", "SELECT o.created_at_ms, o.event_id AS id\n"),
+    ("COLUMNS (id BIGINT PATH '$[0]')) AS lp", "COLUMNS (id VARCHAR(255) PATH '$[0]')) AS lp"),
+    ("AS o ON o.id = lp.id", "AS o ON o.event_id = lp.id"),
+    ("ORDER BY o.created_at_ms DESC, o.id DESC", "ORDER BY o.created_at_ms DESC, o.event_id DESC"),
+    ("nx.id < @", "nx.event_id < @"),
+    ("COLUMNS (id BIGINT PATH '$[0]')) AS hp", "COLUMNS (id VARCHAR(255) PATH '$[0]')) AS hp"),
+    ("AS o ON o.id = hp.id", "AS o ON o.event_id = hp.id"),
+    (
+        "SELECT o.id, o.room_id, o.app_code, o.created_at_ms, o.id, 1",
+        "SELECT o.event_id, o.room_id, o.app_code, o.created_at_ms, o.event_id, 1",
+    ),
+    ("nx.created_at_ms, nx.id, r.n + 1", "nx.created_at_ms, nx.event_id, r.n + 1"),
+    ("AS nx ON nx.id = r.next_id", "AS nx ON nx.event_id = r.next_id"),
+    ("(SELECT e.id FROM", "(SELECT e.event_id FROM"),
+    ("e.id > o.id", "e.event_id > o.event_id"),
+    ("e.id > nx.id", "e.event_id > nx.event_id"),
+    ("b.created_at_ms = r.c AND b.id > r.id", "b.created_at_ms = r.c AND b.event_id > r.id"),
+    (
+        "b.created_at_ms = nx.created_at_ms AND b.id < nx.id",
+        "b.created_at_ms = nx.created_at_ms AND b.event_id < nx.event_id",
+    ),
+    (
+        "SELECT head, id FROM run WHERE n > 1",
+        "SELECT CONVERT(head USING utf8mb4) AS head, CONVERT(id USING utf8mb4) AS id FROM run WHERE n > 1",
+    ),
+    // The cut of heads and runs, and its lock.
+    ("head BIGINT PATH '$[2]'", "head VARCHAR(255) PATH '$[2]'"),
+    ("SELECT o.id, p.was FROM JSON_TABLE(", "SELECT CONVERT(o.event_id USING utf8mb4) AS id, p.was FROM JSON_TABLE("),
+    ("AS h ON h.id = COALESCE(p.head, p.id)", "AS h ON h.event_id = COALESCE(p.head, p.id)"),
+    ("IF(v_few, h.id, o.id),", "IF(v_few, h.event_id, o.event_id),"),
+    (
+        "o.created_at_ms, o.id\n                 LIMIT p_limit",
+        "o.created_at_ms, o.event_id\n                 LIMIT p_limit",
+    ),
+    ("SELECT c.id, k.was FROM", "SELECT CONVERT(c.event_id USING utf8mb4) AS id, k.was FROM"),
+    ("ON c.id = k.id", "ON c.event_id = k.id"),
+];
+
 #[async_trait]
 impl Dialect for MysqlDialect {
     type Db = MySql;
@@ -96,7 +164,7 @@ impl Dialect for MysqlDialect {
         ]
     }
 
-    /// The claim procedure (versions 3, 4, 5, 9 and 12) of a table without `id` picks in
+    /// The claim procedure (versions 3, 4, 5, 9, 12 and 17) of a table without `id` picks in
     /// `event_id` order, carries the event ids (as text, so that a binary column reads the
     /// same in JSON), and returns 0 for `id`. Version 9's walk cannot resume within a
     /// millisecond by key (a procedure variable cannot hold a key of the table's own
@@ -105,7 +173,7 @@ impl Dialect for MysqlDialect {
     /// wrong. Version 12 keeps its keys in user variables, which take the column's own type
     /// and collation, so it walks, cuts and steps by `event_id` as it does by `id`.
     fn adapt_migration(version: i64, sql: String, key: Key) -> Result<String, String> {
-        if !matches!(version, 3..=5 | 9 | 12 | 13) || key != Key::EventId {
+        if !matches!(version, 3..=5 | 9 | 12 | 13 | 17) || key != Key::EventId {
             return Ok(sql);
         }
         use super::sql::replace_all;
@@ -170,93 +238,15 @@ impl Dialect for MysqlDialect {
                     ("ORDER BY e.created_at_ms, e.id LIMIT 1)", "ORDER BY e.created_at_ms, e.event_id LIMIT 1)"),
                 ],
             )?,
+            // Version 12's index, then its procedure; version 17 restates the procedure.
             12 => replace_all(
-                sql,
-                &[
-                    ("created_at_ms, id), ALGORITHM", "created_at_ms, event_id), ALGORITHM"),
-                    // The cut.
-                    ("(SELECT created_at_ms, id FROM ", "(SELECT created_at_ms, event_id AS id FROM "),
-                    ("ORDER BY created_at_ms, id LIMIT 1 OFFSET", "ORDER BY created_at_ms, event_id LIMIT 1 OFFSET"),
-                    ("h.id <= @", "h.event_id <= @"),
-                    ("h.id > @", "h.event_id > @"),
-                    // The walk's head check.
-                    ("AND h.id = (SELECT e.id FROM", "AND h.event_id = (SELECT e.event_id FROM"),
-                    ("ORDER BY e.created_at_ms, e.id LIMIT 1)", "ORDER BY e.created_at_ms, e.event_id LIMIT 1)"),
-                    // The heads in turns.
-                    (
-                        "SELECT o.id FROM JSON_TABLE(v_heads",
-                        "SELECT CONVERT(o.event_id USING utf8mb4) AS id FROM JSON_TABLE(v_heads",
-                    ),
-                    ("COLUMNS (id BIGINT PATH '$')) AS hs", "COLUMNS (id VARCHAR(255) PATH '$')) AS hs"),
-                    ("AS o ON o.id = hs.id", "AS o ON o.event_id = hs.id"),
-                    (
-                        "ORDER BY o.created_at_ms, o.id LIMIT v_turn",
-                        "ORDER BY o.created_at_ms, o.event_id LIMIT v_turn",
-                    ),
-                    // The rooms' first events.
-                    (
-                        "SELECT room_id, app_code, id INTO",
-                        "SELECT room_id, app_code, CONVERT(event_id USING utf8mb4) INTO",
-                    ),
-                    (
-                        "ORDER BY status, room_id, app_code, created_at_ms, id LIMIT 1",
-                        "ORDER BY status, room_id, app_code, created_at_ms, event_id LIMIT 1",
-                    ),
-                    (
-                        "SELECT h.id FROM JSON_TABLE(v_rooms, '$[*]' COLUMNS (id BIGINT PATH '$')) AS rm",
-                        "SELECT CONVERT(h.event_id USING utf8mb4) AS id FROM JSON_TABLE(v_rooms, '$[*]' COLUMNS (id VARCHAR(255) PATH '$')) AS rm",
-                    ),
-                    ("AS h ON h.id = rm.id", "AS h ON h.event_id = rm.id"),
-                    ("SELECT MIN(f.id) AS k FROM (", "SELECT CONVERT(MIN(f.event_id) USING utf8mb4) AS k FROM ("),
-                    (
-                        "ORDER BY h.created_at_ms, h.id LIMIT v_left",
-                        "ORDER BY h.created_at_ms, h.event_id LIMIT v_left",
-                    ),
-                    // The runs.
-                    ("SELECT o.created_at_ms, o.id\n", "SELECT o.created_at_ms, o.event_id AS id\n"),
-                    ("COLUMNS (id BIGINT PATH '$[0]')) AS lp", "COLUMNS (id VARCHAR(255) PATH '$[0]')) AS lp"),
-                    ("AS o ON o.id = lp.id", "AS o ON o.event_id = lp.id"),
-                    ("ORDER BY o.created_at_ms DESC, o.id DESC", "ORDER BY o.created_at_ms DESC, o.event_id DESC"),
-                    ("nx.id < @", "nx.event_id < @"),
-                    ("COLUMNS (id BIGINT PATH '$[0]')) AS hp", "COLUMNS (id VARCHAR(255) PATH '$[0]')) AS hp"),
-                    ("AS o ON o.id = hp.id", "AS o ON o.event_id = hp.id"),
-                    (
-                        "SELECT o.id, o.room_id, o.app_code, o.created_at_ms, o.id, 1",
-                        "SELECT o.event_id, o.room_id, o.app_code, o.created_at_ms, o.event_id, 1",
-                    ),
-                    ("nx.created_at_ms, nx.id, r.n + 1", "nx.created_at_ms, nx.event_id, r.n + 1"),
-                    ("AS nx ON nx.id = r.next_id", "AS nx ON nx.event_id = r.next_id"),
-                    ("(SELECT e.id FROM", "(SELECT e.event_id FROM"),
-                    ("e.id > o.id", "e.event_id > o.event_id"),
-                    ("e.id > nx.id", "e.event_id > nx.event_id"),
-                    ("b.created_at_ms = r.c AND b.id > r.id", "b.created_at_ms = r.c AND b.event_id > r.id"),
-                    (
-                        "b.created_at_ms = nx.created_at_ms AND b.id < nx.id",
-                        "b.created_at_ms = nx.created_at_ms AND b.event_id < nx.event_id",
-                    ),
-                    (
-                        "SELECT head, id FROM run WHERE n > 1",
-                        "SELECT CONVERT(head USING utf8mb4) AS head, CONVERT(id USING utf8mb4) AS id FROM run WHERE n > 1",
-                    ),
-                    // The cut of heads and runs, and its lock.
-                    ("head BIGINT PATH '$[2]'", "head VARCHAR(255) PATH '$[2]'"),
-                    (
-                        "SELECT o.id, p.was FROM JSON_TABLE(",
-                        "SELECT CONVERT(o.event_id USING utf8mb4) AS id, p.was FROM JSON_TABLE(",
-                    ),
-                    ("AS h ON h.id = COALESCE(p.head, p.id)", "AS h ON h.event_id = COALESCE(p.head, p.id)"),
-                    ("IF(v_few, h.id, o.id),", "IF(v_few, h.event_id, o.event_id),"),
-                    (
-                        "o.created_at_ms, o.id\n                 LIMIT p_limit",
-                        "o.created_at_ms, o.event_id\n                 LIMIT p_limit",
-                    ),
-                    ("SELECT c.id, k.was FROM", "SELECT CONVERT(c.event_id USING utf8mb4) AS id, k.was FROM"),
-                    ("ON c.id = k.id", "ON c.event_id = k.id"),
-                ],
+                replace_all(sql, &[("created_at_ms, id), ALGORITHM", "created_at_ms, event_id), ALGORITHM")])?,
+                BOUNDED_WALK,
             )?,
+            17 => replace_all(sql, BOUNDED_WALK)?,
             _ => sql,
         };
-        let sql = if matches!(version, 4 | 5 | 9 | 12) {
+        let sql = if matches!(version, 4 | 5 | 9 | 12 | 17) {
             super::sql::replace_all(
                 sql,
                 &[
