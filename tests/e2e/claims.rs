@@ -401,9 +401,7 @@ async fn mariadb_head_check_reads_each_rooms_first_events_not_its_history() {
         world.producer.insert(chunk).await.unwrap();
     }
     let mut conn = <sqlx::MySqlConnection as sqlx::Connection>::connect(&world.db.url).await.unwrap();
-    let version: String = sqlx::query_scalar("SELECT VERSION()").fetch_one(&mut conn).await.unwrap();
-    if !version.contains("MariaDB") {
-        eprintln!("skipped: ANALYZE FORMAT=JSON is MariaDB's; this is {version}");
+    if !on_mariadb(&mut conn, "ANALYZE FORMAT=JSON is MariaDB's").await {
         return;
     }
     let rank = "SELECT id, ROW_NUMBER() OVER (PARTITION BY room_id ORDER BY created_at_ms, id) AS n FROM room_outbox";
@@ -576,9 +574,7 @@ async fn mariadb_claim_runs_without_the_subquery_cache_and_restores_the_session(
     let world = World::on(db).await;
     world.producer.insert(&spread(&world, 400, 200)).await.unwrap();
     let mut conn = <sqlx::MySqlConnection as sqlx::Connection>::connect(&world.db.url).await.unwrap();
-    let version: String = sqlx::query_scalar("SELECT VERSION()").fetch_one(&mut conn).await.unwrap();
-    if !version.contains("MariaDB") {
-        eprintln!("skipped: the subquery cache is MariaDB's; this is {version}");
+    if !on_mariadb(&mut conn, "the subquery cache is MariaDB's").await {
         return;
     }
     let switch = "SELECT @@SESSION.optimizer_switch";
@@ -729,6 +725,16 @@ async fn mysql_migration_13_puts_the_due_times_in_the_claim_index() {
     let mut expected: Vec<String> = (0..50).map(|i| format!("free-{i}")).chain(["room-2000".to_string()]).collect();
     expected.sort();
     assert_eq!(rooms, expected, "the due retry and the pending rows, none of the retries not due");
+}
+
+/// Whether the server is MariaDB; if not, says the test is skipped and `why`.
+async fn on_mariadb(conn: &mut sqlx::MySqlConnection, why: &str) -> bool {
+    let version: String = sqlx::query_scalar("SELECT VERSION()").fetch_one(conn).await.unwrap();
+    let mariadb = version.contains("MariaDB");
+    if !mariadb {
+        eprintln!("skipped: {why}; this is {version}");
+    }
+    mariadb
 }
 
 /// Calls MySQL's claim procedure for 100 rows in room order (`failed` not blocking), runs
