@@ -617,6 +617,64 @@ async fn mariadb_claim_runs_without_the_subquery_cache_and_restores_the_session(
     assert_eq!(leased, 100, "the failed claim leased nothing more");
 }
 
+/// Version 18: a MySQL claim with `batch_size` heads asks for runs only when a pending event
+/// before its last head is not a head. Over 200 rooms of two events, the first claim's 100
+/// heads are every pending event up to its last, so its runs' recursive query (the
+/// temporary tables it builds) is not run. The second claim walks past one event its room
+/// holds back (the room's first is in flight elsewhere), so it asks, as before, and finds
+/// nothing. Both take the same 100 heads in room order as version 17 did.
+#[tokio::test]
+async fn mysql_claim_asks_for_runs_only_when_one_can_exist() {
+    let Some(db) = TestDb::mysql().await else { return };
+    let world = World::on(db).await;
+    let events = spread(&world, 400, 200);
+    world.producer.insert(&events).await.unwrap();
+    let mut conn = <sqlx::MySqlConnection as sqlx::Connection>::connect(&world.db.url).await.unwrap();
+    let temporary = "SELECT CAST(VARIABLE_VALUE AS SIGNED) FROM information_schema.SESSION_STATUS \
+                     WHERE VARIABLE_NAME = 'CREATED_TMP_TABLES'";
+    let now = outbox_host::store::now_ms();
+    let claim = async |conn: &mut sqlx::MySqlConnection| {
+        let before: i64 = sqlx::query_scalar(temporary).fetch_one(&mut *conn).await.unwrap();
+        let rooms: Vec<String> = claim_in_order(conn, now, 8).await.iter().map(|row| row.get::<String, _>(4)).collect();
+        let after: i64 = sqlx::query_scalar(temporary).fetch_one(&mut *conn).await.unwrap();
+        (rooms, after - before)
+    };
+    let rooms = |from: usize| (from..from + 100).map(|r| format!("room-{r}")).collect::<Vec<_>>();
+
+    let (first, without_runs) = claim(&mut conn).await;
+    assert_eq!(first, rooms(0), "the first events of rooms 0 to 99");
+
+    let held = world.event("RoomGiftSent", "held", Status::Pending);
+    let oldest = events[0].created_at_ms;
+    world
+        .producer
+        .insert(&[
+            outbox_host::store::NewEvent {
+                created_at_ms: oldest - 2,
+                ..world.event("RoomGiftSent", "held", Status::Pending)
+            },
+            outbox_host::store::NewEvent { created_at_ms: oldest - 1, ..held },
+        ])
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE room_outbox SET status = 'delivering', worker_id = 'elsewhere', lock_until_ms = ? \
+         WHERE room_id = 'held' AND created_at_ms = ?",
+    )
+    .bind(now + 600_000)
+    .bind(oldest - 2)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let (second, asking) = claim(&mut conn).await;
+    assert_eq!(second, rooms(100), "the first events of rooms 100 to 199; the held room's second waits");
+    assert!(
+        without_runs < asking,
+        "the claim with nothing but heads up to its last built {without_runs} temporary tables, \
+         the one that asked for runs {asking}"
+    );
+}
+
 /// Version 15 puts the status first in SQLite's room order index, as version 12 did on
 /// MySQL: a database migrated before it gets the index rebuilt with every row kept, and a
 /// claim behind a busy room (its head held elsewhere) takes the other rooms' heads and

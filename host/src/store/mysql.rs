@@ -47,8 +47,8 @@ impl MysqlStore {
     }
 }
 
-/// Version 12's claim procedure (and version 17's restatement of it) for a table keyed by
-/// `event_id`.
+/// Version 12's claim procedure (and versions 17's and 18's restatements of it) for a table
+/// keyed by `event_id`.
 const BOUNDED_WALK: &[(&str, &str)] = &[
     // The cut.
     ("(SELECT created_at_ms, id FROM ", "(SELECT created_at_ms, event_id AS id FROM "),
@@ -173,7 +173,7 @@ impl Dialect for MysqlDialect {
     /// wrong. Version 12 keeps its keys in user variables, which take the column's own type
     /// and collation, so it walks, cuts and steps by `event_id` as it does by `id`.
     fn adapt_migration(version: i64, sql: String, key: Key) -> Result<String, String> {
-        if !matches!(version, 3..=5 | 9 | 12 | 13 | 17) || key != Key::EventId {
+        if !matches!(version, 3..=5 | 9 | 12 | 13 | 17 | 18) || key != Key::EventId {
             return Ok(sql);
         }
         use super::sql::replace_all;
@@ -238,15 +238,17 @@ impl Dialect for MysqlDialect {
                     ("ORDER BY e.created_at_ms, e.id LIMIT 1)", "ORDER BY e.created_at_ms, e.event_id LIMIT 1)"),
                 ],
             )?,
-            // Version 12's index, then its procedure; version 17 restates the procedure.
+            // Version 12's index, then its procedure; versions 17 and 18 restate the procedure.
             12 => replace_all(
                 replace_all(sql, &[("created_at_ms, id), ALGORITHM", "created_at_ms, event_id), ALGORITHM")])?,
                 BOUNDED_WALK,
             )?,
             17 => replace_all(sql, BOUNDED_WALK)?,
+            // Version 18 also counts the pending events up to the runs' bound.
+            18 => replace_all(replace_all(sql, BOUNDED_WALK)?, &[("AND id <= @", "AND event_id <= @")])?,
             _ => sql,
         };
-        let sql = if matches!(version, 4 | 5 | 9 | 12 | 17) {
+        let sql = if matches!(version, 4 | 5 | 9 | 12 | 17 | 18) {
             super::sql::replace_all(
                 sql,
                 &[
