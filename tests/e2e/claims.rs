@@ -82,6 +82,19 @@ fn spread(world: &World, n: usize, rooms: usize) -> Vec<outbox_host::store::NewE
         .collect()
 }
 
+/// A MySQL table holding `spread(n, rooms)`, its events, and a connection of the test's
+/// own; `None` where MySQL is not configured.
+async fn mysql_spread(
+    n: usize,
+    rooms: usize,
+) -> Option<(World, Vec<outbox_host::store::NewEvent>, sqlx::MySqlConnection)> {
+    let world = World::on(TestDb::mysql().await?).await;
+    let events = spread(&world, n, rooms);
+    world.producer.insert(&events).await.unwrap();
+    let conn = <sqlx::MySqlConnection as sqlx::Connection>::connect(&world.db.url).await.unwrap();
+    Some((world, events, conn))
+}
+
 /// 50 rooms of 200 events, taking turns; every room's first event in flight under a live
 /// lease, but room-3's first ten delivered. Returns room-3's events 10 to 17: its head and
 /// the run that a claim of 100 with runs of 8 takes, in order.
@@ -531,11 +544,7 @@ async fn mysql_claim_behind_busy_rooms_finds_many_quiet_rooms_oldest_first() {
 /// takes a room's whole run through it.
 #[tokio::test]
 async fn mysql_migration_12_rebuilds_the_room_order_index_status_first() {
-    let Some(db) = TestDb::mysql().await else { return };
-    let world = World::on(db).await;
-    let events = spread(&world, 40, 4);
-    world.producer.insert(&events).await.unwrap();
-    let mut conn = <sqlx::MySqlConnection as sqlx::Connection>::connect(&world.db.url).await.unwrap();
+    let Some((world, _, mut conn)) = mysql_spread(40, 4).await else { return };
     let columns = "SELECT GROUP_CONCAT(column_name ORDER BY seq_in_index) FROM information_schema.statistics \
                    WHERE table_schema = DATABASE() AND table_name = 'room_outbox' \
                    AND index_name = 'room_outbox_room_order_idx'";
@@ -570,10 +579,7 @@ async fn mysql_migration_12_rebuilds_the_room_order_index_status_first() {
 /// rolls back.
 #[tokio::test]
 async fn mariadb_claim_runs_without_the_subquery_cache_and_restores_the_session() {
-    let Some(db) = TestDb::mysql().await else { return };
-    let world = World::on(db).await;
-    world.producer.insert(&spread(&world, 400, 200)).await.unwrap();
-    let mut conn = <sqlx::MySqlConnection as sqlx::Connection>::connect(&world.db.url).await.unwrap();
+    let Some((_world, _, mut conn)) = mysql_spread(400, 200).await else { return };
     if !on_mariadb(&mut conn, "the subquery cache is MariaDB's").await {
         return;
     }
@@ -625,11 +631,7 @@ async fn mariadb_claim_runs_without_the_subquery_cache_and_restores_the_session(
 /// nothing. Both take the same 100 heads in room order as version 17 did.
 #[tokio::test]
 async fn mysql_claim_asks_for_runs_only_when_one_can_exist() {
-    let Some(db) = TestDb::mysql().await else { return };
-    let world = World::on(db).await;
-    let events = spread(&world, 400, 200);
-    world.producer.insert(&events).await.unwrap();
-    let mut conn = <sqlx::MySqlConnection as sqlx::Connection>::connect(&world.db.url).await.unwrap();
+    let Some((world, events, mut conn)) = mysql_spread(400, 200).await else { return };
     let temporary = "SELECT CAST(VARIABLE_VALUE AS SIGNED) FROM information_schema.SESSION_STATUS \
                      WHERE VARIABLE_NAME = 'CREATED_TMP_TABLES'";
     let now = outbox_host::store::now_ms();
