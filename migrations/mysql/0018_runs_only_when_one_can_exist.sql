@@ -291,8 +291,6 @@ BEGIN
                 -- Runs end where the claim could not take them: with p_limit heads, at the last.
                 SET v_bound_c = 9223372036854775807;
                 SET @room_outbox_claim_bound_key = NULL;
-                SET v_behind = 1;
-                SET v_taken = 0;
                 IF NOT v_few THEN
                     SELECT MAX(b.created_at_ms), MAX(b.id) INTO v_bound_c, @room_outbox_claim_bound_key FROM (
                         SELECT o.created_at_ms, o.id
@@ -313,45 +311,45 @@ BEGIN
                       FROM JSON_TABLE(v_new, '$[*]' COLUMNS (was VARCHAR(16) PATH '$[1]')) AS tk
                      WHERE tk.was = 'pending';
                 END IF;
-            END IF;
-            IF p_run > 1 AND v_new IS NOT NULL AND v_behind > v_taken THEN
-                SELECT JSON_ARRAYAGG(JSON_ARRAY(id, 'pending', head)) INTO v_new_run FROM (
-                    WITH RECURSIVE run (head, room_id, app_code, c, id, n, next_id) AS (
-                        SELECT o.id, o.room_id, o.app_code, o.created_at_ms, o.id, 1,
-                               (SELECT e.id FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
-                                     WHERE e.status = 'pending' AND e.room_id = o.room_id AND e.app_code = o.app_code
-                                       AND (e.created_at_ms > o.created_at_ms OR (e.created_at_ms = o.created_at_ms AND e.id > o.id))
-                                     ORDER BY e.created_at_ms, e.id LIMIT 1)
-                          FROM JSON_TABLE(v_new, '$[*]' COLUMNS (id BIGINT PATH '$[0]')) AS hp
-                          JOIN room_outbox AS o ON o.id = hp.id
-                        UNION ALL
-                        SELECT r.head, r.room_id, r.app_code, nx.created_at_ms, nx.id, r.n + 1,
-                               (SELECT e.id FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
-                                     WHERE e.status = 'pending' AND e.room_id = nx.room_id AND e.app_code = nx.app_code
-                                       AND (e.created_at_ms > nx.created_at_ms OR (e.created_at_ms = nx.created_at_ms AND e.id > nx.id))
-                                     ORDER BY e.created_at_ms, e.id LIMIT 1)
-                          FROM run AS r
-                          JOIN room_outbox AS nx ON nx.id = r.next_id
-                         WHERE r.n < p_run
-                           AND (nx.created_at_ms < v_bound_c OR (nx.created_at_ms = v_bound_c AND nx.id < @room_outbox_claim_bound_key))
-                           AND NOT EXISTS (
-                               SELECT 1 FROM room_outbox AS b FORCE INDEX (room_outbox_room_order_idx)
-                                WHERE b.status = 'delivering' AND b.room_id = r.room_id AND b.app_code = r.app_code
-                                  AND (b.created_at_ms > r.c OR (b.created_at_ms = r.c AND b.id > r.id))
-                                  AND (b.created_at_ms < nx.created_at_ms OR (b.created_at_ms = nx.created_at_ms AND b.id < nx.id)))
-                           AND NOT EXISTS (
-                               SELECT 1 FROM room_outbox AS b FORCE INDEX (room_outbox_room_order_idx)
-                                WHERE b.status = 'retryable' AND b.room_id = r.room_id AND b.app_code = r.app_code
-                                  AND (b.created_at_ms > r.c OR (b.created_at_ms = r.c AND b.id > r.id))
-                                  AND (b.created_at_ms < nx.created_at_ms OR (b.created_at_ms = nx.created_at_ms AND b.id < nx.id)))
-                           AND (NOT p_failed_blocks OR NOT EXISTS (
-                               SELECT 1 FROM room_outbox AS b FORCE INDEX (room_outbox_room_order_idx)
-                                WHERE b.status = 'failed' AND b.room_id = r.room_id AND b.app_code = r.app_code
-                                  AND (b.created_at_ms > r.c OR (b.created_at_ms = r.c AND b.id > r.id))
-                                  AND (b.created_at_ms < nx.created_at_ms OR (b.created_at_ms = nx.created_at_ms AND b.id < nx.id))))
-                    )
-                    SELECT head, id FROM run WHERE n > 1
-                ) AS r;
+                IF v_few OR v_behind > v_taken THEN
+                    SELECT JSON_ARRAYAGG(JSON_ARRAY(id, 'pending', head)) INTO v_new_run FROM (
+                        WITH RECURSIVE run (head, room_id, app_code, c, id, n, next_id) AS (
+                            SELECT o.id, o.room_id, o.app_code, o.created_at_ms, o.id, 1,
+                                   (SELECT e.id FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
+                                         WHERE e.status = 'pending' AND e.room_id = o.room_id AND e.app_code = o.app_code
+                                           AND (e.created_at_ms > o.created_at_ms OR (e.created_at_ms = o.created_at_ms AND e.id > o.id))
+                                         ORDER BY e.created_at_ms, e.id LIMIT 1)
+                              FROM JSON_TABLE(v_new, '$[*]' COLUMNS (id BIGINT PATH '$[0]')) AS hp
+                              JOIN room_outbox AS o ON o.id = hp.id
+                            UNION ALL
+                            SELECT r.head, r.room_id, r.app_code, nx.created_at_ms, nx.id, r.n + 1,
+                                   (SELECT e.id FROM room_outbox AS e FORCE INDEX (room_outbox_room_order_idx)
+                                         WHERE e.status = 'pending' AND e.room_id = nx.room_id AND e.app_code = nx.app_code
+                                           AND (e.created_at_ms > nx.created_at_ms OR (e.created_at_ms = nx.created_at_ms AND e.id > nx.id))
+                                         ORDER BY e.created_at_ms, e.id LIMIT 1)
+                              FROM run AS r
+                              JOIN room_outbox AS nx ON nx.id = r.next_id
+                             WHERE r.n < p_run
+                               AND (nx.created_at_ms < v_bound_c OR (nx.created_at_ms = v_bound_c AND nx.id < @room_outbox_claim_bound_key))
+                               AND NOT EXISTS (
+                                   SELECT 1 FROM room_outbox AS b FORCE INDEX (room_outbox_room_order_idx)
+                                    WHERE b.status = 'delivering' AND b.room_id = r.room_id AND b.app_code = r.app_code
+                                      AND (b.created_at_ms > r.c OR (b.created_at_ms = r.c AND b.id > r.id))
+                                      AND (b.created_at_ms < nx.created_at_ms OR (b.created_at_ms = nx.created_at_ms AND b.id < nx.id)))
+                               AND NOT EXISTS (
+                                   SELECT 1 FROM room_outbox AS b FORCE INDEX (room_outbox_room_order_idx)
+                                    WHERE b.status = 'retryable' AND b.room_id = r.room_id AND b.app_code = r.app_code
+                                      AND (b.created_at_ms > r.c OR (b.created_at_ms = r.c AND b.id > r.id))
+                                      AND (b.created_at_ms < nx.created_at_ms OR (b.created_at_ms = nx.created_at_ms AND b.id < nx.id)))
+                               AND (NOT p_failed_blocks OR NOT EXISTS (
+                                   SELECT 1 FROM room_outbox AS b FORCE INDEX (room_outbox_room_order_idx)
+                                    WHERE b.status = 'failed' AND b.room_id = r.room_id AND b.app_code = r.app_code
+                                      AND (b.created_at_ms > r.c OR (b.created_at_ms = r.c AND b.id > r.id))
+                                      AND (b.created_at_ms < nx.created_at_ms OR (b.created_at_ms = nx.created_at_ms AND b.id < nx.id))))
+                        )
+                        SELECT head, id FROM run WHERE n > 1
+                    ) AS r;
+                END IF;
             END IF;
             SET v_picked = JSON_MERGE_PRESERVE(v_picked, COALESCE(v_new, JSON_ARRAY()));
             SET v_run = JSON_MERGE_PRESERVE(v_run, COALESCE(v_new_run, JSON_ARRAY()));

@@ -646,19 +646,10 @@ async fn mysql_claim_asks_for_runs_only_when_one_can_exist() {
     let (first, without_runs) = claim(&mut conn).await;
     assert_eq!(first, rooms(0), "the first events of rooms 0 to 99");
 
-    let held = world.event("RoomGiftSent", "held", Status::Pending);
     let oldest = events[0].created_at_ms;
-    world
-        .producer
-        .insert(&[
-            outbox_host::store::NewEvent {
-                created_at_ms: oldest - 2,
-                ..world.event("RoomGiftSent", "held", Status::Pending)
-            },
-            outbox_host::store::NewEvent { created_at_ms: oldest - 1, ..held },
-        ])
-        .await
-        .unwrap();
+    let held =
+        |at| outbox_host::store::NewEvent { created_at_ms: at, ..world.event("RoomGiftSent", "held", Status::Pending) };
+    world.producer.insert(&[held(oldest - 2), held(oldest - 1)]).await.unwrap();
     sqlx::query(
         "UPDATE room_outbox SET status = 'delivering', worker_id = 'elsewhere', lock_until_ms = ? \
          WHERE room_id = 'held' AND created_at_ms = ?",

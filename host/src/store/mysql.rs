@@ -164,7 +164,7 @@ impl Dialect for MysqlDialect {
         ]
     }
 
-    /// The claim procedure (versions 3, 4, 5, 9, 12 and 17) of a table without `id` picks in
+    /// The claim procedure (versions 3, 4, 5, 9, 12, 17 and 18) of a table without `id` picks in
     /// `event_id` order, carries the event ids (as text, so that a binary column reads the
     /// same in JSON), and returns 0 for `id`. Version 9's walk cannot resume within a
     /// millisecond by key (a procedure variable cannot hold a key of the table's own
