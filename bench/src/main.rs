@@ -2,6 +2,7 @@
 //! one run. Every drain is checked before its speed is reported: all rows `delivered`, and
 //! the sink called exactly once per event.
 
+mod cpu;
 mod db;
 mod floor;
 mod idle;
@@ -143,6 +144,8 @@ async fn fill(store: &dyn Store, n: usize, rooms: usize) -> anyhow::Result<()> {
 struct Drain {
     events: usize,
     seconds: f64,
+    /// Cores the host and the server used while it ran (not measured for the seed's loop).
+    cores: cpu::Cores,
 }
 
 impl Drain {
@@ -177,6 +180,7 @@ async fn drain_rooms(
     let shutdown = CancellationToken::new();
     let mut tasks = Vec::new();
     let mut all_metrics = Vec::new();
+    let meter = cpu::Meter::start(db).await;
     let started = Instant::now();
     for _ in 0..workers {
         let metrics = Arc::new(Metrics::new(sink.name()));
@@ -190,6 +194,7 @@ async fn drain_rooms(
     })
     .await?;
     let seconds = started.elapsed().as_secs_f64();
+    let cores = meter.read();
     shutdown.cancel();
     for task in tasks {
         task.await??;
@@ -202,7 +207,7 @@ async fn drain_rooms(
     let delivered: u64 = all_metrics.iter().map(|m| m.delivered_total()).sum();
     ensure!(delivered == n as u64, "the sink was called {delivered} times for {n} events");
     producer.close().await;
-    Ok(Drain { events: n, seconds })
+    Ok(Drain { events: n, seconds, cores })
 }
 
 /// Waits until every table in `states` has `n` rows delivered; returns when that was seen.
@@ -268,7 +273,7 @@ async fn seed_drain(db: &Db, n: usize, config: &WorkerConfig, sink: &dyn Deliver
     let stats = store.stats().await?;
     ensure!(stats.count(Status::Delivered) == n as i64, "rows not all delivered: {stats:?}");
     store.close().await;
-    Ok(Drain { events: n, seconds })
+    Ok(Drain { events: n, seconds, cores: cpu::Cores::default() })
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -492,9 +497,9 @@ async fn main() -> anyhow::Result<()> {
             "drain, WASM no-op sink",
             with_wasm.events,
             with_wasm.seconds,
-            format!("{wasm_vs_native:.2}× native"),
+            format!("{wasm_vs_native:.2}× native; {}", with_wasm.cores.describe()),
         );
-        row(&mut table, name, "drain, native no-op (floor)", floor.events, floor.seconds, String::new());
+        row(&mut table, name, "drain, native no-op (floor)", floor.events, floor.seconds, floor.cores.describe());
         row(
             &mut table,
             name,
@@ -505,8 +510,10 @@ async fn main() -> anyhow::Result<()> {
         );
         results.push(json!({
             "backend": name,
-            "drain_wasm": { "events": with_wasm.events, "seconds": with_wasm.seconds, "per_s": with_wasm.per_second() },
-            "drain_native": { "events": floor.events, "seconds": floor.seconds, "per_s": floor.per_second() },
+            "drain_wasm": { "events": with_wasm.events, "seconds": with_wasm.seconds, "per_s": with_wasm.per_second(),
+                            "cores_host": with_wasm.cores.host, "cores_server": with_wasm.cores.server },
+            "drain_native": { "events": floor.events, "seconds": floor.seconds, "per_s": floor.per_second(),
+                              "cores_host": floor.cores.host, "cores_server": floor.cores.server },
             "seed_loop": { "events": seed.events, "seconds": seed.seconds, "per_s": seed.per_second() },
             "ratio_wasm_over_native": wasm_vs_native,
             "ratio_ours_over_seed": vs_seed,
@@ -633,9 +640,17 @@ async fn main() -> anyhow::Result<()> {
             for workers in [1usize, 2, 4] {
                 eprintln!("{name}: {workers} worker(s), {} events …", args.scale_events);
                 let d = drain(&Db::fresh(*backend).await?, args.scale_events, workers, &config, wasm.clone()).await?;
-                row(&mut table, name, &format!("scale-out, {workers} worker(s)"), d.events, d.seconds, String::new());
+                row(
+                    &mut table,
+                    name,
+                    &format!("scale-out, {workers} worker(s)"),
+                    d.events,
+                    d.seconds,
+                    d.cores.describe(),
+                );
                 scale.push(
-                    json!({ "workers": workers, "events": d.events, "seconds": d.seconds, "per_s": d.per_second() }),
+                    json!({ "workers": workers, "events": d.events, "seconds": d.seconds, "per_s": d.per_second(),
+                                   "cores_host": d.cores.host, "cores_server": d.cores.server }),
                 );
             }
             results.push(json!({ "backend": name, "scale_out": scale }));
