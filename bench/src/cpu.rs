@@ -35,21 +35,16 @@ impl Cores {
 
 /// Started before a drain, read after it.
 pub struct Meter {
-    server: Option<u32>,
     started: Instant,
     host_ticks: u64,
-    server_ticks: Option<u64>,
+    /// The server's process and its ticks at the start.
+    server: Option<(u32, u64)>,
 }
 
 impl Meter {
     pub async fn start(db: &Db) -> Meter {
-        let server = server_pid(db).await;
-        Meter {
-            server,
-            started: Instant::now(),
-            host_ticks: tree_ticks(std::process::id()).unwrap_or(0),
-            server_ticks: server.and_then(tree_ticks),
-        }
+        let server = server_pid(db).await.and_then(|pid| Some((pid, tree_ticks(pid)?)));
+        Meter { started: Instant::now(), host_ticks: tree_ticks(std::process::id()).unwrap_or(0), server }
     }
 
     pub fn read(&self) -> Cores {
@@ -57,10 +52,7 @@ impl Meter {
         let cores = |before: u64, after: u64| after.saturating_sub(before) as f64 / TICKS_PER_SECOND / wall;
         Cores {
             host: tree_ticks(std::process::id()).map_or(0.0, |now| cores(self.host_ticks, now)),
-            server: match (self.server, self.server_ticks) {
-                (Some(pid), Some(before)) => tree_ticks(pid).map(|now| cores(before, now)),
-                _ => None,
-            },
+            server: self.server.and_then(|(pid, before)| tree_ticks(pid).map(|now| cores(before, now))),
         }
     }
 }
