@@ -60,6 +60,10 @@ struct Args {
     /// TEST_POSTGRES_URL / TEST_MYSQL_URL is set.
     #[arg(long, value_delimiter = ',')]
     backends: Vec<String>,
+    /// `outbox_worker.claim_growth` for every drain; default: the backend's (4 on the
+    /// server databases, 1 on SQLite). `--claim-growth 1` runs with claims of `batch_size`.
+    #[arg(long)]
+    claim_growth: Option<u32>,
     /// Where to write the JSON results.
     #[arg(long, default_value = "target/bench/latest.json")]
     json: std::path::PathBuf,
@@ -146,11 +150,23 @@ struct Drain {
     seconds: f64,
     /// Cores the host and the server used while it ran (not measured for the seed's loop).
     cores: cpu::Cores,
+    /// Claims that returned rows, over all workers (not counted for the seed's loop).
+    claims: u64,
 }
 
 impl Drain {
     fn per_second(&self) -> f64 {
         self.events as f64 / self.seconds
+    }
+
+    /// Cores and claims, for the table.
+    fn describe(&self) -> String {
+        let claims = if self.claims > 0 {
+            format!("; {} claims, {:.0} rows each", self.claims, self.events as f64 / self.claims as f64)
+        } else {
+            String::new()
+        };
+        format!("{}{claims}", self.cores.describe())
     }
 }
 
@@ -180,12 +196,14 @@ async fn drain_rooms(
     let shutdown = CancellationToken::new();
     let mut tasks = Vec::new();
     let mut all_metrics = Vec::new();
+    let mut trips = Vec::new();
     let meter = cpu::Meter::start(db).await;
     let started = Instant::now();
     for _ in 0..workers {
         let metrics = Arc::new(Metrics::new(sink.name()));
         let store = db.open().await?;
         let worker = Worker::new(store, sink.clone(), config.clone(), "bench", metrics.clone());
+        trips.push(tokio::spawn(count_round_trips(worker.subscribe())));
         tasks.push(tokio::spawn(worker.run(shutdown.clone())));
         all_metrics.push(metrics);
     }
@@ -199,6 +217,11 @@ async fn drain_rooms(
     for task in tasks {
         task.await??;
     }
+    let mut claims = 0;
+    for counted in trips {
+        let counted = counted.await?;
+        claims += counted.claims - counted.empty_claims;
+    }
     let stats = producer.stats().await?;
     ensure!(
         stats.count(Status::Delivered) == n as i64 && stats.counts.iter().map(|(_, c)| c).sum::<i64>() == n as i64,
@@ -207,7 +230,7 @@ async fn drain_rooms(
     let delivered: u64 = all_metrics.iter().map(|m| m.delivered_total()).sum();
     ensure!(delivered == n as u64, "the sink was called {delivered} times for {n} events");
     producer.close().await;
-    Ok(Drain { events: n, seconds, cores })
+    Ok(Drain { events: n, seconds, cores, claims })
 }
 
 /// Waits until every table in `states` has `n` rows delivered; returns when that was seen.
@@ -273,7 +296,7 @@ async fn seed_drain(db: &Db, n: usize, config: &WorkerConfig, sink: &dyn Deliver
     let stats = store.stats().await?;
     ensure!(stats.count(Status::Delivered) == n as i64, "rows not all delivered: {stats:?}");
     store.close().await;
-    Ok(Drain { events: n, seconds, cores: cpu::Cores::default() })
+    Ok(Drain { events: n, seconds, cores: cpu::Cores::default(), claims: 0 })
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -472,7 +495,7 @@ async fn main() -> anyhow::Result<()> {
         backends.retain(|b| args.backends.iter().any(|n| n == db::name(*b)));
     }
     let cache = tempfile::tempdir()?;
-    let config = WorkerConfig::default();
+    let config = WorkerConfig { claim_growth: args.claim_growth, ..WorkerConfig::default() };
     let wasm: Arc<dyn Deliver> = Arc::new(wasm_noop(config.concurrency, cache.path())?);
     let mut table: Vec<[String; 5]> = Vec::new();
     let mut results = Vec::new();
@@ -497,9 +520,9 @@ async fn main() -> anyhow::Result<()> {
             "drain, WASM no-op sink",
             with_wasm.events,
             with_wasm.seconds,
-            format!("{wasm_vs_native:.2}× native; {}", with_wasm.cores.describe()),
+            format!("{wasm_vs_native:.2}× native; {}", with_wasm.describe()),
         );
-        row(&mut table, name, "drain, native no-op (floor)", floor.events, floor.seconds, floor.cores.describe());
+        row(&mut table, name, "drain, native no-op (floor)", floor.events, floor.seconds, floor.describe());
         row(
             &mut table,
             name,
@@ -511,9 +534,11 @@ async fn main() -> anyhow::Result<()> {
         results.push(json!({
             "backend": name,
             "drain_wasm": { "events": with_wasm.events, "seconds": with_wasm.seconds, "per_s": with_wasm.per_second(),
-                            "cores_host": with_wasm.cores.host, "cores_server": with_wasm.cores.server },
+                            "cores_host": with_wasm.cores.host, "cores_server": with_wasm.cores.server,
+                            "claims": with_wasm.claims },
             "drain_native": { "events": floor.events, "seconds": floor.seconds, "per_s": floor.per_second(),
-                              "cores_host": floor.cores.host, "cores_server": floor.cores.server },
+                              "cores_host": floor.cores.host, "cores_server": floor.cores.server,
+                              "claims": floor.claims },
             "seed_loop": { "events": seed.events, "seconds": seed.seconds, "per_s": seed.per_second() },
             "ratio_wasm_over_native": wasm_vs_native,
             "ratio_ours_over_seed": vs_seed,
@@ -640,17 +665,10 @@ async fn main() -> anyhow::Result<()> {
             for workers in [1usize, 2, 4] {
                 eprintln!("{name}: {workers} worker(s), {} events …", args.scale_events);
                 let d = drain(&Db::fresh(*backend).await?, args.scale_events, workers, &config, wasm.clone()).await?;
-                row(
-                    &mut table,
-                    name,
-                    &format!("scale-out, {workers} worker(s)"),
-                    d.events,
-                    d.seconds,
-                    d.cores.describe(),
-                );
+                row(&mut table, name, &format!("scale-out, {workers} worker(s)"), d.events, d.seconds, d.describe());
                 scale.push(
                     json!({ "workers": workers, "events": d.events, "seconds": d.seconds, "per_s": d.per_second(),
-                                   "cores_host": d.cores.host, "cores_server": d.cores.server }),
+                                   "cores_host": d.cores.host, "cores_server": d.cores.server, "claims": d.claims }),
                 );
             }
             results.push(json!({ "backend": name, "scale_out": scale }));
@@ -665,8 +683,11 @@ async fn main() -> anyhow::Result<()> {
 
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     println!(
-        "outbox-bench on {cores} cores; batch_size {}, concurrency {}, poll_interval {:?}",
-        config.batch_size, config.concurrency, config.poll_interval
+        "outbox-bench on {cores} cores; batch_size {}, claim_growth {}, concurrency {}, poll_interval {:?}",
+        config.batch_size,
+        config.claim_growth.map_or("the backend's".to_string(), |g| g.to_string()),
+        config.concurrency,
+        config.poll_interval
     );
     println!("{:<9} {:<40} {:>8} {:>9}  events/s", "backend", "scenario", "events", "seconds");
     for [backend, scenario, events, seconds, rest] in &table {
@@ -699,7 +720,7 @@ async fn main() -> anyhow::Result<()> {
         "config": {
             "events": args.events, "seed_events": args.seed_events, "scale_events": args.scale_events,
             "rates": args.rates, "seconds": args.seconds, "calls": args.calls,
-            "batch_size": config.batch_size, "concurrency": config.concurrency,
+            "batch_size": config.batch_size, "claim_growth": config.claim_growth, "concurrency": config.concurrency,
             "poll_interval_ms": config.poll_interval.as_millis() as u64,
             "publish_timeout_ms": config.publish_timeout.as_millis() as u64,
         },

@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 use outbox_host::app::{self, Host};
 use outbox_host::config::{Config, ConfigError, LogFormat};
 use outbox_host::logging::{complain, say};
-use outbox_host::store::{NewEvent, Status, now_ms};
+use outbox_host::store::{Backend, NewEvent, Status, now_ms};
 use tokio_util::sync::CancellationToken;
 
 /// Drains the room_outbox table and delivers each event through a sandboxed WebAssembly sink.
@@ -360,11 +360,15 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
             for sink in sinks {
                 let w = &sink.worker;
                 say(&format!(
-                    "config OK: sink {} loads; database {}; table {}; batch_size {}, publish_timeout {}, concurrency {}, lease {}\n",
+                    "config OK: sink {} loads; database {}; table {}; batch_size {}{}, publish_timeout {}, concurrency {}, lease {}\n",
                     sink.name,
                     outbox_host::text::redact_url(&config.database.url),
                     config.table,
                     w.batch_size,
+                    match Backend::from_url(&config.database.url).map(|b| w.claim_growth_on(b)) {
+                        Ok(growth) if growth > 1 => format!(" (up to {} behind a backlog)", w.batch_size * growth),
+                        _ => String::new(),
+                    },
                     outbox_host::units::format_duration(w.publish_timeout),
                     w.concurrency,
                     outbox_host::units::format_duration(w.lease),

@@ -48,8 +48,6 @@ async fn a_rooms_events_stay_in_order_across_claims(world: World) {
     );
 }
 
-per_backend!(a_rooms_events_stay_in_order_across_claims);
-
 /// Shutdown with a full buffer: the delivery in flight finishes, every row claimed but not
 /// started goes back to `pending` at once, and nothing is left `delivering`.
 #[tokio::test]
@@ -69,3 +67,73 @@ async fn shutdown_hands_back_every_buffered_row() {
     host.stop().await;
     world.assert_handed_back(&ids, 100, 90).await;
 }
+
+/// Behind a backlog, claims grow on the server databases (up to `claim_growth`, by default
+/// 4, times `batch_size`) while the sink keeps up, and every event is still delivered once;
+/// on SQLite they stay `batch_size`. A slow sink keeps `batch_size` claims everywhere: the
+/// rows in hand must start within a quarter of the lease at the rate it delivers.
+async fn claims_grow_behind_a_backlog_only_as_far_as_the_sink_keeps_up(world: World) {
+    let server = world.producer.backend() != outbox_host::store::Backend::Sqlite;
+    // Fast: 1,000 events in 500 rooms, claims of 10 by default.
+    let fast: Vec<_> =
+        (0..1_000).map(|i| world.event("RoomGiftSent", &format!("room-{}", i % 500), Status::Pending)).collect();
+    for chunk in fast.chunks(200) {
+        world.producer.insert(chunk).await.unwrap();
+    }
+    let mut host = Running::start(world.config("concurrency: 8", "")).await;
+    let claims = claim_sizes(&host);
+    host.wait_for_within("every event delivered", Duration::from_secs(60), || async {
+        world.producer.stats().await.unwrap().count(Status::Delivered) == fast.len() as i64
+    })
+    .await;
+    host.stop().await;
+    let claims = claims.await.unwrap();
+    assert_eq!(claims.iter().sum::<usize>(), fast.len(), "claims {claims:?} did not take each event once");
+    let largest = claims.iter().copied().max().unwrap();
+    if server {
+        assert!(largest > 10 && largest <= 40, "claims {claims:?}: none grew, or one past 4 × batch_size");
+    } else {
+        assert_eq!(largest, 10, "SQLite's claims grew: {claims:?}");
+    }
+    let mut delivered: Vec<String> = world.collector.reports().into_iter().map(|r| r.event_id).collect();
+    delivered.sort();
+    let mut expected: Vec<String> = fast.iter().map(|e| e.event_id.clone()).collect();
+    expected.sort();
+    assert_eq!(delivered, expected, "the sink did not receive every event exactly once");
+
+    // Slow: one delivery at a time, 150 ms each (under 7 a second): a quarter of a 10 s lease
+    // holds 16 starts, less than two claims of 20.
+    let slow: Vec<_> = (0..60).map(|i| world.event("RoomGiftSent", &format!("slow-{i}"), Status::Pending)).collect();
+    world.producer.insert(&slow).await.unwrap();
+    let config = "batch_size: 10\nconcurrency: 1\npublish_timeout: 500ms\nlease_duration: 10s\nclaim_growth: 4";
+    let mut host = Running::start(world.config(config, "default: sleep:150")).await;
+    let claims = claim_sizes(&host);
+    host.wait_for("40 slow deliveries", || async {
+        world.producer.stats().await.unwrap().count(Status::Delivered) >= (fast.len() + 40) as i64
+    })
+    .await;
+    host.stop().await;
+    let claims = claims.await.unwrap();
+    assert!(claims.len() >= 4, "claims {claims:?}: too few to have grown");
+    assert!(claims.iter().all(|&n| n == 10), "a slow sink's claims grew: {claims:?}");
+}
+
+/// The rows of every claim the host makes from now until it stops.
+fn claim_sizes(host: &Running) -> tokio::task::JoinHandle<Vec<usize>> {
+    let mut signals = host.signals.resubscribe();
+    tokio::spawn(async move {
+        let mut sizes = Vec::new();
+        loop {
+            match signals.recv().await {
+                Ok(outbox_host::engine::Signal::Claimed(n)) => sizes.push(n),
+                Ok(outbox_host::engine::Signal::Stopped) | Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                    return sizes;
+                }
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => panic!("{n} signals missed"),
+            }
+        }
+    })
+}
+
+per_backend!(a_rooms_events_stay_in_order_across_claims, claims_grow_behind_a_backlog_only_as_far_as_the_sink_keeps_up);

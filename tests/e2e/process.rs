@@ -66,6 +66,10 @@ async fn check_config_loads_the_plugin_and_explains_a_wrong_one() {
     let ok = run_cli(&world, &["check-config"]);
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
     assert!(String::from_utf8_lossy(&ok.stdout).contains("config OK: sink fake loads"));
+    write_config(&world, &world.yaml("claim_growth: 3", ""));
+    let grown = run_cli(&world, &["check-config"]);
+    let stdout = String::from_utf8_lossy(&grown.stdout);
+    assert!(stdout.contains("batch_size 10 (up to 30 behind a backlog)"), "{stdout}");
 
     let core_module = world.dir.path().join("core.wasm");
     std::fs::write(&core_module, b"\0asm\x01\0\0\0").unwrap();

@@ -359,6 +359,7 @@ fn read_worker(
     if batch_size > MAX_BATCH_SIZE {
         f.problem("batch_size", format!("{batch_size} is more than {MAX_BATCH_SIZE}"));
     }
+    let claim_growth = read_claim_growth(f, batch_size);
     let publish_timeout = positive_duration(f, "publish_timeout", DEFAULT_PUBLISH_TIMEOUT, notes);
     let retry_strategy = read_retry_strategy(f).unwrap_or(RetryStrategy::FixedInterval);
     let retry_interval = positive_duration(f, "retry_interval", poll_interval, notes);
@@ -426,6 +427,7 @@ fn read_worker(
         enabled,
         poll_interval,
         batch_size,
+        claim_growth,
         publish_timeout,
         retry_interval,
         retry_strategy,
@@ -443,6 +445,24 @@ fn read_worker(
         failed_blocks_room,
     };
     (worker, lease_explicit)
+}
+
+/// `claim_growth`, if set: a whole factor of at least 1 that keeps a grown claim within
+/// [`MAX_BATCH_SIZE`]. Unset, the backend's default applies (and is cut to that bound).
+fn read_claim_growth(f: &mut Fields<'_>, batch_size: u32) -> Option<u32> {
+    let growth = f.take::<i64>("claim_growth")?;
+    if growth < 1 {
+        f.problem("claim_growth", format!("{growth} is less than 1 (1: claims never grow past batch_size)"));
+        return None;
+    }
+    if growth.saturating_mul(i64::from(batch_size)) > i64::from(MAX_BATCH_SIZE) {
+        f.problem(
+            "claim_growth",
+            format!("{growth} × batch_size {batch_size} is more than {MAX_BATCH_SIZE} rows per claim"),
+        );
+        return None;
+    }
+    u32::try_from(growth).ok()
 }
 
 /// `retry_strategy`, if set and known.

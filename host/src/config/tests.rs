@@ -182,6 +182,22 @@ fn environment_variables_override_any_key() {
 }
 
 #[test]
+fn claim_growth_is_a_whole_factor_that_keeps_claims_within_the_largest_batch() {
+    assert_eq!(parse("").unwrap().worker.claim_growth, None, "unset: the backend's default");
+    let config = parse("outbox_worker:\n  batch_size: 200\n  claim_growth: 1\n").unwrap();
+    assert_eq!(config.worker.claim_growth, Some(1));
+    let p = problems("outbox_worker:\n  batch_size: 5000\n  claim_growth: 3\n");
+    assert!(
+        p.iter().any(|p| p.starts_with("outbox_worker.claim_growth: 3 × batch_size 5000 is more than 10000")),
+        "{p:?}"
+    );
+    for bad in ["0", "-2", "1.5", "lots"] {
+        let p = problems(&format!("outbox_worker:\n  claim_growth: {bad}\n"));
+        assert!(p.iter().any(|p| p.starts_with("outbox_worker.claim_growth:")), "{bad}: {p:?}");
+    }
+}
+
+#[test]
 fn wrong_types_name_their_key() {
     let p = problems("outbox_worker:\n  enabled: maybe\n  batch_size: lots\n");
     assert!(p.iter().any(|p| p.starts_with("outbox_worker.enabled:")), "{p:?}");

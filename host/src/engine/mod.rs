@@ -22,6 +22,7 @@ mod attempt;
 mod buffer;
 mod rate;
 mod retry;
+mod sizing;
 
 use breaker::{Admit, Breaker, Transition, Verdict};
 use buffer::{Buffer, RoomKey, room_of};
@@ -34,6 +35,7 @@ use rate::TokenBucket;
 pub use retry::after_failure;
 use settings::RoomOrdering;
 use settings::{WakeUp, WorkerConfig};
+use sizing::ClaimSize;
 
 /// A delivery starts only if this much lease is left after its `publish_timeout`;
 /// otherwise the row is handed back, so a lease never runs out under a healthy delivery.
@@ -218,7 +220,7 @@ impl Worker {
                         self.release(&rest).await;
                     }
                     buffer.done(&key);
-                    outstanding.freed(1);
+                    outstanding.finished();
                     let _ = marks.send(pending);
                 }
                 () = shutdown.cancelled(), if buffer.len() > 0 => {
@@ -272,8 +274,9 @@ impl Worker {
         Ok(())
     }
 
-    /// Keeps the buffer topped up: claims a batch whenever at most one batch is claimed and
+    /// Keeps the buffer topped up: claims whenever at most one claim's worth is claimed and
     /// not finished, and waits (`wake_up`, `poll_interval`) when the table has no more.
+    /// Behind a full claim the next one may grow (see [`sizing`]).
     /// While the sink's circuit breaker is open it claims nothing; half-open, one row for
     /// the probe.
     async fn claim_ahead(
@@ -284,7 +287,8 @@ impl Worker {
         shutdown: CancellationToken,
     ) {
         let lease_ms = self.config.lease.as_millis() as i64;
-        let batch = self.claim_size() as usize;
+        let mut size =
+            ClaimSize::new(self.claim_size(), self.config.claim_growth_on(self.store.backend()), self.config.lease);
         let order = self.config.room_order();
         let mut backoff = Duration::from_millis(100);
         let wake = self.store.inserted();
@@ -297,15 +301,15 @@ impl Worker {
         while !shutdown.is_cancelled() {
             let state = *gate.borrow_and_update();
             let wanted = match state {
-                breaker::State::Closed => batch,
+                breaker::State::Closed => size.rows(outstanding.finished_total(), std::time::Instant::now()) as usize,
                 breaker::State::HalfOpen => 1,
                 breaker::State::Open => 0,
             };
-            // Room for a whole batch: at most one batch claimed ahead of the deliveries
+            // Room for a whole claim: at most one claim's worth ahead of the deliveries
             // (half-open: nothing outstanding but the probe).
-            let full =
-                if state == breaker::State::Closed { outstanding.count() > batch } else { outstanding.count() > 0 };
-            if wanted == 0 || full {
+            let ahead =
+                if state == breaker::State::Closed { outstanding.count() > wanted } else { outstanding.count() > 0 };
+            if wanted == 0 || ahead {
                 tokio::select! {
                     () = outstanding.space.notified() => {}
                     _ = gate.changed() => {}
@@ -313,6 +317,7 @@ impl Worker {
                 }
                 continue;
             }
+            let asked_at = (std::time::Instant::now(), outstanding.finished_total());
             let now = now_ms();
             let claim = self.store.claim_in_order(&self.worker_id, now, now + lease_ms, wanted as u32, order);
             // A claim stuck on a database that is away must not hold shutdown past its grace.
@@ -347,6 +352,9 @@ impl Worker {
                 break;
             }
             let full = rows.len() >= wanted;
+            if state == breaker::State::Closed {
+                size.claimed(wanted as u32, rows.len(), asked_at);
+            }
             self.note_claim(&rows);
             outstanding.taken(rows.len());
             if claims.send(rows).is_err() {
@@ -631,10 +639,12 @@ async fn sleep_or_cancel(duration: Duration, shutdown: &CancellationToken) {
 }
 
 /// Rows claimed and not yet finished, shared by the claimer (which adds) and the deliveries
-/// (which free); the claimer waits for space.
+/// (which free); the claimer waits for space. Also counts the deliveries that finished, for
+/// the claimer's sizing.
 #[derive(Default)]
 struct Outstanding {
     outstanding: std::sync::atomic::AtomicUsize,
+    finished: std::sync::atomic::AtomicU64,
     space: tokio::sync::Notify,
 }
 
@@ -645,6 +655,16 @@ impl Outstanding {
 
     fn taken(&self, rows: usize) {
         self.outstanding.fetch_add(rows, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// A delivery finished: its row is freed and counted.
+    fn finished(&self) {
+        self.finished.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.freed(1);
+    }
+
+    fn finished_total(&self) -> u64 {
+        self.finished.load(std::sync::atomic::Ordering::Acquire)
     }
 
     fn freed(&self, rows: usize) {

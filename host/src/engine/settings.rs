@@ -54,8 +54,12 @@ impl RetryStrategy {
 /// Default `outbox_worker.concurrency`: deliveries in flight at once (events of one room
 /// always go one after another).
 pub const DEFAULT_CONCURRENCY: u32 = 16;
-/// `batch_size` above this is refused: a claim that large holds locks for too long.
+/// `batch_size` above this is refused: a claim that large holds locks for too long. A
+/// grown claim stays within it too.
 pub const MAX_BATCH_SIZE: u32 = 10_000;
+/// Default `outbox_worker.claim_growth` on PostgreSQL and MySQL/MariaDB: behind a backlog a
+/// claim grows to at most this many times `batch_size` (SQLite's default is 1).
+pub const DEFAULT_CLAIM_GROWTH: u32 = 4;
 /// Safety margin added to the computed minimum lease.
 pub const LEASE_MARGIN: Duration = Duration::from_secs(5);
 /// Default `outbox_worker.probe_interval`: how often an idle worker that probes checks for
@@ -102,6 +106,9 @@ pub struct WorkerConfig {
     pub poll_interval: Duration,
     /// Rows per claim.
     pub batch_size: u32,
+    /// Behind a backlog, how many times `batch_size` a claim may grow to; `None`: the
+    /// backend's default (4 on the server databases, 1 on SQLite).
+    pub claim_growth: Option<u32>,
     /// Bound on one delivery, sandbox and HTTP included.
     pub publish_timeout: Duration,
     /// Wait before a `retryable` row may be claimed again (default: `poll_interval`); the
@@ -155,6 +162,20 @@ impl WorkerConfig {
         u32::try_from(fits).unwrap_or(u32::MAX).saturating_sub(1).clamp(1, self.batch_size.max(1))
     }
 
+    /// How many times `batch_size` a claim may grow to behind a backlog on `backend`:
+    /// `claim_growth`, by default [`DEFAULT_CLAIM_GROWTH`] on the server databases and 1
+    /// (never) on SQLite, where larger claims measured slower; 1 under a rate limit, whose
+    /// claims are already sized to it.
+    pub fn claim_growth_on(&self, backend: crate::store::Backend) -> u32 {
+        if self.rate_limit.is_some() {
+            return 1;
+        }
+        self.claim_growth.unwrap_or(match backend {
+            crate::store::Backend::Sqlite => 1,
+            crate::store::Backend::Postgres | crate::store::Backend::Mysql => DEFAULT_CLAIM_GROWTH,
+        })
+    }
+
     /// The shortest lease that covers a healthy batch: every delivery slot runs its share
     /// of the batch back to back, each taking up to `publish_timeout`.
     pub fn min_lease(batch_size: u32, concurrency: u32, publish_timeout: Duration) -> Duration {
@@ -175,6 +196,7 @@ impl Default for WorkerConfig {
             enabled: true,
             poll_interval: DEFAULT_POLL_INTERVAL,
             batch_size: DEFAULT_BATCH_SIZE,
+            claim_growth: None,
             publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
             retry_interval: DEFAULT_POLL_INTERVAL,
             retry_strategy: RetryStrategy::FixedInterval,
