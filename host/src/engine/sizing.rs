@@ -67,89 +67,86 @@ mod tests {
 
     const LEASE: Duration = Duration::from_secs(30);
 
-    /// A sizer after two claims of 100 that came back with `got` rows, asked for at `at`
-    /// (nothing finished yet) and right after.
-    fn after(got: usize, at: Instant) -> ClaimSize {
-        let mut size = ClaimSize::new(100, 4, LEASE);
-        size.claimed(100, 100, (at, 0));
-        size.claimed(100, got, (at + Duration::from_millis(1), 0));
+    /// A sizer of `base` growing `growth` times, after full claims asked for at each
+    /// `(milliseconds after at, deliveries finished by then)`.
+    fn after(base: u32, growth: u32, at: Instant, asked: &[(u64, u64)]) -> ClaimSize {
+        let mut size = ClaimSize::new(base, growth, LEASE);
+        for &(ms, finished) in asked {
+            size.claimed(base, base as usize, (at + Duration::from_millis(ms), finished));
+        }
         size
+    }
+
+    /// Two full claims of 100 asked for at `at` and a millisecond later, nothing finished.
+    fn two_claims(at: Instant) -> ClaimSize {
+        after(100, 4, at, &[(0, 0), (1, 0)])
     }
 
     #[test]
     fn the_first_claims_are_the_base() {
         let at = Instant::now();
-        let mut size = ClaimSize::new(100, 4, LEASE);
-        assert_eq!(size.rows(1_000, at), 100);
-        size.claimed(100, 100, (at, 0));
-        assert_eq!(size.rows(1_000, at + Duration::from_secs(1)), 100, "one claim is not a window yet");
+        assert_eq!(after(100, 4, at, &[]).rows(1_000, at), 100);
+        let one = after(100, 4, at, &[(0, 0)]);
+        assert_eq!(one.rows(1_000, at + Duration::from_secs(1)), 100, "one claim is not a window yet");
     }
 
     #[test]
     fn a_fast_drain_after_a_full_claim_grows_to_the_most() {
         let at = Instant::now();
         // 5,000 deliveries a second: a quarter lease holds 37,500, far past 4 × 100.
-        assert_eq!(after(100, at).rows(500, at + Duration::from_millis(100)), 400);
+        assert_eq!(two_claims(at).rows(500, at + Duration::from_millis(100)), 400);
     }
 
     #[test]
     fn a_claim_bound_drain_grows_the_moment_its_claim_returns() {
         let at = Instant::now();
-        let mut size = ClaimSize::new(100, 4, LEASE);
         // Each claim takes 10 ms, and the deliveries finish the previous claim's 100 rows
         // while it is under way: the claimer asks again the moment a claim returns.
-        size.claimed(100, 100, (at, 0));
-        size.claimed(100, 100, (at + Duration::from_millis(10), 0));
+        let size = after(100, 4, at, &[(0, 0), (10, 0)]);
         assert_eq!(size.rows(100, at + Duration::from_millis(20)), 400);
     }
 
     #[test]
     fn slow_deliveries_ending_together_are_not_a_burst_of_speed() {
         let at = Instant::now();
-        let mut size = ClaimSize::new(100, 4, LEASE);
         // About 5 a second: a claim every 19 s; 16 deliveries end 5 ms after the last one.
-        size.claimed(100, 100, (at, 0));
-        let last = at + Duration::from_secs(19);
-        size.claimed(100, 100, (last, 100));
-        assert_eq!(size.rows(116, last + Duration::from_millis(5)), 100);
+        let size = after(100, 4, at, &[(0, 0), (19_000, 100)]);
+        assert_eq!(size.rows(116, at + Duration::from_millis(19_005)), 100);
     }
 
     #[test]
     fn growth_stops_where_the_rows_in_hand_would_outlast_a_quarter_lease() {
         let at = Instant::now();
         // 80 a second: twice 300 rows take 7.5 s, a quarter of the 30 s lease.
-        assert_eq!(after(100, at).rows(80, at + Duration::from_secs(1)), 300);
+        assert_eq!(two_claims(at).rows(80, at + Duration::from_secs(1)), 300);
     }
 
     #[test]
     fn a_slow_sink_keeps_the_base() {
         let at = Instant::now();
         // 16 deliveries at a time, 3 s each: about 5 a second.
-        assert_eq!(after(100, at).rows(16, at + Duration::from_secs(3)), 100);
-        assert_eq!(after(100, at).rows(0, at + Duration::from_secs(3)), 100);
+        assert_eq!(two_claims(at).rows(16, at + Duration::from_secs(3)), 100);
+        assert_eq!(two_claims(at).rows(0, at + Duration::from_secs(3)), 100);
     }
 
     #[test]
     fn a_short_claim_resets_to_the_base() {
         let at = Instant::now();
-        assert_eq!(after(99, at).rows(5_000, at + Duration::from_secs(1)), 100);
+        let mut size = two_claims(at);
+        size.claimed(400, 399, (at + Duration::from_millis(2), 0));
+        assert_eq!(size.rows(5_000, at + Duration::from_secs(1)), 100);
     }
 
     #[test]
     fn growth_one_never_grows() {
         let at = Instant::now();
-        let mut size = ClaimSize::new(100, 1, LEASE);
-        size.claimed(100, 100, (at, 0));
-        size.claimed(100, 100, (at, 0));
-        assert_eq!(size.rows(5_000, at + Duration::from_secs(1)), 100);
+        assert_eq!(after(100, 1, at, &[(0, 0), (1, 0)]).rows(5_000, at + Duration::from_secs(1)), 100);
     }
 
     #[test]
     fn the_most_stays_within_the_largest_batch() {
         let at = Instant::now();
-        let mut size = ClaimSize::new(4_000, 4, LEASE);
-        size.claimed(4_000, 4_000, (at, 0));
-        size.claimed(4_000, 4_000, (at, 0));
+        let size = after(4_000, 4, at, &[(0, 0), (1, 0)]);
         assert_eq!(size.rows(1_000_000, at + Duration::from_secs(1)), MAX_BATCH_SIZE);
     }
 }
