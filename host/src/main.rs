@@ -366,7 +366,10 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
                     config.table,
                     w.batch_size,
                     match Backend::from_url(&config.database.url).map(|b| w.claim_growth_on(b)) {
-                        Ok(growth) if growth > 1 => format!(" (up to {} behind a backlog)", w.batch_size * growth),
+                        Ok(growth) if growth > 1 => format!(
+                            " (up to {} behind a backlog)",
+                            outbox_host::engine::settings::largest_claim(w.batch_size, growth)
+                        ),
                         _ => String::new(),
                     },
                     outbox_host::units::format_duration(w.publish_timeout),

@@ -57,6 +57,11 @@ pub const DEFAULT_CONCURRENCY: u32 = 16;
 /// `batch_size` above this is refused: a claim that large holds locks for too long. A
 /// grown claim stays within it too.
 pub const MAX_BATCH_SIZE: u32 = 10_000;
+/// The most rows a claim of `base` may grow to with `growth`: `base × growth`, within
+/// [`MAX_BATCH_SIZE`] (but never below `base`).
+pub fn largest_claim(base: u32, growth: u32) -> u32 {
+    base.saturating_mul(growth.max(1)).min(MAX_BATCH_SIZE).max(base)
+}
 /// Default `outbox_worker.claim_growth` on PostgreSQL and MySQL/MariaDB: behind a backlog a
 /// claim grows to at most this many times `batch_size` (SQLite's default is 1).
 pub const DEFAULT_CLAIM_GROWTH: u32 = 4;

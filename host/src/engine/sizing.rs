@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::settings::MAX_BATCH_SIZE;
+use super::settings::largest_claim;
 
 /// When a claim was asked for, and how many deliveries had finished by then.
 pub(super) type Mark = (Instant, u64);
@@ -25,10 +25,9 @@ pub(super) struct ClaimSize {
 }
 
 impl ClaimSize {
-    /// `base` rows per claim, growing to at most `base × growth` (and [`MAX_BATCH_SIZE`]).
+    /// `base` rows per claim, growing to at most [`largest_claim`].
     pub(super) fn new(base: u32, growth: u32, lease: Duration) -> ClaimSize {
-        let most = base.saturating_mul(growth.max(1)).min(MAX_BATCH_SIZE).max(base);
-        ClaimSize { base, most, lease, asked: [None, None], last_full: false }
+        ClaimSize { base, most: largest_claim(base, growth), lease, asked: [None, None], last_full: false }
     }
 
     /// The rows to ask for now, when `finished` deliveries have finished in all.
@@ -64,6 +63,7 @@ impl ClaimSize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::settings::MAX_BATCH_SIZE;
 
     const LEASE: Duration = Duration::from_secs(30);
 
