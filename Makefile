@@ -7,7 +7,7 @@ BIN := $(TARGET_DIR)/debug/outbox-host
 WASM_TARGET_DIR := $(TARGET_DIR)/wasm-plugins
 DEMO := -c examples/outbox.yaml
 
-.PHONY: help run test plugins build lint fmt verify-migrations toolchain bench sink-component
+.PHONY: help run test plugins build lint fmt verify-migrations toolchain bench sink-component soak soak-short
 
 help: ## List the tasks
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -45,14 +45,23 @@ run: plugins build ## Start the host on SQLite with the fake sink, after enqueue
 	@echo "--- delivering; Ctrl-C drains and stops (run 'make run' again or '$(BIN) $(DEMO) enqueue ...' for more)"
 	$(BIN) $(DEMO) run
 
-test: toolchain ## Run the whole test suite (starts PostgreSQL and MariaDB, installs Chromium, when needed)
+test: toolchain ## Run the whole test suite (starts PostgreSQL and MariaDB, installs Chromium and faketime, when needed)
 	scripts/ensure-chromium.sh
+	scripts/ensure-faketime.sh
 	CARGO_TARGET_DIR=$(WASM_TARGET_DIR) cargo test --manifest-path plugins/Cargo.toml
 	source scripts/test-databases.sh && cargo test --workspace
 
 bench: plugins ## Benchmark on release builds: SQLite, plus PostgreSQL and MariaDB when reachable (BENCH_ARGS=--help)
 	cargo build --release -p outbox-host -p outbox-bench
 	source scripts/test-databases.sh && $(TARGET_DIR)/release/outbox-bench --json target/bench/latest.json $(BENCH_ARGS)
+
+soak: plugins ## The soak: 4 hosts, 2 then 3 sinks, 100,000 events on PostgreSQL and MariaDB under kills, a cut, a reload, a purge and a replay (SOAK_ARGS=--help)
+	cargo build --release -p outbox-host -p outbox-bench
+	source scripts/test-databases.sh && $(TARGET_DIR)/release/outbox-soak $(SOAK_ARGS)
+
+soak-short: plugins ## The soak's short version, on the debug build (what CI runs)
+	cargo build -p outbox-host -p outbox-bench --bin outbox-host --bin outbox-soak
+	source scripts/test-databases.sh && $(TARGET_DIR)/debug/outbox-soak --events 6000 --rate 600 --rooms 200 --drain-seconds 300 $(SOAK_ARGS)
 
 lint: toolchain ## cargo fmt --check and clippy with warnings as errors (host and plugins)
 	cargo fmt --all -- --check

@@ -12,8 +12,8 @@ use outbox_host::ops::metrics::Metrics;
 use outbox_host::sandbox::Deliver;
 use outbox_host::store::schema::TableInfo;
 use outbox_host::store::{
-    Backend, Backfilled, Claimed, Held, KeyValue, Mark, Minute, NewEvent, RegisteredSink, ReplayFilter, RetryFilter,
-    RoomOrder, Row, Stats, Store, StoreError,
+    Backend, Claimed, Held, KeyValue, Mark, Migrated, Minute, NewEvent, RegisteredSink, ReplayFilter, RetryFilter,
+    RoomOrder, Row, Stats, Step, Store, StoreError,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -33,7 +33,7 @@ impl Counting {
 
 #[async_trait]
 impl Store for Counting {
-    async fn migrate(&self) -> Result<(), StoreError> {
+    async fn migrate(&self) -> Result<Migrated, StoreError> {
         self.count();
         self.inner.migrate().await
     }
@@ -102,6 +102,10 @@ impl Store for Counting {
         self.count();
         self.inner.ping().await
     }
+    async fn clock_ms(&self) -> Result<i64, StoreError> {
+        self.count();
+        self.inner.clock_ms().await
+    }
     async fn has_pending(&self) -> Result<bool, StoreError> {
         self.count();
         self.inner.has_pending().await
@@ -136,12 +140,7 @@ impl Store for Counting {
         self.count();
         self.inner.fan_out(limit, now).await
     }
-    async fn backfill(
-        &self,
-        sink: &RegisteredSink,
-        after: Option<KeyValue>,
-        limit: u32,
-    ) -> Result<Backfilled, StoreError> {
+    async fn backfill(&self, sink: &RegisteredSink, after: Option<KeyValue>, limit: u32) -> Result<Step, StoreError> {
         self.count();
         self.inner.backfill(sink, after, limit).await
     }
@@ -149,13 +148,33 @@ impl Store for Counting {
         self.count();
         self.inner.finish_backfill(name, now).await
     }
-    async fn replay(&self, filter: &ReplayFilter, now: i64) -> Result<u64, StoreError> {
+    async fn count_replayable(&self, filter: &ReplayFilter) -> Result<i64, StoreError> {
         self.count();
-        self.inner.replay(filter, now).await
+        self.inner.count_replayable(filter).await
     }
-    async fn recopy(&self, sink: &RegisteredSink, filter: &ReplayFilter) -> Result<u64, StoreError> {
+    async fn replay(
+        &self,
+        filter: &ReplayFilter,
+        now: i64,
+        after: Option<KeyValue>,
+        limit: u32,
+    ) -> Result<Step, StoreError> {
         self.count();
-        self.inner.recopy(sink, filter).await
+        self.inner.replay(filter, now, after, limit).await
+    }
+    async fn count_recopy(&self, sink: &RegisteredSink, filter: &ReplayFilter) -> Result<i64, StoreError> {
+        self.count();
+        self.inner.count_recopy(sink, filter).await
+    }
+    async fn recopy(
+        &self,
+        sink: &RegisteredSink,
+        filter: &ReplayFilter,
+        after: Option<KeyValue>,
+        limit: u32,
+    ) -> Result<Step, StoreError> {
+        self.count();
+        self.inner.recopy(sink, filter, after, limit).await
     }
 }
 

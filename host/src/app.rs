@@ -54,6 +54,43 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
         .with_context(|| format!("database.url {}", redact_url(&config.database.url)))
 }
 
+/// Opens the database and brings the table to this host's migrations; returns the store
+/// opened again on the table as it is afterwards (a table adopted from elsewhere may name
+/// rows by event_id, or take '' for "nothing"), and what migrating found.
+pub async fn migrated_store(config: &Config) -> anyhow::Result<(Arc<dyn Store>, store::Migrated)> {
+    let store = open_store(config).await?;
+    let migrated = store.migrate().await.context("applying migrations");
+    store.close().await;
+    let migrated = migrated?;
+    Ok((open_store(config).await?, migrated))
+}
+
+/// Registers every configured sink on the table, in config order, so that `start_from: now`
+/// means the moment a sink first appears in any command that migrates (`migrate`, `run`,
+/// `enqueue`): a deployment that migrates before its producers start loses no event to a
+/// sink whose first `run` comes later. A sink configured when `migrated` says the table was
+/// just created starts from its beginning, whatever its `start_from`: no event is older.
+pub async fn register_sinks(
+    config: &Config,
+    store: &dyn Store,
+    migrated: store::Migrated,
+) -> anyhow::Result<Vec<RegisteredSink>> {
+    let mut registered: Vec<RegisteredSink> = Vec::new();
+    for (i, sink) in config.sinks.iter().enumerate() {
+        // Each a millisecond after the one before at least: the registry lists them in
+        // config order.
+        let now = registered.last().map_or(store::now_ms(), |last| store::now_ms().max(last.added_at_ms + 1));
+        let start = if migrated.created { 0 } else { sink.start_from.start_ms(now) };
+        registered.push(
+            store
+                .register_sink(&sink.name, start, i == 0, now)
+                .await
+                .with_context(|| format!("registering sink {} on {}", sink.name, config.table))?,
+        );
+    }
+    Ok(registered)
+}
+
 impl Host {
     /// Opens and migrates the database and loads the sink (unless the worker is disabled).
     pub async fn start(config: Config) -> anyhow::Result<Host> {
@@ -61,26 +98,13 @@ impl Host {
             tracing::warn!("{note}");
         }
         let sink_configs = config.require_sinks("run")?.to_vec();
-        let store = open_store(&config).await?;
-        store.migrate().await.context("applying migrations")?;
-        // Opened again: the store writes to the table as it is after migrating (a table
-        // adopted from elsewhere may name rows by event_id, or take '' for "nothing").
-        store.close().await;
-        let store = open_store(&config).await?;
+        let (store, migrated) = migrated_store(&config).await?;
         check_schema(store.as_ref(), &config.node_id).await?;
         let metrics = Arc::new(Metrics::new(&sink_configs[0].name));
         let mut sinks = Vec::new();
         let mut reloader = Reloader::default();
-        for (i, sink_config) in sink_configs.iter().enumerate() {
-            let registered = store
-                .register_sink(
-                    &sink_config.name,
-                    sink_config.start_from.start_ms(store::now_ms()),
-                    i == 0,
-                    store::now_ms(),
-                )
-                .await
-                .with_context(|| format!("registering sink {} on {}", sink_config.name, config.table))?;
+        let registered = register_sinks(&config, store.as_ref(), migrated).await?;
+        for ((i, sink_config), registered) in sink_configs.iter().enumerate().zip(registered) {
             if i == 0 && !registered.is_first(&config.table) {
                 tracing::warn!(sink = %registered.name, table = %registered.table, "this host's first sink is not the one the outbox's own status columns are for (that one was registered first); it keeps its state in its own table");
             }
@@ -170,6 +194,7 @@ impl Host {
             guard: admin::Guard::new(&self.config.admin),
             reloader: self.reloader.clone(),
             unready_after_db_failures: self.config.admin.unready_after_db_failures,
+            view: Default::default(),
         });
         let admin_stop = CancellationToken::new();
         let admin = self.admin.map(|listener| {

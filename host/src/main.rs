@@ -92,6 +92,12 @@ enum Command {
         /// Only events of this room.
         #[arg(long)]
         room: Option<String>,
+        /// Count the events the replay would deliver again, and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Do not ask before replaying more than a thousand events.
+        #[arg(long, short)]
+        yes: bool,
     },
     /// Run one delivery through a sink in the sandbox, without a database, and show every
     /// request it made (credentials redacted), each reply, its log lines and the outcome.
@@ -172,6 +178,9 @@ struct TrySinkArgs {
 /// `retry` asks before moving more rows than this, unless `--yes`.
 const RETRY_WITHOUT_ASKING: i64 = 10;
 
+/// `replay` asks before delivering more events again than this, unless `--yes`.
+const REPLAY_WITHOUT_ASKING: u64 = 1_000;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The sink author's tools need no config file and no database.
@@ -219,10 +228,13 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
             host.run(shutdown).await
         }
         Command::Migrate => {
-            let store = app::open_store(&config).await?;
-            store.migrate().await?;
-            say(&format!("{} is up to date\n", config.table));
+            let (store, migrated) = app::migrated_store(&config).await?;
+            let registered = app::register_sinks(&config, store.as_ref(), migrated).await;
             store.close().await;
+            say(&format!("{} is up to date\n", config.table));
+            for sink in registered? {
+                say(&format!("sink {} is registered ({})\n", sink.name, sink.table));
+            }
             Ok(())
         }
         Command::Status => {
@@ -275,10 +287,14 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
                     }
                 })
                 .collect();
-            let store = app::open_store(&config).await?;
-            store.migrate().await?;
-            store.insert(&events).await?;
+            // As `migrate` does: the configured sinks are registered before the first event.
+            let (store, migrated) = app::migrated_store(&config).await?;
+            let inserted = match app::register_sinks(&config, store.as_ref(), migrated).await {
+                Ok(_) => store.insert(&events).await.map_err(anyhow::Error::from),
+                Err(e) => Err(e),
+            };
             store.close().await;
+            inserted?;
             say(&format!("enqueued {count} {event_type} event(s) for room {room} as {status}\n"));
             if let (Some(first), Some(last)) = (events.first(), events.last()) {
                 say(&format!("event ids {} .. {}\n", first.event_id, last.event_id));
@@ -318,12 +334,12 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
             say(&format!("moved {moved} failed event(s) back to pending\n"));
             Ok(())
         }
-        Command::Replay { sink, from, to, event_type, room } => {
+        Command::Replay { sink, from, to, event_type, room, dry_run, yes } => {
             let filter = outbox_host::ops::replay_filter(&from, to.as_deref(), event_type, room)?;
             let store = app::open_store(&config).await?;
-            let replayed = outbox_host::ops::replay(store.clone(), &sink, &filter).await;
+            let replayed = replay(store.clone(), &sink, &filter, dry_run, yes).await;
             store.close().await;
-            say(&format!("replaying {} event(s) to sink {sink}\n", replayed?));
+            say(&replayed?);
             Ok(())
         }
         Command::Purge { delivered_before, batch } => {
@@ -459,6 +475,29 @@ fn new_sink(name: &str, dir: Option<PathBuf>, sdk: Option<PathBuf>) -> ExitCode 
             ExitCode::from(2)
         }
     }
+}
+
+/// `replay`: counts first; replays unless `dry_run`, asking before more than
+/// [`REPLAY_WITHOUT_ASKING`] events unless `yes`. Returns what to say.
+async fn replay(
+    store: std::sync::Arc<dyn outbox_host::store::Store>,
+    sink: &str,
+    filter: &outbox_host::store::ReplayFilter,
+    dry_run: bool,
+    yes: bool,
+) -> anyhow::Result<String> {
+    let matching = outbox_host::ops::count_replay(store.clone(), sink, filter).await?;
+    if dry_run {
+        return Ok(format!("would replay {matching} event(s) to sink {sink} (dry run: nothing changed)\n"));
+    }
+    if matching > REPLAY_WITHOUT_ASKING
+        && !yes
+        && !confirm(&format!("Deliver {matching} events again to sink {sink}?"))?
+    {
+        anyhow::bail!("nothing replayed ({matching} events match; pass --yes to replay them without asking)");
+    }
+    let replayed = outbox_host::ops::replay(store, sink, filter).await?;
+    Ok(format!("replaying {replayed} event(s) to sink {sink}\n"))
 }
 
 /// Asks on the terminal; refuses when there is no terminal to ask on.

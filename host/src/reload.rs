@@ -78,9 +78,18 @@ impl Reloader {
         let _one_at_a_time = sink.busy.lock().await;
         let current = sink.slot.get().digest();
         let worker = &sink.config.worker;
-        let loaded =
-            SinkRuntime::load_checked(&sink.config, worker.concurrency, worker.publish_timeout, sink.metrics.clone())
-                .await;
+        let loaded = match trusted(&sink.config.plugin) {
+            Ok(()) => {
+                SinkRuntime::load_checked(
+                    &sink.config,
+                    worker.concurrency,
+                    worker.publish_timeout,
+                    sink.metrics.clone(),
+                )
+                .await
+            }
+            Err(why) => Err(anyhow::anyhow!("sink.plugin {}: {why}", sink.config.plugin.display())),
+        };
         match loaded {
             Ok(runtime) => {
                 let to: Arc<str> = runtime.digest_text().into();
@@ -122,8 +131,9 @@ impl Reloader {
         }
     }
 
-    /// Until `stop`, reloads each sink whose plugin file changes (its size, modification time
-    /// or inode: a deploy that renames a new file over the old one is seen too).
+    /// Until `stop`, reloads each sink whose plugin file changes (its size, modification time,
+    /// inode or content: a deploy that renames a new file over the old one is seen, and so is
+    /// a rewrite in place that keeps the size and the modification time).
     pub async fn watch(self: Arc<Self>, stop: CancellationToken) {
         let mut seen: Vec<Option<FileStamp>> = self.sinks.iter().map(|s| stamp(&s.config.plugin)).collect();
         loop {
@@ -142,18 +152,42 @@ impl Reloader {
     }
 }
 
-/// What says a file changed, without reading it.
+/// What says a file changed: its metadata and a digest of its content.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct FileStamp {
     len: u64,
     modified: Option<std::time::SystemTime>,
     inode: u64,
+    digest: [u8; 32],
 }
 
 fn stamp(path: &Path) -> Option<FileStamp> {
+    use sha2::Digest as _;
     use std::os::unix::fs::MetadataExt as _;
     let meta = std::fs::metadata(path).ok()?;
-    Some(FileStamp { len: meta.len(), modified: meta.modified().ok(), inode: meta.ino() })
+    let digest = sha2::Sha256::digest(std::fs::read(path).ok()?).into();
+    Some(FileStamp { len: meta.len(), modified: meta.modified().ok(), inode: meta.ino(), digest })
+}
+
+/// Refuses a plugin file another user could have written: one that is group- or
+/// world-writable, or not owned by the user this host runs as (a reload runs whatever the
+/// file holds, with this host's egress and database).
+fn trusted(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot be read: {e}"))?;
+    let mode = meta.mode() & 0o777;
+    if mode & 0o022 != 0 {
+        return Err(format!(
+            "is writable by other users (mode {mode:04o}): a reload would run what they wrote; chmod go-w it"
+        ));
+    }
+    // `/proc/self` belongs to the user this process runs as.
+    let ours =
+        std::fs::metadata("/proc/self").map(|m| m.uid()).map_err(|e| format!("cannot tell this host's user: {e}"))?;
+    if meta.uid() != ours {
+        return Err(format!("is owned by uid {}, not by this host's user (uid {ours}): chown it", meta.uid()));
+    }
+    Ok(())
 }
 
 /// Reloads every sink of `reloader` on each `SIGHUP`, until `stop`.

@@ -41,13 +41,26 @@ pub struct TryOptions {
 pub struct TryReport {
     /// What the sink did, in order.
     pub steps: Vec<Step>,
+    /// The values of the sink's config keys that name credentials (`--set secret_key=…`):
+    /// shown as `***` wherever they appear.
+    pub secrets: Vec<String>,
     /// The outcome, as the host classified and bounded it.
     pub outcome: Result<Delivered, crate::sandbox::AttemptFailure>,
 }
 
 impl TryReport {
-    /// The report as `try-sink` prints it.
+    /// The report as `try-sink` prints it, every configured secret's value shown as `***`
+    /// wherever it appears (a sink may log or send one by mistake).
     pub fn render(&self) -> String {
+        let mut out = self.transcript();
+        for secret in &self.secrets {
+            out = out.replace(secret.as_str(), "***");
+        }
+        out
+    }
+
+    /// [`TryReport::render`] before the secrets are hidden.
+    fn transcript(&self) -> String {
         let mut out = String::new();
         for step in &self.steps {
             match step {
@@ -102,6 +115,10 @@ impl TryReport {
     }
 }
 
+/// Shorter values of secret keys are not searched for in the transcript (hiding every `a`
+/// would hide nothing and garble the rest).
+const MIN_SECRET_CHARS: usize = 4;
+
 /// Loads the sink as `run` would, checks its config, and delivers one event.
 pub async fn try_sink(options: TryOptions) -> anyhow::Result<TryReport> {
     let body = crate::envelope::body_from_json_text(&options.event_type, options.body.as_deref())?;
@@ -126,7 +143,15 @@ pub async fn try_sink(options: TryOptions) -> anyhow::Result<TryReport> {
         attempt: options.attempt.max(1),
     };
     let outcome = runtime.deliver(&event, options.timeout).await;
-    Ok(TryReport { steps: trial.steps(), outcome })
+    // Longest first, so that a secret containing another is hidden whole.
+    let mut secrets: Vec<String> = options
+        .settings
+        .iter()
+        .filter(|(key, value)| crate::sandbox::trial::is_secret(key) && value.len() >= MIN_SECRET_CHARS)
+        .map(|(_, value)| value.clone())
+        .collect();
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    Ok(TryReport { steps: trial.steps(), secrets, outcome })
 }
 
 /// `new-sink`'s crate: the template in `plugins/template`, renamed.

@@ -68,22 +68,43 @@ pub fn clip_chars(text: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
     }
 }
 
-/// A database URL with its password replaced by `***`, safe for logs and errors.
+/// A database URL with its password replaced by `***`, safe for logs and errors: the one in
+/// its user info, and any query parameter that carries a credential (`?password=…`).
 pub fn redact_url(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => match rest.split_once('@') {
-            Some((user_info, host)) => {
-                let user = user_info.split(':').next().unwrap_or("");
-                if user_info.contains(':') {
-                    format!("{scheme}://{user}:***@{host}")
-                } else {
-                    format!("{scheme}://{user}@{host}")
-                }
-            }
-            None => url.to_string(),
-        },
-        None => url.to_string(),
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
+    let (address, query) = match rest.split_once('?') {
+        Some((address, query)) => (address, Some(query)),
+        None => (rest, None),
+    };
+    let mut out = match address.rsplit_once('@') {
+        Some((user_info, host)) => {
+            let user = user_info.split(':').next().unwrap_or("");
+            let password = if user_info.contains(':') { ":***" } else { "" };
+            format!("{scheme}://{user}{password}@{host}")
+        }
+        None => format!("{scheme}://{address}"),
+    };
+    if let Some(query) = query {
+        let pairs: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((key, _)) if names_a_credential(key) => format!("{key}=***"),
+                _ => pair.to_string(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&pairs.join("&"));
     }
+    out
+}
+
+/// Whether a URL query parameter's name says it carries a credential.
+fn names_a_credential(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    matches!(key.as_str(), "pass" | "pwd" | "key")
+        || ["password", "passwd", "secret", "token", "sslkey", "ssl-key", "ssl_key", "api_key", "api-key", "apikey"]
+            .iter()
+            .any(|word| key.contains(word))
 }
 
 /// JSON text (as `serde_json` writes it) with the unsafe characters it leaves raw (DEL, C1
@@ -107,6 +128,19 @@ pub fn json_for_terminal(json: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redact_url_hides_the_password_in_the_user_info_and_in_the_query() {
+        assert_eq!(redact_url("postgres://app:s3cret@db:5432/outbox"), "postgres://app:***@db:5432/outbox");
+        assert_eq!(redact_url("mysql://root@127.0.0.1/test"), "mysql://root@127.0.0.1/test");
+        assert_eq!(
+            redact_url("postgres://db/outbox?user=app&password=s3cret&sslmode=require"),
+            "postgres://db/outbox?user=app&password=***&sslmode=require"
+        );
+        assert_eq!(redact_url("mysql://db/x?ssl-key=/k.pem&PWD=a@b"), "mysql://db/x?ssl-key=***&PWD=***");
+        assert_eq!(redact_url("postgres://u:p@ss@db/x"), "postgres://u:***@db/x");
+        assert_eq!(redact_url("sqlite://outbox.db"), "sqlite://outbox.db");
+    }
 
     #[test]
     fn clip_chars_counts_characters_and_marks_the_cut() {

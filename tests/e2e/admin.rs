@@ -7,10 +7,7 @@ use outbox_host::store::Status;
 
 use crate::support::{Running, World, per_backend};
 
-async fn get(url: &str) -> (u16, String) {
-    let response = reqwest::get(url).await.expect("admin listener answers");
-    (response.status().as_u16(), response.text().await.unwrap())
-}
+use crate::breaker::get;
 
 /// Asks `/readyz` every `pause`, up to `tries` times, until it answers 503; the last answer.
 async fn until_unready(base: &str, tries: usize, pause: Duration) -> (u16, String) {
@@ -211,5 +208,106 @@ async fn without_a_token_the_listener_is_read_only() {
     assert!(html.contains("Retrying from this page is off"), "{html}");
     assert!(!html.contains("<button"), "{html}");
     assert_eq!(world.row(&failed).await.status, Status::Failed);
+    host.stop().await;
+}
+
+/// What any web page can make an operator's browser ask: every read but the probes' and
+/// the scrapes' is refused when the browser marks it cross-site, so no page elsewhere can
+/// read events or make the host count its tables.
+#[tokio::test]
+async fn cross_site_reads_are_refused_except_probes_and_scrapes() {
+    let world = World::new().await;
+    let (host, base, failed, _) = guarded_host(&world, Some(TOKEN)).await;
+    let client = reqwest::Client::new();
+    let read =
+        |path: &str, site: &'static str| client.get(format!("{base}{path}")).header("sec-fetch-site", site).send();
+    for path in ["/", "/api/status", &format!("/api/events/{failed}")] {
+        let refused = read(path, "cross-site").await.unwrap();
+        assert_eq!(refused.status(), 403, "{path}");
+        assert_eq!(refused.text().await.unwrap(), "cross-site request refused\n");
+        assert_eq!(read(path, "same-origin").await.unwrap().status(), 200, "{path}");
+        assert_eq!(read(path, "none").await.unwrap().status(), 200, "{path}: typed into the address bar");
+    }
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(read(path, "cross-site").await.unwrap().status(), 200, "{path}");
+    }
+    host.stop().await;
+}
+
+/// The page and `/api/status` read the tables at most about once a second: a count asked
+/// again at once is the one read a moment ago, and a later ask reads the table anew.
+#[tokio::test]
+async fn the_page_and_the_status_api_read_the_tables_at_most_once_a_second() {
+    let world = World::new().await;
+    let (host, base, _, _) = guarded_host(&world, None).await;
+    let failed_count = |json: &str| -> i64 {
+        serde_json::from_str::<serde_json::Value>(json).unwrap()["counts"]["failed"].as_i64().unwrap()
+    };
+    let url = format!("{base}/api/status");
+    // A pair of reads close together (well within the second), around a new failed row.
+    let mut pair = None;
+    for _ in 0..5 {
+        let started = std::time::Instant::now();
+        let before = failed_count(&get(&url).await.1);
+        world
+            .insert(
+                &format!("evt-bad-{}", outbox_host::clock::random_u64()),
+                "RoomGiftSent",
+                "room-z",
+                Status::Failed,
+                vec![1],
+            )
+            .await;
+        let after = failed_count(&get(&url).await.1);
+        if started.elapsed() < Duration::from_millis(500) {
+            pair = Some((before, after));
+            break;
+        }
+    }
+    let (before, after) = pair.expect("two reads within half a second");
+    assert_eq!(after, before, "the second read is served from the first");
+    // Later, the table is read again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while failed_count(&get(&url).await.1) == before {
+        assert!(std::time::Instant::now() < deadline, "the counts were never read again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    host.stop().await;
+}
+
+/// With `admin.token` set and the listener on every address (not loopback), the page and
+/// the API need the token to be read: as a bearer, or as the password of the browser's
+/// Basic prompt. Probes and scrapes need none.
+#[tokio::test]
+async fn off_loopback_reads_need_the_token() {
+    let world = World::new().await;
+    let failed = world.produce("RoomGiftSent", "room-bad", Status::Pending).await;
+    let config = world
+        .setup("retry_interval: 1h", "room.room-bad: permanent")
+        .set(&["admin", "listen"], "0.0.0.0:0")
+        .set(&["admin", "token"], TOKEN);
+    let mut host = Running::start(config.parse()).await;
+    host.wait_status(&world, &[&failed], Status::Failed).await;
+    let base = format!("http://127.0.0.1:{}", host.admin.unwrap().port());
+    let client = reqwest::Client::new();
+    for path in ["/", "/api/status", &format!("/api/events/{failed}")] {
+        let refused = client.get(format!("{base}{path}")).send().await.unwrap();
+        assert_eq!(refused.status(), 401, "{path}");
+        let challenges: Vec<_> =
+            refused.headers().get_all("www-authenticate").iter().map(|v| v.to_str().unwrap().to_string()).collect();
+        assert!(challenges.contains(&"Basic realm=\"outbox-host\"".to_string()), "{challenges:?}");
+        let wrong = client.get(format!("{base}{path}")).bearer_auth("not-the-token-at-all").send().await.unwrap();
+        assert_eq!(wrong.status(), 401, "{path}");
+        assert_eq!(
+            client.get(format!("{base}{path}")).bearer_auth(TOKEN).send().await.unwrap().status(),
+            200,
+            "{path}"
+        );
+        let basic = client.get(format!("{base}{path}")).basic_auth("operator", Some(TOKEN)).send().await.unwrap();
+        assert_eq!(basic.status(), 200, "{path}");
+    }
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(client.get(format!("{base}{path}")).send().await.unwrap().status(), 200, "{path}");
+    }
     host.stop().await;
 }

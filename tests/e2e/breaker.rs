@@ -17,13 +17,13 @@ const ROOMS: usize = 20;
 const PER_ROOM: usize = 10;
 const CONCURRENCY: usize = 16;
 
-async fn get(url: &str) -> (u16, String) {
+pub(crate) async fn get(url: &str) -> (u16, String) {
     let response = reqwest::get(url).await.expect("admin listener answers");
     (response.status().as_u16(), response.text().await.unwrap())
 }
 
 /// The value of one sample line of `/metrics`, e.g. `room_outbox_sink_state{sink="tencent-im"}`.
-async fn metric(base: &str, series: &str) -> f64 {
+pub(crate) async fn metric(base: &str, series: &str) -> f64 {
     let text = get(&format!("{base}/metrics")).await.1;
     let line = text.lines().find(|l| l.starts_with(series)).unwrap_or_else(|| panic!("no {series} in\n{text}"));
     line[series.len()..].trim().parse().unwrap()

@@ -84,18 +84,16 @@ async fn an_entry_without_a_port_does_not_allow_every_port() {
     assert!(target.seen().is_empty());
 }
 
-/// Plain `http` needs `sink.allow_http: true`.
+/// Plain `http` needs `sink.allow_http: true`. A request the policy refuses is a config
+/// mistake: the row waits without spending an attempt.
 #[tokio::test]
 async fn plain_http_is_off_by_default() {
     let world = World::new().await;
     let row =
         attempt(&world, &format!("http:{}", world.collector.url("/ok")), vec![], &[("allow_http", "false")]).await;
-    assert_eq!(row.status, Status::Retryable);
+    assert_eq!((row.status, row.retry_count), (Status::Retryable, 0));
     // The fake sink's report to its collector is its first request, and is refused the same way.
-    assert_eq!(
-        row.last_error.unwrap(),
-        "collector unreachable: denied: plain http is off for this sink (sink.allow_http)"
-    );
+    assert_eq!(row.last_error.unwrap(), "misconfigured: plain http is off for this sink (sink.allow_http)");
 }
 
 /// `Host`, `Connection` and `Proxy-*` come from the host, not the sink.
@@ -131,4 +129,25 @@ async fn requests_per_attempt_and_body_size_are_bounded() {
     let error = row.last_error.unwrap();
     assert!(error.contains("request body of 2000000 bytes is larger than sink.max_request_bytes (65536)"), "{error}");
     assert!(world.collector.seen().is_empty());
+}
+
+/// `localhost.` (a fully qualified name) is `localhost`, under the same policy: refused for
+/// resolving to loopback until the address is allowed, then delivered.
+#[tokio::test]
+async fn a_name_with_a_trailing_dot_is_the_same_name() {
+    let world = World::new().await;
+    let target = Collector::start().await;
+    let port = target.port();
+    let url = format!("http://localhost.:{port}/ok");
+    let row = attempt(&world, &format!("http:{url}"), vec![format!("localhost:{port}")], &[]).await;
+    assert_eq!(row.status, Status::Retryable);
+    let error = row.last_error.unwrap();
+    assert!(error.contains("localhost resolves to an address sinks may not reach"), "{error}");
+    assert!(target.seen().is_empty(), "the request went out");
+
+    let world = World::new().await;
+    let hosts = vec![format!("localhost:{port}"), format!("127.0.0.0/8:{port}")];
+    let row = attempt(&world, &format!("http:{url}"), hosts, &[]).await;
+    assert_eq!(row.status, Status::Delivered, "{:?}", row.last_error);
+    assert_eq!(target.seen().len(), 1);
 }

@@ -18,3 +18,73 @@ async fn worker_delivers_a_row_whose_lease_expired(world: World) {
     host.stop().await;
     assert_eq!(world.collector.attempts_of(&id).len(), 1);
 }
+
+/// A second host whose own clock runs a minute ahead (under `faketime`) starts while the
+/// first holds leases on every waiting row: it judges them by the database's clock, so it
+/// takes none of them, and each event is attempted once.
+async fn a_host_whose_clock_runs_ahead_takes_no_live_lease(world: World) {
+    use std::time::Duration;
+    let ids: Vec<String> = {
+        let mut ids = Vec::new();
+        for i in 0..8 {
+            ids.push(world.produce("RoomGiftSent", &format!("room-{i}"), Status::Pending).await);
+        }
+        ids
+    };
+    let setup = world.setup("publish_timeout: 5s\nbatch_size: 10\nconcurrency: 4", "default: sleep:2500");
+    let mut first = Running::start(setup.parse()).await;
+    first
+        .wait_for("the first host to hold every row", || async {
+            world.producer.stats().await.unwrap().count(Status::Delivering) == 8
+        })
+        .await;
+    let config = crate::binary::write_config(&world, &setup.yaml());
+    // libfaketime preloaded into the host itself (the `faketime` wrapper would stand between
+    // the test and the host's signals).
+    let ahead = std::process::Command::new(crate::binary::BIN)
+        .arg("--config")
+        .arg(&config)
+        .arg("run")
+        .env("LD_PRELOAD", libfaketime())
+        .env("FAKETIME", "+60s")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    first
+        .wait_for_within("every event delivered", Duration::from_secs(60), || async {
+            world.producer.stats().await.unwrap().count(Status::Delivered) == 8
+        })
+        .await;
+    crate::binary::signal(&ahead, "TERM");
+    let out = crate::binary::wait_exit(ahead).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("this host's clock and the database's differ by more than a second"), "{stderr}");
+    first.stop().await;
+    for id in &ids {
+        assert_eq!(world.collector.attempts_of(id).len(), 1, "{id} was attempted twice: a live lease was taken");
+    }
+}
+
+#[tokio::test]
+async fn postgres_a_host_whose_clock_runs_ahead_takes_no_live_lease() {
+    let Some(db) = crate::support::TestDb::postgres().await else { return };
+    a_host_whose_clock_runs_ahead_takes_no_live_lease(World::on(db).await).await
+}
+
+#[tokio::test]
+async fn mysql_a_host_whose_clock_runs_ahead_takes_no_live_lease() {
+    let Some(db) = crate::support::TestDb::mysql().await else { return };
+    a_host_whose_clock_runs_ahead_takes_no_live_lease(World::on(db).await).await
+}
+
+/// Debian's libfaketime (`make test` installs the faketime package).
+fn libfaketime() -> String {
+    let found =
+        ["/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1", "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists());
+    found.expect("libfaketime is missing: apt-get install faketime (make test does)").to_string()
+}

@@ -9,6 +9,7 @@ mod breaker;
 mod browser;
 mod claims;
 mod conformance;
+mod edges;
 mod egress;
 mod flow;
 mod hostile;

@@ -57,10 +57,22 @@ async fn attempts_exhausted_become_failed() {
     assert_eq!(error, "gave up after 1 attempts: fake: scripted retryable failure");
 }
 
+/// A request outside `allowed_hosts` is refused; the attempt is a config mistake, not the
+/// event's: deferred without spending an attempt, with the policy's reason, while the
+/// healthy event in the same batch is delivered.
 #[tokio::test]
-async fn a_request_to_a_host_not_allowed_is_refused_and_visible_to_the_sink() {
-    let error = fault("http:http://127.0.0.1:9/forbidden", "", Status::Retryable).await;
-    assert_eq!(error, "http: denied: 127.0.0.1:9 is not in this sink's allowed_hosts");
+async fn a_request_to_a_host_not_allowed_is_refused_and_the_row_deferred() {
+    let world = World::new().await;
+    let bad = world.produce("RoomGiftSent", "room-bad", Status::Pending).await;
+    let good = world.produce("RoomGiftSent", "room-good", Status::Pending).await;
+    let config = world.config("retry_interval: 1h", "room.room-bad: \"http:http://127.0.0.1:9/forbidden\"");
+    let mut host = Running::start(config).await;
+    host.wait_status(&world, &[&good], Status::Delivered).await;
+    host.wait_status(&world, &[&bad], Status::Retryable).await;
+    host.stop().await;
+    let row = world.row(&bad).await;
+    assert_eq!(row.retry_count, 0, "no attempt spent");
+    assert_eq!(row.last_error.as_deref(), Some("misconfigured: 127.0.0.1:9 is not in this sink's allowed_hosts"));
 }
 
 #[tokio::test]
@@ -226,7 +238,7 @@ async fn a_cache_directory_others_can_write_is_refused() {
     assert!(cwasm_files(&open).is_empty(), "something was written into it");
 }
 
-/// A sink built for `outbox:sink@0.1.0` (before `flow` existed) loads in this 0.1.1 host
+/// A sink built for `outbox:sink@0.1.0` (before `flow` and `egress` existed) loads in this 0.1.2 host
 /// and delivers; its failures are counted as before.
 #[tokio::test]
 async fn a_sink_built_for_0_1_0_still_loads_and_delivers() {
@@ -255,7 +267,7 @@ async fn a_sink_built_for_another_contract_is_refused_naming_both_versions() {
     let world = World::new().await;
     let config = world.setup("", "").set(&["sink", "plugin"], outbox_test_support::SINK_0_2_0);
     let expected = "was built for outbox:sink@0.2.0, a contract this host does not speak: build the sink against \
-                    this host's wit/sink.wit; this host offers outbox:sink@0.1.0 to 0.1.1";
+                    this host's wit/sink.wit; this host offers outbox:sink@0.1.0 to 0.1.2";
     let err = outbox_host::sandbox::SinkRuntime::load(&config.parse().sinks.remove(0), 1).err().unwrap().to_string();
     assert!(err.starts_with("sink.plugin: ") && err.contains(expected), "{err}");
 

@@ -78,6 +78,19 @@ async fn try_sink_runs_the_fake_sink_live_and_dry() {
     let (code, _, stderr) = try_sink(&args(&refused)).await;
     assert_eq!(code, 2);
     assert!(stderr.contains("sink.config.default: unknown behaviour \"bogus\" (reported by the sink)"), "{stderr}");
+
+    // A careless sink logs and posts a secret of its config: shown as *** wherever it is.
+    let collector = format!("collector={}", world.collector.url("/report"));
+    let leaky = [
+        &base[..],
+        &["--set", "default=leak:api_token", "--set", "api_token=s3cr3t-value-123", "--set", &collector, "--dry-run"],
+    ]
+    .concat();
+    let (code, stdout, _) = try_sink(&args(&leaky)).await;
+    assert_eq!(code, 0, "{stdout}");
+    assert!(stdout.contains("log      info: config api_token is ***\n"), "{stdout}");
+    assert!(stdout.contains("body: api_token=***\n"), "{stdout}");
+    assert!(!stdout.contains("s3cr3t"), "a secret was printed: {stdout}");
 }
 
 #[tokio::test]

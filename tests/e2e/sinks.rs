@@ -91,7 +91,10 @@ async fn two_sinks_on_one_table_each_get_every_event_once_from_four_hosts(world:
     let row = world.row(&events[0].event_id).await;
     let copy = im_state.get(&events[0].event_id).await.unwrap().expect("a copy in the sink's table");
     assert_eq!((row.status, copy.status), (Status::Delivered, Status::Delivered));
-    assert_eq!((copy.id, copy.envelope.as_slice()), (row.id, events[0].envelope.as_slice()), "the same event, id kept");
+    assert_eq!(
+        (copy.event_id.as_str(), copy.envelope.as_slice()),
+        (row.event_id.as_str(), events[0].envelope.as_slice())
+    );
 }
 
 /// The first sink fails every event permanently; the second (Tencent IM) still gets every
@@ -301,6 +304,17 @@ async fn a_replayed_range_reaches_that_sink_only(world: World) {
     let client = reqwest::Client::new();
     let url = format!("{base}/api/sinks/audit/replay?from={from}&to={to}&room=room-1");
     assert!(!client.post(&url).send().await.unwrap().status().is_success(), "no token, no replay");
+    // A replay over HTTP says how far it may go: without a limit, or past it, the answer is
+    // the count, and nothing moves.
+    let without = client.post(&url).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(without.status(), 400);
+    let answer: serde_json::Value = serde_json::from_str(&without.text().await.unwrap()).unwrap();
+    assert_eq!((answer["matching"].as_u64(), answer["sink"].as_str()), (Some(1), Some("audit")));
+    let over = client.post(format!("{url}&limit=0")).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(over.status(), 409);
+    assert!(over.text().await.unwrap().contains("1 events match, more than the limit of 0: nothing replayed"));
+    assert_eq!(count(audit_state.as_ref(), Status::Delivered).await, 80, "nothing moved");
+    let url = format!("{url}&limit=1");
     let answer: serde_json::Value =
         serde_json::from_str(&client.post(&url).bearer_auth(TOKEN).send().await.unwrap().text().await.unwrap())
             .unwrap();

@@ -162,18 +162,25 @@ async fn a_reply_slower_than_publish_timeout_is_retryable() {
     assert!(error.contains("publish_timeout"), "{error}");
 }
 
+/// The sink declares its endpoint: one outside `allowed_hosts` refuses the start, naming
+/// the key, before any row is touched.
 #[tokio::test]
-async fn an_endpoint_not_in_allowed_hosts_is_refused_and_failed() {
+async fn an_endpoint_not_in_allowed_hosts_is_refused_at_start() {
     let world = World::new().await;
     let im = TencentIm::start([]).await;
     let id = world.produce("RoomGiftSent", "room-1", Status::Pending).await;
     let mut spec = sink(&im, "http://127.0.0.2:9");
     spec.allowed_hosts = vec![im.host_port()];
-    let mut host = Running::start(world.config_with("", &spec)).await;
-    host.wait_status(&world, &[&id], Status::Failed).await;
-    host.stop().await;
-    let error = world.row(&id).await.last_error.unwrap();
-    assert_eq!(error, "Tencent IM: denied: 127.0.0.2:9 is not in this sink's allowed_hosts");
+    let refused = outbox_host::app::Host::start(world.config_with("", &spec)).await.err().expect("refused");
+    let refused = format!("{refused:#}");
+    assert!(
+        refused.contains(
+            "endpoint: http://127.0.0.2:9 cannot be reached: 127.0.0.2:9 is not in this sink's allowed_hosts"
+        ),
+        "{refused}"
+    );
+    let row = world.row(&id).await;
+    assert_eq!((row.status, row.retry_count), (Status::Pending, 0));
     assert!(im.received().is_empty());
 }
 

@@ -179,6 +179,13 @@ fn read_config(f: &mut Fields<'_>, notes: &mut Vec<String>) -> Config {
         let table = f.take::<String>("table").unwrap_or_else(|| DEFAULT_TABLE.into());
         if !is_identifier(&table) {
             f.problem("table", format!("{table:?} is not a plain SQL identifier (letters, digits and '_', not starting with a digit, at most 63)"));
+        } else if table.chars().any(|c| c.is_ascii_uppercase()) {
+            // The host writes the name unquoted, which PostgreSQL folds to lower case and MySQL
+            // on Linux does not: one spelling everywhere, or a check would miss what is there.
+            f.problem(
+                "table",
+                format!("{table:?} has upper-case letters: use lower case ({:?})", table.to_ascii_lowercase()),
+            );
         } else if let Some(limit) = backend.and_then(identifier_limit) {
             let bookkeeping = format!("{table}{MIGRATIONS_SUFFIX}");
             if bookkeeping.len() > limit {

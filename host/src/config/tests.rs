@@ -124,6 +124,12 @@ fn the_table_must_be_an_identifier() {
 }
 
 #[test]
+fn a_mixed_case_table_is_refused_naming_its_lower_case_spelling() {
+    let p = problems("outbox:\n  table: RoomOutbox\n");
+    assert_eq!(p, ["outbox.table: \"RoomOutbox\" has upper-case letters: use lower case (\"roomoutbox\")"]);
+}
+
+#[test]
 fn a_lease_shorter_than_a_batch_is_refused() {
     let p = problems(
         "outbox_worker:\n  batch_size: 100\n  concurrency: 10\n  publish_timeout: 3s\n  lease_duration: 10s\n",

@@ -12,7 +12,7 @@ use super::retry::after_failure;
 use super::settings::WorkerConfig;
 use crate::ops::metrics::Metrics;
 use crate::sandbox::{AttemptFailure, Deliver, Delivered, FailureClass, Pressure};
-use crate::store::{Claimed, Outcome, now_ms};
+use crate::store::{Claimed, Outcome};
 
 /// Delivers `row` through `sink` and returns the outcome to record, and what the attempt
 /// says about the destination (for the circuit breaker).
@@ -21,6 +21,7 @@ pub async fn deliver_one(
     config: &WorkerConfig,
     metrics: &Metrics,
     node_id: &str,
+    clock: &super::dbclock::DbClock,
     row: &Claimed,
 ) -> (Outcome, Verdict) {
     let span = tracing::info_span!(
@@ -41,7 +42,7 @@ pub async fn deliver_one(
         };
         let outcome = match &result {
             Ok(_) => Outcome::Delivered,
-            Err(failure) => after_failure(failure, attempt, config, now_ms(), super::retry::draw()),
+            Err(failure) => after_failure(failure, attempt, config, clock.now_ms(), super::retry::draw()),
         };
         let verdict = verdict(&result, took.is_some());
         // Which build of the sink this was, for the operator who reloads it.
@@ -73,7 +74,11 @@ pub async fn deliver_one(
                     error = outcome.error().unwrap_or_default(),
                     plugin,
                     "{}",
-                    if pushed.is_some() { "delivery deferred: the sink pushed back" } else { "delivery failed" }
+                    match pushed {
+                        Some(Pressure::Misconfigured) => "delivery deferred: the sink's config denies this request",
+                        Some(_) => "delivery deferred: the sink pushed back",
+                        None => "delivery failed",
+                    }
                 );
             }
         }
@@ -90,6 +95,9 @@ fn verdict(result: &Result<Delivered, AttemptFailure>, called: bool) -> Verdict 
     match (failure.class, failure.pressure) {
         _ if !called => Verdict::Neutral,
         (FailureClass::Retryable, Some(Pressure::RoomThrottled)) => Verdict::Neutral,
+        (FailureClass::Retryable, Some(Pressure::Misconfigured)) => {
+            Verdict::Misconfigured { reason: failure.message.clone() }
+        }
         (FailureClass::Retryable, Some(pressure)) => {
             Verdict::PushedBack { throttled: pressure == Pressure::Throttled, retry_after: failure.retry_after }
         }

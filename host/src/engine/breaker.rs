@@ -10,6 +10,12 @@
 //!   destination answers (delivered, skipped, or a permanent failure about the event), the
 //!   breaker closes and the cool-down starts over; if it fails again, the breaker reopens.
 //!
+//! - **Misconfigured**: an attempt failed after the sink's own egress policy refused one of
+//!   its requests (`allowed_hosts`, `allow_http`): a config mistake, which no retry fixes
+//!   and which must not consume the events. Like open, nothing starts and the waiting rows
+//!   keep their attempts; probes follow the same growing cool-down, and readiness says so
+//!   until a probe gets past the policy.
+//!
 //! Traps, envelopes that do not decode and room-scoped push-backs say nothing about the
 //! destination and leave the breaker as it is. The breaker is per host: each host learns
 //! of an outage from its own attempts (a handful each, see the README).
@@ -57,6 +63,9 @@ pub enum State {
     HalfOpen,
     /// Nothing starts until the cool-down has passed.
     Open,
+    /// Nothing starts until the cool-down has passed: the sink's config denies where it
+    /// sends.
+    Misconfigured,
 }
 
 impl State {
@@ -66,6 +75,7 @@ impl State {
             State::Closed => "closed",
             State::HalfOpen => "half_open",
             State::Open => "open",
+            State::Misconfigured => "misconfigured",
         }
     }
 
@@ -75,6 +85,7 @@ impl State {
             State::Closed => 0,
             State::HalfOpen => 1,
             State::Open => 2,
+            State::Misconfigured => 3,
         }
     }
 }
@@ -96,6 +107,11 @@ pub enum Verdict {
     /// Nothing about the destination: a trap, an envelope that does not decode, a room's
     /// frequency limit.
     Neutral,
+    /// The sink's egress policy refused a request of the failed attempt: its config is wrong.
+    Misconfigured {
+        /// What the policy refused, naming the key to change.
+        reason: String,
+    },
 }
 
 /// What may start now.
@@ -157,10 +173,10 @@ impl Breaker {
         self.reopens_at
     }
 
-    /// Open → half-open once the cool-down has passed.
+    /// Open (or misconfigured) → half-open once the cool-down has passed.
     pub fn poll(&mut self, now: Instant) -> Option<Transition> {
         match (self.state, self.reopens_at) {
-            (State::Open, Some(at)) if now >= at => {
+            (State::Open | State::Misconfigured, Some(at)) if now >= at => {
                 self.state = State::HalfOpen;
                 self.reopens_at = None;
                 self.probing = false;
@@ -179,7 +195,7 @@ impl Breaker {
                 self.probing = true;
                 Admit::Probe
             }
-            State::HalfOpen | State::Open => Admit::Nothing,
+            State::HalfOpen | State::Open | State::Misconfigured => Admit::Nothing,
         }
     }
 
@@ -206,6 +222,7 @@ impl Breaker {
                         .then(|| self.open(now, None, format!("{threshold} retryable failures or timeouts in a row")))
                 }
                 Verdict::PushedBack { throttled, retry_after } => Some(self.pushed_back(*throttled, *retry_after, now)),
+                Verdict::Misconfigured { reason } => Some(self.misconfigured(now, reason)),
                 Verdict::Neutral => None,
             },
             State::HalfOpen if probe => {
@@ -221,10 +238,11 @@ impl Breaker {
                     Verdict::PushedBack { throttled, retry_after } => {
                         Some(self.pushed_back(*throttled, *retry_after, now))
                     }
+                    Verdict::Misconfigured { reason } => Some(self.misconfigured(now, reason)),
                     Verdict::Neutral => None,
                 }
             }
-            State::HalfOpen | State::Open => None,
+            State::HalfOpen | State::Open | State::Misconfigured => None,
         }
     }
 
@@ -237,6 +255,14 @@ impl Breaker {
             let at_least = retry_after.map(|hint| hint.max(self.next_cool_down));
             self.open(now, at_least, reason)
         }
+    }
+
+    /// Pauses for the growing cool-down, as misconfigured.
+    fn misconfigured(&mut self, now: Instant, reason: &str) -> Transition {
+        let mut moved = self.open(now, None, reason.to_string());
+        self.state = State::Misconfigured;
+        moved.to = State::Misconfigured;
+        moved
     }
 
     /// Opens for `exactly` (a hint), else for the growing cool-down.
@@ -360,6 +386,24 @@ mod tests {
         assert_eq!(b.admit(), Admit::Probe, "a trap says nothing: probe again");
         b.probe_not_run();
         assert_eq!(b.admit(), Admit::Probe, "a probe handed back unrun: probe again");
+    }
+
+    #[test]
+    fn a_config_mistake_pauses_it_as_misconfigured_until_a_probe_gets_past_the_policy() {
+        let (mut b, t0) = (breaker(5), Instant::now());
+        let denied = Verdict::Misconfigured { reason: "plain http is off for this sink (sink.allow_http)".into() };
+        let paused = b.record(&denied, false, t0).expect("one attempt is enough");
+        assert_eq!((paused.to, paused.cool_down), (State::Misconfigured, Some(S)));
+        assert!(paused.reason.contains("sink.allow_http"), "{}", paused.reason);
+        assert_eq!((b.state(), b.admit()), (State::Misconfigured, Admit::Nothing));
+        assert_eq!(b.record(&Verdict::Answered, false, t0), None, "late outcomes change nothing");
+        assert_eq!(b.poll(t0 + S).map(|t| t.to), Some(State::HalfOpen));
+        assert_eq!(b.admit(), Admit::Probe);
+        let again = b.record(&denied, true, t0 + S).unwrap();
+        assert_eq!((again.to, again.cool_down), (State::Misconfigured, Some(2 * S)), "the cool-down grows");
+        b.poll(t0 + 3 * S);
+        b.admit();
+        assert_eq!(b.record(&Verdict::Answered, true, t0 + 3 * S).map(|t| t.to), Some(State::Closed));
     }
 
     #[test]

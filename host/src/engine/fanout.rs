@@ -83,7 +83,7 @@ pub async fn backfill(outbox: &dyn Store, sink: &RegisteredSink, shutdown: &Canc
         }
         match outbox.backfill(sink, after.clone(), BACKFILL_BATCH).await {
             Ok(step) => {
-                copied += step.copied;
+                copied += step.rows;
                 match step.next {
                     Some(next) => after = Some(next),
                     None => break,

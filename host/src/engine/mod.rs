@@ -4,6 +4,7 @@
 //! only the longest idle wait: an insert wakes an idle worker sooner (`wake_up`).
 
 pub mod breaker;
+pub mod dbclock;
 pub mod fanout;
 pub mod settings;
 
@@ -108,6 +109,8 @@ pub struct Worker {
     worker_id: String,
     signals: broadcast::Sender<Signal>,
     metrics: Arc<Metrics>,
+    /// The database's clock, which leases and due times are judged by.
+    clock: dbclock::DbClock,
 }
 
 impl Worker {
@@ -125,7 +128,16 @@ impl Worker {
         debug_assert_eq!(worker_id.len(), worker_id_len(node_id));
         let (signals, _) = broadcast::channel(1024);
         let sink = Arc::new(SinkSlot::new(sink));
-        Arc::new(Worker { store, sink, config, node_id: node_id.to_string(), worker_id, signals, metrics })
+        Arc::new(Worker {
+            store,
+            sink,
+            config,
+            node_id: node_id.to_string(),
+            worker_id,
+            signals,
+            metrics,
+            clock: Default::default(),
+        })
     }
 
     /// The slot a reload swaps a new build of the sink into.
@@ -184,7 +196,7 @@ impl Worker {
             if let Some(moved) = breaker.poll(std::time::Instant::now()) {
                 self.breaker_moved(&moved, &gate);
             }
-            if breaker.state() == breaker::State::Open && buffer.len() > 0 {
+            if matches!(breaker.state(), breaker::State::Open | breaker::State::Misconfigured) && buffer.len() > 0 {
                 // Paused: what is buffered goes back unattempted, for any host to take.
                 let unstarted = buffer.drain();
                 outstanding.freed(unstarted.len());
@@ -303,7 +315,7 @@ impl Worker {
             let wanted = match state {
                 breaker::State::Closed => size.rows(outstanding.finished_total(), std::time::Instant::now()) as usize,
                 breaker::State::HalfOpen => 1,
-                breaker::State::Open => 0,
+                breaker::State::Open | breaker::State::Misconfigured => 0,
             };
             // Room for a whole claim: at most one claim's worth ahead of the deliveries
             // (half-open: nothing outstanding but the probe).
@@ -318,7 +330,8 @@ impl Worker {
                 continue;
             }
             let asked_at = (std::time::Instant::now(), outstanding.finished_total());
-            let now = now_ms();
+            self.clock.sync(self.store.as_ref()).await;
+            let now = self.clock.now_ms();
             let claim = self.store.claim_in_order(&self.worker_id, now, now + lease_ms, wanted as u32, order);
             // A claim stuck on a database that is away must not hold shutdown past its grace.
             let stuck = async {
@@ -429,7 +442,7 @@ impl Worker {
             };
             let Some(row) = buffer.start_next() else { break };
             let key = room_of(&row);
-            if row.lease.lock_until_ms - now_ms() < timeout_ms + START_MARGIN_MS {
+            if row.lease.lock_until_ms - self.clock.now_ms() < timeout_ms + START_MARGIN_MS {
                 if probe {
                     breaker.probe_not_run();
                 }
@@ -494,7 +507,7 @@ impl Worker {
         self.metrics.delivery_panic();
         self.metrics.failed(&row.event_type, FailureClass::Trap.as_str(), None);
         tracing::error!(worker = "room_outbox", node_id = %self.node_id, event_id, attempt, error, "delivery task panicked; recorded as retryable");
-        let next_retry_at_ms = now_ms().saturating_add(retry::millis(self.config.retry_interval));
+        let next_retry_at_ms = self.clock.now_ms().saturating_add(retry::millis(self.config.retry_interval));
         Outcome::Retry { error, next_retry_at_ms }
     }
 
@@ -504,7 +517,7 @@ impl Worker {
         }
         let rows: Vec<Held> = rows.iter().map(Held::from).collect();
         let rows = rows.as_slice();
-        let released = tokio::time::timeout(self.config.shutdown_grace, self.store.release(rows, now_ms()))
+        let released = tokio::time::timeout(self.config.shutdown_grace, self.store.release(rows, self.clock.now_ms()))
             .await
             .unwrap_or_else(|_| Err(crate::store::StoreError::Unavailable("timed out handing back rows".into())));
         match released {
@@ -549,6 +562,15 @@ impl Worker {
                 cool_down_ms,
                 "sink circuit breaker open: deliveries paused, waiting rows are not attempted"
             ),
+            breaker::State::Misconfigured => tracing::error!(
+                worker = "room_outbox",
+                node_id = %self.node_id,
+                sink,
+                state,
+                reason,
+                cool_down_ms,
+                "sink misconfigured: deliveries paused, waiting rows keep their attempts; fix the config and restart (a probe retries after the cool-down)"
+            ),
             breaker::State::HalfOpen => {
                 tracing::info!(worker = "room_outbox", node_id = %self.node_id, sink, state, reason, "sink circuit breaker half-open: one probe delivery")
             }
@@ -561,7 +583,7 @@ impl Worker {
 
     /// Delivers one row through `sink` and decides its outcome (see `attempt.rs`).
     async fn deliver_one(&self, sink: &dyn Deliver, row: &Claimed) -> (Outcome, Verdict) {
-        attempt::deliver_one(sink, &self.config, &self.metrics, &self.node_id, row).await
+        attempt::deliver_one(sink, &self.config, &self.metrics, &self.node_id, &self.clock, row).await
     }
 
     /// Writes outcomes as they arrive, several per write when they queue up, retrying
@@ -586,7 +608,7 @@ impl Worker {
             let mut backoff = Duration::from_millis(100);
             loop {
                 let written = tokio::select! {
-                    written = self.store.mark(&marks, now_ms()) => written,
+                    written = self.store.mark(&marks, self.clock.now_ms()) => written,
                     () = give_up.cancelled() => Err(crate::store::StoreError::Unavailable("shutdown grace ran out".into())),
                 };
                 match written {

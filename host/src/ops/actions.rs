@@ -81,18 +81,57 @@ pub enum ReplayError {
     Store(#[from] StoreError),
 }
 
-/// Delivers the events `filter` selects again to the sink `name` only: its `delivered` and
-/// `failed` ones move back to `pending` in its own state (rows waiting or in flight are
-/// left alone), and for a sink beside the first, events its table no longer has (purged
-/// there) are copied in again from the outbox. Returns how many events will be delivered.
-pub async fn replay(outbox: Arc<dyn Store>, name: &str, filter: &ReplayFilter) -> Result<u64, ReplayError> {
+/// Rows one step of a replay moves or copies: each step is its own short statement, so a
+/// replay of a large range never holds many rows' locks at once, nor for long.
+pub const REPLAY_STEP: u32 = 1_000;
+
+/// The sink `name` and its state's store, for a replay of `filter`.
+async fn replay_target(
+    outbox: &Arc<dyn Store>,
+    name: &str,
+    filter: &ReplayFilter,
+) -> Result<(RegisteredSink, Arc<dyn Store>), ReplayError> {
     if filter.to_ms.is_some_and(|to| to <= filter.from_ms) {
         return Err(ReplayError::BadRange("--to must be later than --from".into()));
     }
     let sink = registered(outbox.as_ref(), name).await?;
-    let recopied = outbox.recopy(&sink, filter).await?;
-    let state = outbox.sink_store(&sink).await?;
-    let moved = state.replay(filter, now_ms()).await?;
+    let state = outbox.clone().sink_store(&sink).await?;
+    Ok((sink, state))
+}
+
+/// How many events a replay of `filter` to the sink `name` would deliver again.
+pub async fn count_replay(outbox: Arc<dyn Store>, name: &str, filter: &ReplayFilter) -> Result<u64, ReplayError> {
+    let (sink, state) = replay_target(&outbox, name, filter).await?;
+    let missing = outbox.count_recopy(&sink, filter).await?;
+    let finished = state.count_replayable(filter).await?;
+    Ok((missing + finished).max(0) as u64)
+}
+
+/// Delivers the events `filter` selects again to the sink `name` only: its `delivered` and
+/// `failed` ones move back to `pending` in its own state (rows waiting or in flight are
+/// left alone), and for a sink beside the first, events its table no longer has (purged
+/// there) are copied in again from the outbox. Both walk the rows in key order,
+/// [`REPLAY_STEP`] at a time. Returns how many events will be delivered.
+pub async fn replay(outbox: Arc<dyn Store>, name: &str, filter: &ReplayFilter) -> Result<u64, ReplayError> {
+    let (sink, state) = replay_target(&outbox, name, filter).await?;
+    let (mut recopied, mut after) = (0, None);
+    loop {
+        let step = outbox.recopy(&sink, filter, after, REPLAY_STEP).await?;
+        recopied += step.rows;
+        match step.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    let (mut moved, mut after) = (0, None);
+    loop {
+        let step = state.replay(filter, now_ms(), after, REPLAY_STEP).await?;
+        moved += step.rows;
+        match step.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
     tracing::info!(sink = %name, moved, recopied, ?filter, "replay");
     Ok(moved + recopied)
 }

@@ -31,7 +31,13 @@ const SINK_LIMITS: [&str; 7] = ["log", "message", "skip_reason", "stdio", "reque
 /// The database operations of [`Metrics::db_error`], all exported from the start.
 const DB_OPERATIONS: [&str; 5] = ["claim", "mark", "release", "fan_out", "stats"];
 /// The push-backs of [`Metrics::pushed_back`], all exported from the start.
-const PRESSURES: [&str; 3] = ["room_throttled", "throttled", "unavailable"];
+/// Distinct `event_type` label values kept; later types are counted under `other`.
+pub const MAX_EVENT_TYPES: usize = 100;
+/// The longest `event_type` kept as a label value.
+const MAX_EVENT_TYPE_CHARS: usize = 64;
+/// The label value of every event type past the cap.
+pub const OTHER_EVENT_TYPE: &str = "other";
+const PRESSURES: [&str; 4] = ["room_throttled", "throttled", "unavailable", "misconfigured"];
 /// The results of [`Metrics::reloaded`], all exported from the start.
 const RELOAD_RESULTS: [&str; 3] = ["ok", "unchanged", "refused"];
 
@@ -121,6 +127,10 @@ struct Families {
     sink_state: Family<SinkLabel, Gauge>,
     breaker_transitions: Family<TransitionLabels, Counter>,
     reloads: Family<ReloadLabels, Counter>,
+    /// The sinks paused as misconfigured, with why (readiness names them).
+    misconfigured: Mutex<std::collections::BTreeMap<String, String>>,
+    /// The `event_type` label values in use: at most [`MAX_EVENT_TYPES`], the rest `other`.
+    event_types: std::sync::RwLock<std::collections::HashSet<String>>,
 }
 
 /// One sink's view of the host's metrics: what it records carries its `sink` label. The
@@ -181,7 +191,7 @@ impl Families {
         );
         r.register(
             "room_outbox_sink_state",
-            "The sink's circuit breaker: 0 closed, 1 half-open (probing), 2 open (paused)",
+            "The sink's circuit breaker: 0 closed, 1 half-open (probing), 2 open (paused), 3 misconfigured (paused)",
             self.sink_state.clone(),
         );
         r.register(
@@ -241,6 +251,8 @@ impl Metrics {
             sink_state: Family::default(),
             breaker_transitions: Family::default(),
             reloads: Family::default(),
+            misconfigured: Mutex::default(),
+            event_types: Default::default(),
         };
         shared.register();
         for op in DB_OPERATIONS {
@@ -281,7 +293,7 @@ impl Metrics {
             let _ = f.push_backs.get_or_create(&PressureLabels { sink: m.sink.clone(), pressure: pressure.into() });
         }
         f.sink_state.get_or_create(&m.sink_label()).set(State::Closed.gauge());
-        for to in [State::Open, State::HalfOpen, State::Closed] {
+        for to in [State::Open, State::HalfOpen, State::Closed, State::Misconfigured] {
             let _ =
                 f.breaker_transitions.get_or_create(&TransitionLabels { sink: m.sink.clone(), to: to.as_str().into() });
         }
@@ -316,7 +328,25 @@ impl Metrics {
     }
 
     fn event_labels(&self, event_type: &str) -> EventLabels {
-        EventLabels { sink: self.sink.clone(), event_type: event_type.to_string() }
+        EventLabels { sink: self.sink.clone(), event_type: self.event_type_label(event_type) }
+    }
+
+    /// `event_type` as a label value: the first [`MAX_EVENT_TYPES`] types seen (each at most
+    /// [`MAX_EVENT_TYPE_CHARS`] plain characters) as they are, any other as `other`, so that
+    /// a producer writing many types cannot grow the metrics without bound.
+    fn event_type_label(&self, event_type: &str) -> String {
+        let known = &self.shared.event_types;
+        if known.read().unwrap_or_else(|p| p.into_inner()).contains(event_type) {
+            return event_type.to_string();
+        }
+        let plain = event_type.len() <= MAX_EVENT_TYPE_CHARS
+            && event_type.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':'));
+        let mut known = known.write().unwrap_or_else(|p| p.into_inner());
+        if plain && (known.len() < MAX_EVENT_TYPES || known.contains(event_type)) {
+            known.insert(event_type.to_string());
+            return event_type.to_string();
+        }
+        OTHER_EVENT_TYPE.to_string()
     }
 
     fn limit_labels(&self, limit: &str) -> LimitLabels {
@@ -340,8 +370,11 @@ impl Metrics {
 
     /// A failed attempt of this `kind` (retryable, permanent, timeout, trap).
     pub fn failed(&self, event_type: &str, kind: &str, took: Option<Duration>) {
-        let labels =
-            FailureLabels { sink: self.sink.clone(), event_type: event_type.to_string(), kind: kind.to_string() };
+        let labels = FailureLabels {
+            sink: self.sink.clone(),
+            event_type: self.event_type_label(event_type),
+            kind: kind.to_string(),
+        };
         self.shared.failure.get_or_create(&labels).inc();
         if let Some(took) = took {
             self.shared.latency.get_or_create(&self.sink_label()).observe(took.as_secs_f64() * 1000.0);
@@ -386,9 +419,27 @@ impl Metrics {
             .breaker_transitions
             .get_or_create(&TransitionLabels { sink: self.sink.clone(), to: state.as_str().into() })
             .inc();
+        // A probe (half-open) does not end a misconfiguration; only getting past the policy does.
+        let mut paused = self.shared.misconfigured.lock().unwrap_or_else(|p| p.into_inner());
+        match state {
+            State::Misconfigured => {
+                paused.insert(self.sink.clone(), reason.to_string());
+            }
+            State::Closed | State::Open => {
+                paused.remove(&self.sink);
+            }
+            State::HalfOpen => {}
+        }
+        drop(paused);
         let mut report = self.breaker.lock().unwrap_or_else(|p| p.into_inner());
         *report =
             BreakerReport { state, since_ms: crate::clock::now_ms(), reason: reason.to_string(), next_probe_at_ms };
+    }
+
+    /// Every sink of this host paused as misconfigured, by name, with why.
+    pub fn misconfigured(&self) -> Vec<(String, String)> {
+        let paused = self.shared.misconfigured.lock().unwrap_or_else(|p| p.into_inner());
+        paused.iter().map(|(sink, why)| (sink.clone(), why.clone())).collect()
     }
 
     /// The circuit breaker, for the page and the API.
@@ -464,11 +515,26 @@ mod tests {
     }
 
     #[test]
-    fn label_values_are_escaped() {
+    fn label_values_are_escaped_and_odd_event_types_are_other() {
         let m = Metrics::new("a\"b");
         m.failed("x\ny", "trap", None);
         let text = m.render();
-        assert!(text.contains("{sink=\"a\\\"b\",event_type=\"x\\ny\",kind=\"trap\"} 1"), "{text}");
+        assert!(text.contains("{sink=\"a\\\"b\",event_type=\"other\",kind=\"trap\"} 1"), "{text}");
+    }
+
+    #[test]
+    fn event_type_label_values_are_capped() {
+        let m = Metrics::new("fake");
+        for i in 0..MAX_EVENT_TYPES + 50 {
+            m.delivered(&format!("Type{i}"), false, Duration::from_millis(1));
+        }
+        m.delivered("Type0", false, Duration::from_millis(1));
+        m.delivered(&"T".repeat(65), false, Duration::from_millis(1));
+        let text = m.render();
+        let series = text.lines().filter(|l| l.starts_with("room_outbox_publish_success_total{")).count();
+        assert_eq!(series, MAX_EVENT_TYPES + 1, "the kept types and other");
+        assert!(text.contains("room_outbox_publish_success_total{sink=\"fake\",event_type=\"Type0\"} 2\n"), "{text}");
+        assert!(text.contains("room_outbox_publish_success_total{sink=\"fake\",event_type=\"other\"} 51\n"), "{text}");
     }
 
     #[test]

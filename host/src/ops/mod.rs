@@ -9,6 +9,6 @@ pub mod page;
 pub mod report;
 
 pub use actions::{
-    PURGE_BATCH, ReplayError, SinkSummary, describe, describe_everywhere, purge, purge_everywhere, replay,
-    replay_filter, retry, retry_filter, sink_state, sink_summaries,
+    PURGE_BATCH, REPLAY_STEP, ReplayError, SinkSummary, count_replay, describe, describe_everywhere, purge,
+    purge_everywhere, replay, replay_filter, retry, retry_filter, sink_state, sink_summaries,
 };

@@ -35,6 +35,8 @@ pub struct PageData<'a> {
     pub breaker: BreakerReport,
     /// Every sink registered on the table, with its counts.
     pub sinks: &'a [crate::ops::SinkSummary],
+    /// This host's sinks paused as misconfigured, by name, with why.
+    pub misconfigured: Vec<(String, String)>,
 }
 
 /// Text from the table shown on the page: control and reordering characters made visible,
@@ -58,6 +60,11 @@ fn breaker(b: &BreakerReport, now_ms: i64) -> String {
         State::Closed if b.since_ms == 0 => "closed: delivering".to_string(),
         State::Closed => format!("closed: delivering (again for {}: {})", age(now_ms - b.since_ms), esc(&b.reason)),
         State::HalfOpen => format!("half-open: one probe delivery ({})", esc(&b.reason)),
+        State::Misconfigured => format!(
+            "misconfigured for {}: deliveries paused, waiting rows keep their attempts ({})",
+            age(now_ms - b.since_ms),
+            esc(&b.reason)
+        ),
         State::Open => {
             let probe =
                 b.next_probe_at_ms.map(|at| format!("; next probe in {}", age(at - now_ms))).unwrap_or_default();
@@ -107,6 +114,7 @@ fn sinks(h: &mut String, d: &PageData<'_>) {
              events created from <input name=\"from\" placeholder=\"2026-11-30T08:00:00Z\" required> \
              to <input name=\"to\" placeholder=\"(now)\"> type <input name=\"event_type\" placeholder=\"(any)\"> \
              room <input name=\"room\" placeholder=\"(any)\"> \
+             at most <input name=\"limit\" value=\"10000\" size=\"6\" required> events \
              <label>admin token <input type=\"password\" name=\"token\" autocomplete=\"off\" required></label> \
              <button id=\"replay-button\">replay</button></p></form>",
             esc(csrf),
@@ -141,6 +149,15 @@ pub fn render(d: &PageData<'_>) -> String {
         );
     }
     h.push_str(&breaker(&d.breaker, d.now_ms));
+    for (sink, why) in &d.misconfigured {
+        let _ = write!(
+            h,
+            "<p class=\"misconfigured\" data-sink=\"{}\">Sink {} is misconfigured: {}. Fix its config and restart the host.</p>",
+            esc(sink),
+            show(sink),
+            show(why)
+        );
+    }
 
     h.push_str("<section><h2>Rows</h2><table id=\"counts\"><tr>");
     for status in Status::ALL {
@@ -318,6 +335,7 @@ mod tests {
             form_token: form_token.map(str::to_string),
             db_failure,
             breaker: BreakerReport { state: State::Closed, since_ms: 0, reason: String::new(), next_probe_at_ms: None },
+            misconfigured: Vec::new(),
             sinks: &[],
         })
     }

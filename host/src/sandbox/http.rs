@@ -160,9 +160,23 @@ impl HttpPolicy {
         Ok(())
     }
 
+    /// Whether a request to `url` would pass the sink's egress policy (scheme, host, port),
+    /// without sending anything: for the destinations a sink declares.
+    pub fn check_destination(&self, url: &str) -> Result<(), HttpError> {
+        self.check_url(url).map(|_| ())
+    }
+
     /// The parsed URL, if its scheme, host and port are allowed.
     fn check_url(&self, text: &str) -> Result<reqwest::Url, HttpError> {
-        let url = reqwest::Url::parse(text).map_err(|e| HttpError::InvalidRequest(format!("bad url: {e}")))?;
+        let mut url = reqwest::Url::parse(text).map_err(|e| HttpError::InvalidRequest(format!("bad url: {e}")))?;
+        // A fully qualified name (`localhost.`) is the same name: checked, resolved and sent
+        // without its dot, under the same policy.
+        if let Some(url::Host::Domain(name)) = url.host()
+            && let Some(bare) = name.strip_suffix('.').filter(|bare| !bare.is_empty() && !bare.ends_with('.'))
+        {
+            let bare = bare.to_string();
+            url.set_host(Some(&bare)).map_err(|e| HttpError::InvalidRequest(format!("bad url: {e}")))?;
+        }
         match url.scheme() {
             "https" => {}
             "http" if self.allow_http => {}

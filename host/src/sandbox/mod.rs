@@ -119,6 +119,9 @@ pub enum Pressure {
     Throttled,
     /// The destination cannot take anything now.
     Unavailable,
+    /// Not the sink's word but the host's: the sink's egress policy refused a request of
+    /// the failed attempt, so its config, not the event, is wrong.
+    Misconfigured,
 }
 
 impl Pressure {
@@ -128,6 +131,7 @@ impl Pressure {
             Pressure::RoomThrottled => "room_throttled",
             Pressure::Throttled => "throttled",
             Pressure::Unavailable => "unavailable",
+            Pressure::Misconfigured => "misconfigured",
         }
     }
 }
@@ -322,6 +326,7 @@ impl SinkRuntime {
         let returned = tokio::time::timeout_at(call.deadline, run).await;
         let called = std::time::Instant::now();
         let pressure = call.store.data().pressure();
+        let denied = call.store.data().denied_by_policy().map(str::to_string);
         let outcome = self.finish(call, returned, timeout);
         let finished = std::time::Instant::now();
         let phases = Phases {
@@ -330,7 +335,18 @@ impl SinkRuntime {
             call: called.saturating_duration_since(instantiated),
             teardown: finished - called,
         };
-        (outcome.and_then(|o| self.bounded(o, pressure)), phases)
+        let result = match (outcome, denied) {
+            // A failure after the policy refused a request is the config's, whatever the
+            // sink made of it: deferred, never failed for good (see `Pressure::Misconfigured`).
+            (Ok(Err(_)), Some(why)) => Err(AttemptFailure {
+                class: FailureClass::Retryable,
+                message: printable_within(&why, self.shared.budgets.max_message_bytes as usize).0,
+                retry_after: None,
+                pressure: Some(Pressure::Misconfigured),
+            }),
+            (outcome, _) => outcome.and_then(|o| self.bounded(o, pressure)),
+        };
+        (result, phases)
     }
 
     /// What the sink returned, bounded: reasons and messages escaped and clipped, a long
@@ -388,14 +404,27 @@ impl SinkRuntime {
     }
 
     /// Asks the sink whether its `config:` map lets it deliver: one line per problem.
+    /// Each destination the sink declared meanwhile (`egress.declare`, WIT 0.1.2) that its
+    /// egress policy denies is a problem too, naming the sink's key, the URL and the host's
+    /// key to change: a config that cannot deliver is refused before it consumes any event.
     pub async fn check_config(&self, timeout: Duration) -> Result<Vec<String>, AttemptFailure> {
         let mut call = self.fresh_store(timeout);
+        call.store.data_mut().checking_config();
         let run = async {
             let sink = self.pre.instantiate_async(&mut call.store).await?;
             sink.call_check_config(&mut call.store).await
         };
         let returned = tokio::time::timeout_at(call.deadline, run).await;
-        self.finish(call, returned, timeout)
+        let declared = call.store.data().declared().to_vec();
+        let mut problems = self.finish(call, returned, timeout)?;
+        // Only what the policy denies: a declared URL that does not parse is the sink's own
+        // to report (and an empty one is a key it found missing).
+        for (key, url) in declared {
+            if let Err(bindings::HttpError::Denied(why)) = self.shared.http.check_destination(&url) {
+                problems.push(format!("{key}: {} cannot be reached: {why}", printable(&url, 512)));
+            }
+        }
+        Ok(problems)
     }
 
     /// A fresh store for one call of an export: a locked-down WASI context with captured

@@ -14,7 +14,7 @@ use super::capture::Capture;
 use super::http::HttpPolicy;
 use super::settings::SinkBudgets;
 use crate::ops::metrics::Metrics;
-use crate::text::printable_within;
+use crate::text::{printable, printable_within};
 
 /// What every delivery of one sink shares.
 pub struct Shared {
@@ -48,7 +48,16 @@ pub struct DeliveryState {
     spent: Spent,
     /// The last `flow.push-back` of this attempt.
     pressure: Option<WitPressure>,
+    /// The first request of this attempt that the sink's egress policy refused, and why.
+    denied_by_policy: Option<String>,
+    /// Whether this call is `check-config` (where `egress.declare` counts).
+    checking_config: bool,
+    /// The destinations declared while checking the config: (key, url), bounded.
+    declared: Vec<(String, String)>,
 }
+
+/// Destinations one config check may declare; later ones are ignored.
+const MAX_DECLARED: usize = 64;
 
 impl DeliveryState {
     pub fn new(wasi: WasiCtx, limits: StoreLimits, shared: Arc<Shared>, deadline: Instant) -> Self {
@@ -60,6 +69,9 @@ impl DeliveryState {
             deadline,
             spent: Spent::default(),
             pressure: None,
+            denied_by_policy: None,
+            checking_config: false,
+            declared: Vec::new(),
         }
     }
 
@@ -97,6 +109,22 @@ impl DeliveryState {
         if let Some(trial) = &self.shared.trial {
             trial.log(tracing::Level::WARN, "host", &text);
         }
+    }
+
+    /// Marks this call as the config check: destinations it declares are kept.
+    pub fn checking_config(&mut self) {
+        self.checking_config = true;
+    }
+
+    /// The destinations the sink declared while its config was checked: (key, url).
+    pub fn declared(&self) -> &[(String, String)] {
+        &self.declared
+    }
+
+    /// Why the sink's egress policy (`allowed_hosts`, `allow_http`) refused a request of
+    /// this attempt, if it did: a config mistake, not the destination's doing.
+    pub fn denied_by_policy(&self) -> Option<&str> {
+        self.denied_by_policy.as_deref()
     }
 
     /// What the sink's last `flow.push-back` said, if it called it.
@@ -165,16 +193,32 @@ impl bindings::outbox::sink::http::Host for DeliveryState {
         if req.body.len() as u64 > budgets.max_request_bytes {
             self.shared.metrics.sink_limit("request_bytes");
         }
-        let Some(trial) = self.shared.trial.clone() else {
-            return self.shared.http.send(req, self.deadline).await;
-        };
-        trial.request(&req);
-        let result = match trial.scripted() {
-            Some(reply) => self.shared.http.check(&req).map(|()| reply),
+        let result = match self.shared.trial.clone() {
             None => self.shared.http.send(req, self.deadline).await,
+            Some(trial) => {
+                trial.request(&req);
+                let result = match trial.scripted() {
+                    Some(reply) => self.shared.http.check(&req).map(|()| reply),
+                    None => self.shared.http.send(req, self.deadline).await,
+                };
+                trial.reply(&result);
+                result
+            }
         };
-        trial.reply(&result);
+        if let Err(HttpError::Denied(why)) = &result
+            && self.denied_by_policy.is_none()
+        {
+            self.denied_by_policy = Some(why.clone());
+        }
         result
+    }
+}
+
+impl bindings::outbox::sink::egress::Host for DeliveryState {
+    async fn declare(&mut self, key: String, url: String) {
+        if self.checking_config && self.declared.len() < MAX_DECLARED {
+            self.declared.push((printable(&key, 256), url.chars().take(2_048).collect()));
+        }
     }
 }
 

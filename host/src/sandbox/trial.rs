@@ -152,7 +152,8 @@ fn describe(e: &HttpError) -> String {
     }
 }
 
-fn is_secret(name: &str) -> bool {
+/// Whether a query parameter, header or config key of this name carries a credential.
+pub fn is_secret(name: &str) -> bool {
     let name = name.to_ascii_lowercase();
     name == "key" || SECRET_NAMES.iter().any(|s| name.contains(s))
 }

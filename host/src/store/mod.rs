@@ -14,7 +14,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 pub use mysql::MysqlStore;
 pub use postgres::PostgresStore;
-pub use sinks::{Backfilled, KeyValue, RegisteredSink};
+pub use sinks::{KeyValue, RegisteredSink, Step};
 pub use sql::{Dialect, SqlStore};
 pub use sqlite::SqliteStore;
 
@@ -398,6 +398,13 @@ impl From<sqlx::Error> for StoreError {
     }
 }
 
+/// What [`Store::migrate`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Migrated {
+    /// The table did not exist: this call created it (so no event can predate it).
+    pub created: bool,
+}
+
 /// The outbox table operations the worker and the admin commands need.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -405,7 +412,7 @@ pub trait Store: Send + Sync + 'static {
     /// by the host (room-service's own) is adopted: what the host needs is added as online
     /// steps, or, when a column cannot work as declared, nothing is changed and the error
     /// lists every such column with the statement that would fix it.
-    async fn migrate(&self) -> Result<(), StoreError>;
+    async fn migrate(&self) -> Result<Migrated, StoreError>;
 
     /// The database this store is on.
     fn backend(&self) -> Backend;
@@ -491,6 +498,10 @@ pub trait Store: Send + Sync + 'static {
     /// A cheap round trip, for readiness.
     async fn ping(&self) -> Result<(), StoreError>;
 
+    /// Now on the database's clock, UTC milliseconds (this machine's for SQLite): what
+    /// leases and due times are judged by, whichever host's clock runs ahead.
+    async fn clock_ms(&self) -> Result<i64, StoreError>;
+
     /// Whether any row is `pending`: an index-only probe an idle worker may run often.
     async fn has_pending(&self) -> Result<bool, StoreError>;
 
@@ -532,24 +543,40 @@ pub trait Store: Send + Sync + 'static {
     async fn fan_out(&self, limit: u32, now_ms: i64) -> Result<u64, StoreError>;
 
     /// One step of copying the rows fanned out before `sink` was registered into its table.
-    async fn backfill(
-        &self,
-        sink: &RegisteredSink,
-        after: Option<KeyValue>,
-        limit: u32,
-    ) -> Result<Backfilled, StoreError>;
+    async fn backfill(&self, sink: &RegisteredSink, after: Option<KeyValue>, limit: u32) -> Result<Step, StoreError>;
 
     /// Records that `name`'s back-fill is complete.
     async fn finish_backfill(&self, name: &str, now_ms: i64) -> Result<(), StoreError>;
 
-    /// Moves the `delivered` and `failed` rows `filter` selects back to `pending` (attempts
-    /// reset, last error kept), so that this table's sink receives them again; rows waiting
-    /// or in flight are left alone. Returns how many.
-    async fn replay(&self, filter: &ReplayFilter, now_ms: i64) -> Result<u64, StoreError>;
+    /// How many `delivered` and `failed` rows `filter` selects: what [`Store::replay`] moves.
+    async fn count_replayable(&self, filter: &ReplayFilter) -> Result<i64, StoreError>;
 
-    /// Copies the outbox rows `filter` selects that `sink`'s table no longer has (purged
-    /// there) back into it, as `pending`; rows it has are left alone. Returns how many.
-    async fn recopy(&self, sink: &RegisteredSink, filter: &ReplayFilter) -> Result<u64, StoreError>;
+    /// One bounded step of a replay: of the `delivered` and `failed` rows `filter` selects,
+    /// up to `limit` after `after` in key order move back to `pending` (attempts reset, last
+    /// error kept), in one short statement, so that this table's sink receives them again;
+    /// rows waiting or in flight are left alone.
+    async fn replay(
+        &self,
+        filter: &ReplayFilter,
+        now_ms: i64,
+        after: Option<KeyValue>,
+        limit: u32,
+    ) -> Result<Step, StoreError>;
+
+    /// How many outbox rows `filter` selects that `sink`'s table no longer has (purged
+    /// there): what [`Store::recopy`] copies.
+    async fn count_recopy(&self, sink: &RegisteredSink, filter: &ReplayFilter) -> Result<i64, StoreError>;
+
+    /// One bounded step of copying the outbox rows `filter` selects that `sink`'s table no
+    /// longer has back into it, as `pending`: of up to `limit` outbox rows after `after` in
+    /// key order; rows it has are left alone.
+    async fn recopy(
+        &self,
+        sink: &RegisteredSink,
+        filter: &ReplayFilter,
+        after: Option<KeyValue>,
+        limit: u32,
+    ) -> Result<Step, StoreError>;
 }
 
 /// Which events a replay delivers again to one sink: created in `[from_ms, to_ms)`, and of

@@ -37,6 +37,13 @@ impl MysqlStore {
                     // Claims lock only the rows they take, not the gaps between them.
                     sqlx::Executor::execute(&mut *conn, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
                         .await?;
+                    // A value too long for its column is an error, never a shortened value,
+                    // whatever the server's default mode.
+                    sqlx::Executor::execute(
+                        &mut *conn,
+                        "SET SESSION sql_mode = CONCAT_WS(',', NULLIF(@@sql_mode, ''), 'STRICT_ALL_TABLES')",
+                    )
+                    .await?;
                     Ok(())
                 })
             })
@@ -330,6 +337,10 @@ impl Dialect for MysqlDialect {
 
     fn migrator() -> &'static Migrator {
         &super::migrate::MYSQL
+    }
+
+    fn clock_sql() -> Option<&'static str> {
+        Some("SELECT CAST(ROUND(UNIX_TIMESTAMP(NOW(3)) * 1000) AS SIGNED)")
     }
 
     fn migration_lock(table: &str) -> MigrationLock {

@@ -251,6 +251,10 @@ impl Dialect for PostgresDialect {
         true
     }
 
+    fn clock_sql() -> Option<&'static str> {
+        Some("SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::INT8")
+    }
+
     fn migration_lock(table: &str) -> MigrationLock {
         // Serialise concurrent starters on this table's migrations. A session lock, not a
         // transaction: adopting a table builds indexes CONCURRENTLY, which no transaction

@@ -57,13 +57,20 @@ pub const LONGEST_OBJECT_SUFFIX: usize = "_room_order_idx".len();
 /// The columns the fan-out copies, the producer's (the rest take their defaults: `pending`).
 const COPIED: &str = "app_code, event_id, event_type, room_id, envelope, created_at_ms";
 
-/// What one back-fill step did.
+/// What one step of a walk in key order did (a back-fill, a replay, a re-copy).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Backfilled {
-    /// Rows newly copied.
-    pub copied: u64,
+pub struct Step {
+    /// Rows changed or newly copied.
+    pub rows: u64,
     /// Where the next step starts (the last key read), `None` when the walk is over.
     pub next: Option<KeyValue>,
+}
+
+impl KeyValue {
+    /// The key before every other of a table keyed as `key` says.
+    pub(super) fn first(key: super::schema::Key) -> KeyValue {
+        if key.is_text() { KeyValue::Text(String::new()) } else { KeyValue::Int(i64::MIN) }
+    }
 }
 
 /// A row key, as the back-fill walks them.
@@ -117,7 +124,7 @@ impl FanOutStatements {
         FanOutStatements {
             registry: format!(
                 "SELECT name, sink_table, start_from_ms, added_at_ms, backfilled_at_ms FROM {t}_sinks \
-                 ORDER BY added_at_ms, name"
+                 ORDER BY added_at_ms, CASE WHEN sink_table = '{t}' THEN 0 ELSE 1 END, name"
             ),
             probe: format!(
                 "SELECT 1 FROM {t} WHERE fanned_out_at_ms = 0 AND created_at_ms >= \
@@ -150,6 +157,76 @@ where
     for<'r> i64: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
     for<'r> String: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
 {
+    /// Takes the registry's lock on `conn`, waiting for it (a minute at most on MySQL): a
+    /// registration, a fan-out and a purge of the outbox each run wholly before or after
+    /// one another. On PostgreSQL and SQLite it is a transaction (READ COMMITTED, so each
+    /// statement sees what committed before it) that [`Self::unlock_registry`] ends.
+    pub(super) async fn lock_registry(&self, conn: &mut <D::Db as Database>::Connection) -> Result<(), StoreError> {
+        let f = &self.fan_out;
+        match D::BACKEND {
+            Backend::Postgres => {
+                Executor::execute(&mut *conn, "BEGIN ISOLATION LEVEL READ COMMITTED").await?;
+                if let Err(e) = Executor::execute(&mut *conn, f.lock.as_str()).await {
+                    let _ = Executor::execute(&mut *conn, "ROLLBACK").await;
+                    return Err(e.into());
+                }
+            }
+            Backend::Mysql => {
+                if D::opt_int(&sqlx::query(&f.lock).fetch_one(&mut *conn).await?, 0)? != Some(1) {
+                    return Err(StoreError::Unavailable(format!(
+                        "could not take the lock {}_fanout within a minute",
+                        self.table
+                    )));
+                }
+            }
+            Backend::Sqlite => {
+                Executor::execute(&mut *conn, "BEGIN IMMEDIATE").await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends what [`Self::lock_registry`] began: commits (`keep`) or rolls back, and releases
+    /// the lock.
+    pub(super) async fn unlock_registry(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+        keep: bool,
+    ) -> Result<(), StoreError> {
+        let end = match D::BACKEND {
+            Backend::Mysql => self.fan_out.unlock.as_str(),
+            _ if keep => "COMMIT",
+            _ => "ROLLBACK",
+        };
+        Executor::execute(&mut *conn, end).await?;
+        Ok(())
+    }
+
+    /// On PostgreSQL, moves the id sequence of `sink`'s table past the ids it holds: copies
+    /// made before 0.1.0 kept the outbox's ids, which an identity column's sequence does not
+    /// count, and copies now take generated ids. Run under the registry's lock, which every
+    /// copy of the fan-out also holds.
+    async fn catch_up_generated_ids(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+        sink: &RegisteredSink,
+    ) -> Result<(), StoreError> {
+        if D::BACKEND != Backend::Postgres || sink.is_first(&self.table) {
+            return Ok(());
+        }
+        let s = &sink.table;
+        let exists = format!("SELECT CASE WHEN to_regclass('{s}') IS NULL THEN 0 ELSE 1 END::INT8");
+        if D::int(&sqlx::query(&exists).fetch_one(&mut *conn).await?, 0)? == 0 {
+            return Ok(());
+        }
+        let catch_up = format!(
+            "SELECT setval(seq, m) FROM (SELECT pg_get_serial_sequence('{s}', 'id')::regclass AS seq, \
+             (SELECT MAX(id) FROM {s}) AS m) x WHERE m > COALESCE(pg_sequence_last_value(seq), 0)"
+        );
+        Executor::execute(&mut *conn, catch_up.as_str()).await?;
+        Ok(())
+    }
+
     fn decode_sinks(rows: &[<D::Db as Database>::Row]) -> Result<Vec<RegisteredSink>, sqlx::Error> {
         rows.iter()
             .map(|r| {
@@ -192,36 +269,27 @@ where
             )
         };
         let mut conn = self.pool.acquire().await?;
-        // The fan-out's lock: a fan-out runs wholly before this registration or wholly after.
-        let release = match D::BACKEND {
-            // Then `pg_advisory_xact_lock`, below.
-            Backend::Postgres => {
-                Executor::execute(&mut *conn, "BEGIN").await?;
-                None
-            }
-            Backend::Mysql => {
-                if D::opt_int(&sqlx::query(&f.lock).fetch_one(&mut *conn).await?, 0)? != Some(1) {
-                    return Err(StoreError::Unavailable(format!("could not take the lock {t}_fanout within a minute")));
-                }
-                Some(f.unlock.clone())
-            }
-            Backend::Sqlite => {
-                Executor::execute(&mut *conn, "BEGIN IMMEDIATE").await?;
-                None
-            }
-        };
+        // The registry's lock: a fan-out, and a purge of the outbox, run wholly before this
+        // registration or wholly after it.
+        self.lock_registry(&mut conn).await?;
         let result: Result<RegisteredSink, StoreError> = async {
-            if D::BACKEND == Backend::Postgres {
-                Executor::execute(&mut *conn, f.lock.as_str()).await?;
-            }
             let known = Self::decode_sinks(&sqlx::query(&f.registry).fetch_all(&mut *conn).await?)?;
             if let Some(sink) = known.iter().find(|s| s.name == name) {
+                self.catch_up_generated_ids(&mut conn, sink).await?;
                 return Ok(sink.clone());
             }
             let first = known.is_empty() && may_be_first;
+            let table = if first { t.clone() } else { sink_table(&t, name) };
+            // Two names that write the same table (`b-x`, `b_x`) would split its events.
+            if let Some(owner) = known.iter().find(|s| s.table.eq_ignore_ascii_case(&table)) {
+                return Err(StoreError::Query(format!(
+                    "sink {name:?} would keep its state in {table}, which sink {:?} already uses: rename one of them",
+                    owner.name
+                )));
+            }
             let sink = RegisteredSink {
                 name: name.to_string(),
-                table: if first { t.clone() } else { sink_table(&t, name) },
+                table,
                 start_from_ms: if first { 0 } else { start_from_ms },
                 added_at_ms: now_ms,
                 backfilled_at_ms: first.then_some(now_ms),
@@ -237,29 +305,95 @@ where
             Ok(sink)
         }
         .await;
-        let end = match (&release, &result) {
-            (Some(release), _) => release.clone(),
-            (None, Ok(_)) => "COMMIT".into(),
-            (None, Err(_)) => "ROLLBACK".into(),
-        };
-        Executor::execute(&mut *conn, end.as_str()).await?;
-        let sink = result?;
-        if !sink.is_first(&t) {
-            self.create_fanout_index(&mut conn).await?;
-        }
-        Ok(sink)
+        self.unlock_registry(&mut conn, result.is_ok()).await?;
+        result
     }
 
-    /// The index of rows not fanned out yet, made when the first other sink is registered
-    /// (a table with one sink never fans out, and its producer's inserts do not pay for it).
-    async fn create_fanout_index(&self, conn: &mut <D::Db as Database>::Connection) -> Result<(), StoreError> {
+    /// Gives `sink_table` the outbox's own types for the text and bytes columns a copy writes
+    /// where they differ (an adopted outbox may take room ids longer than the host's own 128
+    /// characters), so that a copy never shortens a value and never fails for one. SQLite's
+    /// declared types bound nothing.
+    pub(super) async fn match_copied_types(&self, sink_table: &str) -> Result<(), StoreError> {
+        if D::BACKEND == Backend::Sqlite {
+            return Ok(());
+        }
+        let mut conn = self.pool.acquire().await?;
+        let (Some(outbox), Some(copy)) =
+            (self.describe_on(&mut conn).await?, self.sink_copy(sink_table).describe_on(&mut conn).await?)
+        else {
+            return Ok(());
+        };
+        let declared = |info: &super::schema::TableInfo, column: &str| {
+            info.columns.iter().find(|c| c.name == column).map(|c| c.declared.to_ascii_lowercase())
+        };
+        for column in ["app_code", "event_id", "event_type", "room_id", "envelope"] {
+            let (Some(wanted), Some(has)) = (declared(&outbox, column), declared(&copy, column)) else { continue };
+            if wanted == has {
+                continue;
+            }
+            let ddl = match D::BACKEND {
+                Backend::Mysql => {
+                    let default = if column == "app_code" { " DEFAULT ''" } else { "" };
+                    format!("ALTER TABLE {sink_table} MODIFY COLUMN {column} {wanted} NOT NULL{default}")
+                }
+                _ => format!("ALTER TABLE {sink_table} ALTER COLUMN {column} TYPE {wanted}"),
+            };
+            Executor::execute(&mut *conn, ddl.as_str())
+                .await
+                .map_err(|e| StoreError::Migration(format!("giving {sink_table}.{column} the outbox's type: {e}")))?;
+            tracing::info!(table = %sink_table, column, from = %has, to = %wanted, "a sink's table takes the outbox's column type");
+        }
+        Ok(())
+    }
+
+    /// Whether the index of rows not fanned out yet is there and valid.
+    pub(super) async fn fanout_index_ok(&self) -> Result<bool, StoreError> {
+        let t = &self.table;
+        let sql = match D::BACKEND {
+            Backend::Postgres => format!(
+                "SELECT COUNT(*) FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid \
+                 WHERE x.indrelid = to_regclass('{t}') AND i.relname = '{t}_fanout_idx' AND x.indisvalid"
+            ),
+            Backend::Mysql => format!(
+                "SELECT COUNT(*) FROM information_schema.statistics WHERE table_schema = DATABASE() \
+                 AND table_name = '{t}' AND index_name = '{t}_fanout_idx'"
+            ),
+            Backend::Sqlite => {
+                format!("SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = '{t}_fanout_idx'")
+            }
+        };
+        Ok(D::int(&sqlx::query(&sql).fetch_one(&self.pool).await?, 0)? > 0)
+    }
+
+    /// The index of rows not fanned out yet, made (under the migration lock, see
+    /// `SqlStore::holding_migration_lock`) when the first other sink is registered: a table
+    /// with one sink never fans out, and its producer's inserts do not pay for it. On
+    /// PostgreSQL it is built `CONCURRENTLY`, and a build cut short leaves an invalid index
+    /// that `IF NOT EXISTS` would keep: it is dropped and built again.
+    pub(super) async fn build_fanout_index(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+    ) -> Result<(), StoreError> {
         let t = &self.table;
         let key = self.profile.key.column();
         let ddl = match D::BACKEND {
-            Backend::Postgres => format!(
-                "CREATE INDEX CONCURRENTLY IF NOT EXISTS {t}_fanout_idx ON {t} (created_at_ms, {key}) \
-                 WHERE fanned_out_at_ms = 0"
-            ),
+            Backend::Postgres => {
+                let invalid = format!(
+                    "SELECT COUNT(*) FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid \
+                     WHERE x.indrelid = to_regclass('{t}') AND i.relname = '{t}_fanout_idx' AND NOT x.indisvalid"
+                );
+                if D::int(&sqlx::query(&invalid).fetch_one(&mut *conn).await?, 0)? > 0 {
+                    tracing::warn!(table = %t, "the fan-out index is invalid (a build was cut short): building it again");
+                    let drop = format!("DROP INDEX CONCURRENTLY IF EXISTS {t}_fanout_idx");
+                    Executor::execute(&mut *conn, drop.as_str())
+                        .await
+                        .map_err(|e| StoreError::Migration(format!("dropping the invalid {t}_fanout_idx: {e}")))?;
+                }
+                format!(
+                    "CREATE INDEX CONCURRENTLY IF NOT EXISTS {t}_fanout_idx ON {t} (created_at_ms, {key}) \
+                     WHERE fanned_out_at_ms = 0"
+                )
+            }
             Backend::Sqlite => {
                 format!("CREATE INDEX IF NOT EXISTS {t}_fanout_idx ON {t} (created_at_ms) WHERE fanned_out_at_ms = 0")
             }
@@ -277,8 +411,6 @@ where
         };
         match Executor::execute(&mut *conn, ddl.as_str()).await {
             Ok(_) => Ok(()),
-            // Two hosts registering at once on MySQL: the other one made it.
-            Err(e) if D::BACKEND == Backend::Mysql && e.to_string().contains("Duplicate key name") => Ok(()),
             Err(e) => Err(StoreError::Migration(format!("creating {t}_fanout_idx: {e}"))),
         }
     }
@@ -295,9 +427,11 @@ where
         if sqlx::query(&f.probe).fetch_optional(&mut *conn).await?.is_none() {
             return Ok(0);
         }
+        // READ COMMITTED, whatever the database's default: the registry read below must see
+        // a sink registered a moment ago (the lock orders the two), not a snapshot from before.
         match D::BACKEND {
             Backend::Postgres => {
-                Executor::execute(&mut *conn, "BEGIN").await?;
+                Executor::execute(&mut *conn, "BEGIN ISOLATION LEVEL READ COMMITTED").await?;
             }
             Backend::Sqlite => {
                 Executor::execute(&mut *conn, "BEGIN IMMEDIATE").await?;
@@ -324,17 +458,9 @@ where
             if picked.is_empty() {
                 return Ok(0);
             }
-            let keys = picked
-                .iter()
-                .map(|r| {
-                    if self.profile.key.is_text() {
-                        D::text(r, 0).map(KeyValue::Text)
-                    } else {
-                        D::int(r, 0).map(KeyValue::Int)
-                    }
-                })
-                .collect::<Result<Vec<_>, _>>()?;
+            let keys = picked.iter().map(|r| self.key_of(r)).collect::<Result<Vec<_>, _>>()?;
             if D::BACKEND == Backend::Mysql {
+                Executor::execute(&mut *conn, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED").await?;
                 Executor::execute(&mut *conn, "BEGIN").await?;
             }
             for sink in &others {
@@ -359,45 +485,76 @@ where
         Ok(fanned)
     }
 
-    /// The outbox rows `filter` selects, fanned out and not before `sink`'s start, copied
-    /// into its table where it no longer has them.
-    pub(super) async fn recopy_rows(
+    /// ` FROM <outbox> o WHERE …`: the outbox rows `filter` selects, fanned out and not before
+    /// `sink`'s start (`$1`; the filter's values from `$2`), that its table no longer has.
+    fn missing_from(&self, sink: &RegisteredSink, filter: &super::ReplayFilter) -> (String, Vec<String>) {
+        let (conditions, values) = filter.conditions("o.", D::param, 2);
+        let sql = format!(
+            " FROM {} o WHERE o.fanned_out_at_ms <> 0 AND o.created_at_ms >= {}{conditions} \
+             AND NOT EXISTS (SELECT 1 FROM {} x WHERE x.event_id = o.event_id)",
+            self.table,
+            D::param(1),
+            sink.table
+        );
+        (sql, values)
+    }
+
+    /// How many outbox rows [`Self::recopy_step`] would copy into `sink`'s table.
+    pub(super) async fn count_missing(
         &self,
         sink: &RegisteredSink,
         filter: &super::ReplayFilter,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<i64, StoreError> {
         if sink.is_first(&self.table) {
             return Ok(0);
         }
-        let _writing = self.writing().await;
-        let (into, from) = self.copied_columns();
-        let (verb, tail) = insert_if_absent(D::BACKEND);
-        let (conditions, values) = filter.conditions("o.", D::param, 2);
-        let sql = format!(
-            "{verb} {} ({into}) SELECT {from} FROM {} o WHERE o.fanned_out_at_ms <> 0 AND o.created_at_ms >= {}{conditions} \
-             ORDER BY o.created_at_ms, o.{}{tail}",
-            sink.table,
-            self.table,
-            D::param(1),
-            self.profile.key.column()
-        );
+        let (from, values) = self.missing_from(sink, filter);
+        let sql = format!("SELECT COUNT(*){from}");
         let mut q =
             sqlx::query(&sql).bind(sink.start_from_ms).bind(filter.from_ms).bind(filter.to_ms.unwrap_or(i64::MAX));
         for value in values {
             q = q.bind(value);
         }
-        Ok(D::rows_affected(&q.execute(&self.pool).await?))
+        Ok(D::int(&q.fetch_one(&self.pool).await?, 0)?)
     }
 
-    /// The columns a copy writes into a sink's table, and what it reads for them from the
-    /// outbox (`o`). The copy keeps the outbox's id, so that its claim order (creation time,
-    /// then id) is the outbox's and `show` finds one event under one id everywhere.
-    fn copied_columns(&self) -> (String, String) {
-        match self.profile.key {
-            super::schema::Key::Id => (format!("id, {COPIED}"), format!("o.id, {}", prefixed(COPIED))),
-            super::schema::Key::RowId => (format!("id, {COPIED}"), format!("o.rowid, {}", prefixed(COPIED))),
-            super::schema::Key::EventId => (COPIED.to_string(), prefixed(COPIED)),
+    /// One step of copying the outbox rows `filter` selects back into `sink`'s table where
+    /// it no longer has them: of up to `limit` such rows after `after` in key order.
+    pub(super) async fn recopy_step(
+        &self,
+        sink: &RegisteredSink,
+        filter: &super::ReplayFilter,
+        after: Option<KeyValue>,
+        limit: u32,
+    ) -> Result<Step, StoreError> {
+        if sink.is_first(&self.table) {
+            return Ok(Step { rows: 0, next: None });
         }
+        let key = self.profile.key.column();
+        let (from, values) = self.missing_from(sink, filter);
+        let next = 2 + values.len() + 2;
+        let sql = format!(
+            "SELECT o.{key}{from} AND o.{key} > {} ORDER BY o.{key} LIMIT {}",
+            D::param(next),
+            D::param(next + 1)
+        );
+        let after = after.unwrap_or(KeyValue::first(self.profile.key));
+        let mut q =
+            sqlx::query(&sql).bind(sink.start_from_ms).bind(filter.from_ms).bind(filter.to_ms.unwrap_or(i64::MAX));
+        for value in values {
+            q = q.bind(value);
+        }
+        let picked = bind_key::<D>(q, &after).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        let keys = picked.iter().map(|r| self.key_of(r)).collect::<Result<Vec<_>, _>>()?;
+        let _writing = self.writing().await;
+        let mut conn = self.pool.acquire().await?;
+        let rows = self.copy_rows(&mut conn, sink, &keys).await?;
+        Ok(Step { rows, next: if keys.len() < limit as usize { None } else { keys.last().cloned() } })
+    }
+
+    /// The key in column 0 of `row`.
+    pub(super) fn key_of(&self, row: &<D::Db as Database>::Row) -> Result<KeyValue, sqlx::Error> {
+        if self.profile.key.is_text() { D::text(row, 0).map(KeyValue::Text) } else { D::int(row, 0).map(KeyValue::Int) }
     }
 
     /// Copies the rows named by `keys` into `sink`'s table, those created at or after its
@@ -413,12 +570,12 @@ where
         }
         let t = &self.table;
         let key = self.profile.key.column();
-        let (into, from) = self.copied_columns();
-        let (verb, tail) = insert_if_absent(D::BACKEND);
+        let (guard, tail) = insert_if_absent(D::BACKEND, &sink.table);
         let sql = format!(
-            "{verb} {} ({into}) SELECT {from} FROM {t} o WHERE o.created_at_ms >= {} AND o.{key} IN ({}) \
+            "INSERT INTO {} ({COPIED}) SELECT {} FROM {t} o WHERE o.created_at_ms >= {} AND o.{key} IN ({}){guard} \
              ORDER BY o.created_at_ms, o.{key}{tail}",
             sink.table,
+            prefixed(COPIED),
             D::param(1),
             params::<D>(2, keys.len())
         );
@@ -437,15 +594,11 @@ where
         sink: &RegisteredSink,
         after: Option<KeyValue>,
         limit: u32,
-    ) -> Result<Backfilled, StoreError> {
+    ) -> Result<Step, StoreError> {
         let _writing = self.writing().await;
         let t = &self.table;
         let key = self.profile.key.column();
-        let after = after.unwrap_or(if self.profile.key.is_text() {
-            KeyValue::Text(String::new())
-        } else {
-            KeyValue::Int(i64::MIN)
-        });
+        let after = after.unwrap_or(KeyValue::first(self.profile.key));
         let walk = format!(
             "SELECT {key}, fanned_out_at_ms FROM {t} WHERE {key} > {} ORDER BY {key} LIMIT {}",
             D::param(1),
@@ -456,15 +609,14 @@ where
         let mut keys = Vec::new();
         let mut last = None;
         for r in &rows {
-            let k =
-                if self.profile.key.is_text() { KeyValue::Text(D::text(r, 0)?) } else { KeyValue::Int(D::int(r, 0)?) };
+            let k = self.key_of(r)?;
             if D::int(r, 1)? != 0 {
                 keys.push(k.clone());
             }
             last = Some(k);
         }
         let copied = self.copy_rows(&mut conn, sink, &keys).await?;
-        Ok(Backfilled { copied, next: if rows.len() < limit as usize { None } else { last } })
+        Ok(Step { rows: copied, next: if rows.len() < limit as usize { None } else { last } })
     }
 
     /// Records that `name`'s back-fill is complete.
@@ -481,12 +633,23 @@ where
     }
 }
 
-/// An `INSERT … SELECT` that leaves rows already there alone: its verb and its tail.
-fn insert_if_absent(backend: Backend) -> (&'static str, &'static str) {
+/// What makes an `INSERT INTO <sink_table> … SELECT … FROM <outbox> o` leave the events the
+/// sink's table has already alone, and nothing else: a condition for the `WHERE`, and a
+/// tail. The conflict is the event's id, never its row id (the copy takes an id of the sink
+/// table's own, so an outbox id that SQLite reuses after a purge is a new row there). No
+/// `INSERT IGNORE`: it would also turn a value too long for its column into a silently
+/// shortened one.
+fn insert_if_absent(backend: Backend, sink_table: &str) -> (String, String) {
     match backend {
-        Backend::Mysql => ("INSERT IGNORE INTO", ""),
+        // MySQL names no conflict target: the rows present are left out by the condition, and
+        // one a concurrent copy inserts meanwhile meets the no-op update (its only unique keys
+        // are `event_id` and the id it generates).
+        Backend::Mysql => (
+            format!(" AND NOT EXISTS (SELECT 1 FROM {sink_table} x WHERE x.event_id = o.event_id)"),
+            format!(" ON DUPLICATE KEY UPDATE {sink_table}.event_id = {sink_table}.event_id"),
+        ),
         // SQLite reads ON CONFLICT after a SELECT only when it has a WHERE (every copy has).
-        Backend::Sqlite | Backend::Postgres => ("INSERT INTO", " ON CONFLICT DO NOTHING"),
+        Backend::Sqlite | Backend::Postgres => (String::new(), " ON CONFLICT (event_id) DO NOTHING".to_string()),
     }
 }
 
@@ -495,7 +658,7 @@ fn prefixed(columns: &str) -> String {
     columns.split(", ").map(|c| format!("o.{c}")).collect::<Vec<_>>().join(", ")
 }
 
-fn bind_key<'q, D>(
+pub(super) fn bind_key<'q, D>(
     q: sqlx::query::Query<'q, D::Db, <D::Db as Database>::Arguments<'q>>,
     key: &KeyValue,
 ) -> sqlx::query::Query<'q, D::Db, <D::Db as Database>::Arguments<'q>>

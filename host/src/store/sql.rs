@@ -85,6 +85,12 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         false
     }
 
+    /// The query for now on the database's clock in UTC milliseconds, where the database is
+    /// another machine's (`None`: this machine's clock).
+    fn clock_sql() -> Option<&'static str> {
+        None
+    }
+
     /// What keeps two starting hosts from migrating `table` at once.
     fn migration_lock(table: &str) -> MigrationLock;
 
@@ -230,24 +236,21 @@ impl SharedStatements {
             // A row delivered by its producer's own publish may never have had updated_at_ms
             // set (a table adopted from elsewhere defaults it to 0): it is at least as young
             // as its created_at_ms.
-            // An outbox row the other sinks still need (not yet copied to their tables) stays.
+            // An outbox row another sink still needs stays: one not yet copied to their tables,
+            // or one a sink's back-fill has still to copy (the DELETE says so again, under the
+            // registry's lock, so that a sink registered after the pick is seen).
             purge_pick: format!(
                 "SELECT {key} FROM {t} WHERE status = 'delivered' AND updated_at_ms < {p1} AND created_at_ms < {p2}{} \
                  ORDER BY {key} LIMIT {}",
-                if outbox {
-                    format!(
-                        " AND (fanned_out_at_ms <> 0 OR created_at_ms < COALESCE((SELECT MIN(start_from_ms) \
-                         FROM {t}_sinks WHERE sink_table <> '{t}'), {}))",
-                        i64::MAX
-                    )
-                } else {
-                    String::new()
-                },
+                if outbox { still_needed_elsewhere(&t) } else { String::new() },
                 D::param(3)
             ),
             purge_delete: ByCount::new({
                 let t = t.clone();
-                move |n| format!("DELETE FROM {t} WHERE status = 'delivered' AND {key} IN ({})", params::<D>(1, n))
+                let needed = if outbox { still_needed_elsewhere(&t) } else { String::new() };
+                move |n| {
+                    format!("DELETE FROM {t} WHERE status = 'delivered' AND {key} IN ({}){needed}", params::<D>(1, n))
+                }
             }),
             has_pending: format!("SELECT 1 FROM {t} WHERE status = 'pending' LIMIT 1"),
             retry_set: format!(
@@ -256,6 +259,16 @@ impl SharedStatements {
             ),
         }
     }
+}
+
+/// ` AND …`: an outbox row no other sink still needs. Each sink beside the first either has
+/// its copy (the row is fanned out, and the sink's back-fill of the rows fanned out before
+/// it came is complete) or started after the row was created.
+fn still_needed_elsewhere(t: &str) -> String {
+    format!(
+        " AND NOT EXISTS (SELECT 1 FROM {t}_sinks s WHERE s.sink_table <> '{t}' AND s.start_from_ms <= {t}.created_at_ms \
+         AND ({t}.fanned_out_at_ms = 0 OR s.backfilled_at_ms IS NULL))"
+    )
 }
 
 /// The outbox table on database dialect `D`.
@@ -518,33 +531,65 @@ fn failed_filter<D: Dialect>(filter: &RetryFilter, first: usize) -> (String, Opt
     }
 }
 
-// The bounds below say what the shared statements need of a database: sqlx's executors and
-// argument buffers, and the column types the outbox uses. Every dialect here has them; Rust
-// does not carry such bounds along with `Dialect`, so they are spelled out here.
+/// What [`SqlStore::holding_migration_lock`] does while it holds the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Job {
+    /// Applies the migrations not recorded yet, adopting a table made elsewhere.
+    Migrate,
+    /// Builds the outbox's fan-out index, or rebuilds an invalid one.
+    FanOutIndex,
+}
 
-#[async_trait]
-impl<D> Store for SqlStore<D>
+/// How long one DDL statement on a live table may wait for its lock before it gives up and
+/// lets the inserts queued behind it through (it is tried again after as long).
+const DDL_LOCK_TIMEOUT_MS: u64 = 1_000;
+
+/// How long a schema change keeps retrying a lock that a long transaction holds.
+const DDL_PATIENCE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Whether a DDL statement gave up waiting for its lock (`lock_timeout`, `lock_wait_timeout`).
+fn is_lock_timeout(e: &StoreError) -> bool {
+    let text = e.to_string().to_ascii_lowercase();
+    text.contains("lock timeout") || text.contains("lock wait timeout")
+}
+
+impl<D> SqlStore<D>
 where
     D: Dialect,
+    Self: Store,
     for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
     for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
     for<'a> &'a str: ColumnIndex<<D::Db as Database>::Row>,
     usize: ColumnIndex<<D::Db as Database>::Row>,
     for<'r> i64: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
-    for<'r> i32: Decode<'r, D::Db> + Type<D::Db>,
     for<'r> String: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
-    for<'r> Vec<u8>: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
-    for<'r> &'r str: Encode<'r, D::Db> + Type<D::Db>,
 {
-    async fn migrate(&self) -> Result<(), StoreError> {
-        // Up to date: no DDL, so a host whose user may only read and write rows can start.
-        let applied: Result<Vec<i64>, _> = sqlx::query_scalar(&self.sql.versions).fetch_all(&self.pool).await;
-        if applied.is_ok_and(|v| super::migrate::up_to_date(D::migrator(), &v))
-            && self.review(None).await?.is_some_and(|r| r.additions.is_empty() && r.problems.is_empty())
-        {
-            return Ok(());
+    /// Runs `job` on one connection that holds the table's migration lock. Each DDL statement
+    /// waits at most [`DDL_LOCK_TIMEOUT_MS`] for its lock, so that a long transaction on the
+    /// table (a producer's) never queues every insert behind a waiting `ALTER`; the job is
+    /// then tried again, saying what holds the table, for up to [`DDL_PATIENCE`].
+    async fn holding_migration_lock(&self, job: Job) -> Result<super::Migrated, StoreError> {
+        let started = std::time::Instant::now();
+        loop {
+            let done = self.locked_once(job).await;
+            match done {
+                Err(e) if is_lock_timeout(&e) && started.elapsed() < DDL_PATIENCE => {
+                    let holders = self.lock_holders().await.unwrap_or_else(|e| format!("(could not tell: {e})"));
+                    tracing::warn!(
+                        table = %self.table,
+                        ?job,
+                        holders = %holders,
+                        "waiting for a lock to change the table's schema: a transaction holds it; inserts go on meanwhile, and the change is tried again in a second"
+                    );
+                    tokio::time::sleep(std::time::Duration::from_millis(DDL_LOCK_TIMEOUT_MS)).await;
+                }
+                other => return other,
+            }
         }
-        // Apply what is not recorded yet, holding the dialect's migration lock.
+    }
+
+    /// One try of [`Self::holding_migration_lock`].
+    async fn locked_once(&self, job: Job) -> Result<super::Migrated, StoreError> {
         let lock = D::migration_lock(&self.table);
         let mut conn = self.pool.acquire().await?;
         if lock.checked {
@@ -563,67 +608,157 @@ where
         } else {
             Executor::execute(&mut *conn, lock.take.as_str()).await?;
         }
-        let applied: Result<(), StoreError> = async {
-            let t = &self.table;
-            let check = format!("SELECT version FROM {t}_migrations WHERE version = {}", D::param(1));
-            let record = format!(
-                "INSERT INTO {t}_migrations (version, description, applied_at_ms) VALUES ({})",
-                params::<D>(1, 3)
-            );
-            // A table that is already there (room-service's own, or one an older host
-            // recorded as version 1 without checking it) is adopted instead of created.
-            let review = self.review(None).await?;
-            if let Some(review) = review.as_ref().filter(|r| !r.problems.is_empty()) {
-                return Err(StoreError::Migration(format!(
-                    "table {t} exists but cannot be adopted as it is; nothing was changed:\n  - {}",
-                    review.problems.join("\n  - ")
-                )));
+        let (limit, unlimit) = match D::BACKEND {
+            Backend::Postgres => {
+                (format!("SET lock_timeout = {DDL_LOCK_TIMEOUT_MS}"), "RESET lock_timeout".to_string())
             }
-            let create = format!(
-                "CREATE TABLE IF NOT EXISTS {t}_migrations \
-                 (version BIGINT PRIMARY KEY, description VARCHAR(255) NOT NULL, applied_at_ms BIGINT NOT NULL)"
-            );
-            sqlx::query(&create).execute(&mut *conn).await?;
-            let mut key = Key::Id;
-            let adopted = match review {
-                Some(review) => {
-                    key = review.profile.key;
-                    self.add(&mut conn, &review).await?;
-                    true
-                }
-                None => false,
-            };
-            for step in super::migrate::steps(D::migrator(), t) {
-                let done: Option<i64> =
-                    sqlx::query_scalar(&check).bind(step.version).fetch_optional(&mut *conn).await?;
-                if done.is_some() {
-                    continue;
-                }
-                let description = if step.version == 1 && adopted {
-                    "adopted an existing table".to_string()
-                } else if step.version == super::sinks::REGISTRY_VERSION && self.copy_of.is_some() {
-                    "not needed by a sink's own table".to_string()
-                } else {
-                    let sql = D::adapt_migration(step.version, step.sql, key).map_err(StoreError::Migration)?;
-                    Executor::execute(&mut *conn, sql.as_str())
-                        .await
-                        .map_err(|e| StoreError::Migration(format!("{} {}: {e}", step.version, step.description)))?;
-                    step.description
-                };
-                sqlx::query(&record).bind(step.version).bind(description).bind(now_ms()).execute(&mut *conn).await?;
+            Backend::Mysql => (
+                format!("SET SESSION lock_wait_timeout = {}", DDL_LOCK_TIMEOUT_MS.div_ceil(1_000)),
+                "SET SESSION lock_wait_timeout = DEFAULT".to_string(),
+            ),
+            // SQLite's one writer waits on its busy timeout.
+            Backend::Sqlite => (String::new(), String::new()),
+        };
+        let done = async {
+            if !limit.is_empty() {
+                Executor::execute(&mut *conn, limit.as_str()).await?;
             }
-            // What the versions do not create (indexes built online on a live table), seen
-            // on this connection (SQLite's changes are not committed yet).
-            if let Some(info) = self.describe_on(&mut conn).await? {
-                let review = schema::review(D::BACKEND, t, &info, None);
-                self.add(&mut conn, &review).await?;
+            match job {
+                Job::Migrate => self.apply_migrations(&mut conn).await,
+                Job::FanOutIndex => self.build_fanout_index(&mut conn).await.map(|()| super::Migrated::default()),
             }
-            Ok(())
         }
         .await;
-        let end = if applied.is_ok() { &lock.keep } else { &lock.undo };
+        if !unlimit.is_empty() {
+            let _ = Executor::execute(&mut *conn, unlimit.as_str()).await;
+        }
+        let end = if done.is_ok() { &lock.keep } else { &lock.undo };
         Executor::execute(&mut *conn, end.as_str()).await?;
-        applied
+        done
+    }
+
+    /// The migrations not recorded yet, applied on `conn` (which holds the migration lock).
+    async fn apply_migrations(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+    ) -> Result<super::Migrated, StoreError> {
+        let t = &self.table;
+        let check = format!("SELECT version FROM {t}_migrations WHERE version = {}", D::param(1));
+        let record =
+            format!("INSERT INTO {t}_migrations (version, description, applied_at_ms) VALUES ({})", params::<D>(1, 3));
+        // A table that is already there (room-service's own, or one an older host
+        // recorded as version 1 without checking it) is adopted instead of created.
+        let review = self.review(None).await?;
+        if let Some(review) = review.as_ref().filter(|r| !r.problems.is_empty()) {
+            return Err(StoreError::Migration(format!(
+                "table {t} exists but cannot be adopted as it is; nothing was changed:\n  - {}",
+                review.problems.join("\n  - ")
+            )));
+        }
+        let create = format!(
+            "CREATE TABLE IF NOT EXISTS {t}_migrations \
+             (version BIGINT PRIMARY KEY, description VARCHAR(255) NOT NULL, applied_at_ms BIGINT NOT NULL)"
+        );
+        sqlx::query(&create).execute(&mut *conn).await?;
+        let mut key = Key::Id;
+        let created = review.is_none();
+        let adopted = match review {
+            Some(review) => {
+                key = review.profile.key;
+                self.add(&mut *conn, &review).await?;
+                true
+            }
+            None => false,
+        };
+        for step in super::migrate::steps(D::migrator(), t) {
+            let done: Option<i64> = sqlx::query_scalar(&check).bind(step.version).fetch_optional(&mut *conn).await?;
+            if done.is_some() {
+                continue;
+            }
+            let description = if step.version == 1 && adopted {
+                "adopted an existing table".to_string()
+            } else if step.version == super::sinks::REGISTRY_VERSION && self.copy_of.is_some() {
+                "not needed by a sink's own table".to_string()
+            } else {
+                let sql = D::adapt_migration(step.version, step.sql, key).map_err(StoreError::Migration)?;
+                Executor::execute(&mut *conn, sql.as_str())
+                    .await
+                    .map_err(|e| StoreError::Migration(format!("{} {}: {e}", step.version, step.description)))?;
+                step.description
+            };
+            sqlx::query(&record).bind(step.version).bind(description).bind(now_ms()).execute(&mut *conn).await?;
+        }
+        // What the versions do not create (indexes built online on a live table), seen
+        // on this connection (SQLite's changes are not committed yet).
+        if let Some(info) = self.describe_on(&mut *conn).await? {
+            let review = schema::review(D::BACKEND, t, &info, None);
+            self.add(&mut *conn, &review).await?;
+        }
+        // The fan-out index, where the table has sinks beside the first (an invalid one,
+        // from a build cut short, is made again).
+        if self.copy_of.is_none() && self.has_other_sinks(&mut *conn).await? {
+            self.build_fanout_index(&mut *conn).await?;
+        }
+        Ok(super::Migrated { created })
+    }
+
+    /// Whether the outbox's registry lists a sink beside the first.
+    async fn has_other_sinks(&self, conn: &mut <D::Db as Database>::Connection) -> Result<bool, StoreError> {
+        let t = &self.table;
+        let sql = format!("SELECT COUNT(*) FROM {t}_sinks WHERE sink_table <> '{t}'");
+        Ok(D::int(&sqlx::query(&sql).fetch_one(&mut *conn).await?, 0)? > 0)
+    }
+
+    /// What holds locks on the table now, for the log: each session's id, age and state.
+    async fn lock_holders(&self) -> Result<String, StoreError> {
+        let t = &self.table;
+        let sql = match D::BACKEND {
+            Backend::Postgres => format!(
+                "SELECT DISTINCT a.pid::TEXT || ' (' || COALESCE(a.state, '?') || ', transaction open ' || \
+                 COALESCE(EXTRACT(EPOCH FROM now() - a.xact_start)::BIGINT::TEXT, '?') || ' s)' \
+                 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+                 WHERE l.relation = to_regclass('{t}') AND a.pid <> pg_backend_pid()"
+            ),
+            Backend::Mysql => "SELECT CONCAT('thread ', trx_mysql_thread_id, ' (transaction open ', \
+                 TIMESTAMPDIFF(SECOND, trx_started, NOW()), ' s)') FROM information_schema.innodb_trx \
+                 WHERE trx_mysql_thread_id <> CONNECTION_ID()"
+                .to_string(),
+            Backend::Sqlite => return Ok("another writer".into()),
+        };
+        let rows = sqlx::query(&sql).fetch_all(&self.pool).await?;
+        let holders = rows.iter().map(|r| D::text(r, 0)).collect::<Result<Vec<_>, _>>()?;
+        Ok(if holders.is_empty() { "none found by now".into() } else { holders.join(", ") })
+    }
+}
+
+// The bounds below say what the shared statements need of a database: sqlx's executors and
+// argument buffers, and the column types the outbox uses. Every dialect here has them; Rust
+// does not carry such bounds along with `Dialect`, so they are spelled out here.
+
+#[async_trait]
+impl<D> Store for SqlStore<D>
+where
+    D: Dialect,
+    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
+    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
+    for<'a> &'a str: ColumnIndex<<D::Db as Database>::Row>,
+    usize: ColumnIndex<<D::Db as Database>::Row>,
+    for<'r> i64: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
+    for<'r> i32: Decode<'r, D::Db> + Type<D::Db>,
+    for<'r> String: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
+    for<'r> Vec<u8>: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
+    for<'r> &'r str: Encode<'r, D::Db> + Type<D::Db>,
+{
+    async fn migrate(&self) -> Result<super::Migrated, StoreError> {
+        // Up to date: no DDL, so a host whose user may only read and write rows can start.
+        let applied: Result<Vec<i64>, _> = sqlx::query_scalar(&self.sql.versions).fetch_all(&self.pool).await;
+        if applied.is_ok_and(|v| super::migrate::up_to_date(D::migrator(), &v))
+            && self.review(None).await?.is_some_and(|r| r.additions.is_empty() && r.problems.is_empty())
+        {
+            return Ok(super::Migrated::default());
+        }
+        // Apply what is not recorded yet, holding the dialect's migration lock.
+        self.holding_migration_lock(Job::Migrate).await
     }
 
     fn backend(&self) -> Backend {
@@ -783,12 +918,29 @@ where
         for row in &picked {
             q = if self.profile.key.is_text() { q.bind(D::text(row, 0)?) } else { q.bind(D::int(row, 0)?) };
         }
-        Ok(D::rows_affected(&q.execute(&self.pool).await?))
+        if self.copy_of.is_some() {
+            return Ok(D::rows_affected(&q.execute(&self.pool).await?));
+        }
+        // The outbox: under the registry's lock, so that a sink registered meanwhile either
+        // is seen by the DELETE's own check or comes after the rows are gone.
+        let _writing = self.writing().await;
+        let mut conn = self.pool.acquire().await?;
+        self.lock_registry(&mut conn).await?;
+        let deleted = q.execute(&mut *conn).await;
+        self.unlock_registry(&mut conn, deleted.is_ok()).await?;
+        Ok(D::rows_affected(&deleted?))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+
+    async fn clock_ms(&self) -> Result<i64, StoreError> {
+        match D::clock_sql() {
+            None => Ok(now_ms()),
+            Some(sql) => Ok(D::int(&sqlx::query(sql).fetch_one(&self.pool).await?, 0)?),
+        }
     }
 
     async fn has_pending(&self) -> Result<bool, StoreError> {
@@ -825,6 +977,10 @@ where
         let sink = self.register(name, start_from_ms, may_be_first, now_ms).await?;
         if !sink.is_first(&self.table) {
             self.sink_copy(&sink.table).migrate().await?;
+            self.match_copied_types(&sink.table).await?;
+            if !self.fanout_index_ok().await? {
+                self.holding_migration_lock(Job::FanOutIndex).await?;
+            }
         }
         Ok(sink)
     }
@@ -848,7 +1004,7 @@ where
         sink: &super::RegisteredSink,
         after: Option<super::KeyValue>,
         limit: u32,
-    ) -> Result<super::Backfilled, StoreError> {
+    ) -> Result<super::Step, StoreError> {
         self.backfill_step(sink, after, limit).await
     }
 
@@ -856,18 +1012,71 @@ where
         SqlStore::finish_backfill(self, name, now_ms).await
     }
 
-    async fn replay(&self, filter: &super::ReplayFilter, now_ms: i64) -> Result<u64, StoreError> {
-        let _writing = self.writing().await;
-        let (conditions, values) = filter.conditions("", D::param, 2);
-        let sql = format!("{} WHERE status IN ('delivered', 'failed'){conditions}", self.sql.retry_set);
-        let mut q = sqlx::query(&sql).bind(now_ms).bind(filter.from_ms).bind(filter.to_ms.unwrap_or(i64::MAX));
+    async fn count_replayable(&self, filter: &super::ReplayFilter) -> Result<i64, StoreError> {
+        let (conditions, values) = filter.conditions("", D::param, 1);
+        let sql = format!("SELECT COUNT(*) FROM {} WHERE status IN ('delivered', 'failed'){conditions}", self.table);
+        let mut q = sqlx::query(&sql).bind(filter.from_ms).bind(filter.to_ms.unwrap_or(i64::MAX));
         for value in values {
             q = q.bind(value);
         }
-        Ok(D::rows_affected(&q.execute(&self.pool).await?))
+        Ok(D::int(&q.fetch_one(&self.pool).await?, 0)?)
     }
 
-    async fn recopy(&self, sink: &super::RegisteredSink, filter: &super::ReplayFilter) -> Result<u64, StoreError> {
-        self.recopy_rows(sink, filter).await
+    async fn replay(
+        &self,
+        filter: &super::ReplayFilter,
+        now_ms: i64,
+        after: Option<super::KeyValue>,
+        limit: u32,
+    ) -> Result<super::Step, StoreError> {
+        let key = self.profile.key.column();
+        let (conditions, values) = filter.conditions("", D::param, 1);
+        let next = 3 + values.len();
+        let pick = format!(
+            "SELECT {key} FROM {} WHERE status IN ('delivered', 'failed'){conditions} AND {key} > {} ORDER BY {key} LIMIT {}",
+            self.table,
+            D::param(next),
+            D::param(next + 1)
+        );
+        let mut q = sqlx::query(&pick).bind(filter.from_ms).bind(filter.to_ms.unwrap_or(i64::MAX));
+        for value in values {
+            q = q.bind(value);
+        }
+        let after = after.unwrap_or(super::KeyValue::first(self.profile.key));
+        let picked = super::sinks::bind_key::<D>(q, &after).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        let keys = picked.iter().map(|r| self.key_of(r)).collect::<Result<Vec<_>, _>>()?;
+        if keys.is_empty() {
+            return Ok(super::Step { rows: 0, next: None });
+        }
+        let _writing = self.writing().await;
+        let update = format!(
+            "{} WHERE status IN ('delivered', 'failed') AND {key} IN ({})",
+            self.sql.retry_set,
+            params::<D>(2, keys.len())
+        );
+        let mut q = sqlx::query(&update).bind(now_ms);
+        for k in &keys {
+            q = super::sinks::bind_key::<D>(q, k);
+        }
+        let rows = D::rows_affected(&q.execute(&self.pool).await?);
+        Ok(super::Step { rows, next: if keys.len() < limit as usize { None } else { keys.last().cloned() } })
+    }
+
+    async fn count_recopy(
+        &self,
+        sink: &super::RegisteredSink,
+        filter: &super::ReplayFilter,
+    ) -> Result<i64, StoreError> {
+        self.count_missing(sink, filter).await
+    }
+
+    async fn recopy(
+        &self,
+        sink: &super::RegisteredSink,
+        filter: &super::ReplayFilter,
+        after: Option<super::KeyValue>,
+        limit: u32,
+    ) -> Result<super::Step, StoreError> {
+        self.recopy_step(sink, filter, after, limit).await
     }
 }

@@ -7,7 +7,9 @@
 //!   `remember` (skipped, saying how many deliveries this instance's static counter and heap
 //!   have seen: 1 in a fresh instance), `push-back:PRESSURE[:MS]` (`flow.push-back` with
 //!   `room-throttled`, `throttled` or `unavailable`, then retryable with that hint),
-//!   `push-back-delivered:PRESSURE` (pushes back, then delivered: the host ignores it).
+//!   `push-back-delivered:PRESSURE` (pushes back, then delivered: the host ignores it),
+//!   `leak:KEY` (a careless sink: logs the value of its config key KEY and posts it in a
+//!   request body to `collector`, then delivered).
 //! - Hostile ones, for the host's hardening tests: `log-flood` (log without end),
 //!   `log-flood:N` (N lines, then ok), `log-big:BYTES` (one huge line, ok), `log-forge` (a line
 //!   with a newline, ESC, NUL and U+202E, ok), `print:BYTES` (that much to stdout, ok),
@@ -40,6 +42,7 @@ const BEHAVIOURS: &[&str] = &[
     "remember",
     "push-back",
     "push-back-delivered",
+    "leak",
     "log-flood",
     "log-big",
     "log-forge",
@@ -144,6 +147,14 @@ fn run(behaviour: &str, event: &Event) -> Delivery {
         }
         "log" => {
             log::info(&format!("fake sink got {} for room {}", event.event_type, event.room_id));
+            Ok(Outcome::Delivered)
+        }
+        "leak" => {
+            let value = config::get(arg).unwrap_or_default();
+            log::info(&format!("config {arg} is {value}"));
+            if let Some(collector) = config::get("collector") {
+                let _ = Request::post(&collector).body(format!("{arg}={value}")).send();
+            }
             Ok(Outcome::Delivered)
         }
         "log-flood" => {

@@ -54,6 +54,7 @@ pub fn get(key: &str) -> Option<String> {
 pub struct Config {
     source: Source,
     problems: Vec<ConfigProblem>,
+    endpoints: Vec<(String, String)>,
 }
 
 enum Source {
@@ -64,13 +65,13 @@ enum Source {
 impl Config {
     /// The map the host holds for this sink.
     pub(crate) fn from_host() -> Config {
-        Config { source: Source::Host, problems: Vec::new() }
+        Config { source: Source::Host, problems: Vec::new(), endpoints: Vec::new() }
     }
 
     /// A map of its own: for unit tests of a sink's `configure`.
     pub fn from_pairs(pairs: &[(&str, &str)]) -> Config {
         let map = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        Config { source: Source::Map(map), problems: Vec::new() }
+        Config { source: Source::Map(map), problems: Vec::new(), endpoints: Vec::new() }
     }
 
     /// The key's value, trimmed; `None` when absent or empty.
@@ -144,6 +145,22 @@ impl Config {
         if !ok {
             self.problem(key, message);
         }
+    }
+
+    /// Says that the sink will send to `url`, read from `key`: the host checks it against
+    /// the sink's egress policy (`allowed_hosts`, `allow_http`) with the config, and refuses
+    /// to start, naming `key` and the host key to change, when it could never be reached.
+    /// Call it for every URL the config names (a base URL is enough).
+    pub fn endpoint(&mut self, key: &str, url: &str) {
+        if let Source::Host = self.source {
+            crate::host::declare(key, url);
+        }
+        self.endpoints.push((key.into(), url.into()));
+    }
+
+    /// The endpoints declared so far: (key, url).
+    pub fn endpoints(&self) -> &[(String, String)] {
+        &self.endpoints
     }
 
     /// What was found wrong so far.

@@ -10,7 +10,7 @@ use crate::{
 
 #[cfg(target_family = "wasm")]
 mod imports {
-    pub use crate::bindings::outbox::sink::{config, flow, http, log};
+    pub use crate::bindings::outbox::sink::{config, egress, flow, http, log};
 }
 
 #[cfg(target_family = "wasm")]
@@ -60,5 +60,10 @@ pub(crate) fn push_back(pressure: Pressure) {
     });
 }
 
+#[cfg(target_family = "wasm")]
+pub(crate) fn declare(key: &str, url: &str) {
+    imports::egress::declare(key, url);
+}
+
 #[cfg(not(target_family = "wasm"))]
-pub(crate) use crate::testing::{config_get, log, push_back, send};
+pub(crate) use crate::testing::{config_get, declare, log, push_back, send};

@@ -24,6 +24,7 @@ pub struct Harness {
     requests: Vec<Request>,
     logs: Vec<(Level, String)>,
     pushed_back: Option<Pressure>,
+    declared: Vec<(String, String)>,
 }
 
 thread_local! {
@@ -75,6 +76,11 @@ impl Harness {
         &self.logs
     }
 
+    /// The endpoints declared so far (`Config::endpoint`): (key, url).
+    pub fn declared(&self) -> &[(String, String)] {
+        &self.declared
+    }
+
     /// What the last delivery told the host's `flow.push-back`, if anything.
     pub fn pushed_back(&self) -> Option<Pressure> {
         self.pushed_back
@@ -113,4 +119,8 @@ pub(crate) fn log(level: Level, message: &str) {
 
 pub(crate) fn push_back(pressure: Pressure) {
     with(|h| h.pushed_back = Some(pressure));
+}
+
+pub(crate) fn declare(key: &str, url: &str) {
+    with(|h| h.declared.push((key.into(), url.into())));
 }

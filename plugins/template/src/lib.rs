@@ -18,6 +18,7 @@ impl Sink for MySink {
             url.is_empty() || url.starts_with("https://") || url.starts_with("http://"),
             "must be an http(s) URL",
         );
+        config.endpoint("url", &url); // the host checks it against allowed_hosts before it starts
         MySink { url, token: config.get("token"), skip: config.list("skip").unwrap_or_default() }
     }
 

@@ -59,6 +59,9 @@ impl Settings {
             config.get("endpoint").unwrap_or_else(|| DEFAULT_ENDPOINT.into()).trim_end_matches('/').to_string();
         let base = (endpoint.starts_with("https://") || endpoint.starts_with("http://")) && !endpoint.contains('?');
         config.check("endpoint", base, format!("{endpoint:?} must be a base URL such as {DEFAULT_ENDPOINT}"));
+        if base {
+            config.endpoint("endpoint", &endpoint);
+        }
         let usersig_expire_seconds = config.with_default(
             "usersig_expire_seconds",
             DEFAULT_USERSIG_EXPIRE_SECONDS,
@@ -118,6 +121,13 @@ mod tests {
         assert!(!s.skips("RoomGiftSent"));
         assert_eq!((s.online_only, &s.msg_priority, &s.from_account), (false, &None, &None));
         assert!(!format!("{s:?}").contains("\"k\""), "the key leaked into Debug");
+    }
+
+    #[test]
+    fn the_endpoint_is_declared_for_the_hosts_egress_check() {
+        let mut config = Config::from_pairs(MINIMAL);
+        Settings::read(&mut config);
+        assert_eq!(config.endpoints(), [("endpoint".to_string(), DEFAULT_ENDPOINT.to_string())]);
     }
 
     #[test]

@@ -30,7 +30,11 @@ impl Sink for Webhook {
     fn configure(config: &mut Config) -> Self {
         let url_at = |config: &mut Config, key: &str| {
             let url = config.get(key)?;
-            config.check(key, url.starts_with("https://") || url.starts_with("http://"), "must be an http(s) URL");
+            let http = url.starts_with("https://") || url.starts_with("http://");
+            config.check(key, http, "must be an http(s) URL");
+            if http {
+                config.endpoint(key, &url);
+            }
             Some(url)
         };
         let url = url_at(config, "url");
@@ -107,6 +111,17 @@ mod tests {
 
     fn header<'a>(request: &'a Request, name: &str) -> &'a str {
         request.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str()).unwrap_or_default()
+    }
+
+    #[test]
+    fn every_configured_url_is_declared_for_the_hosts_egress_check() {
+        let mut h = harness();
+        assert!(h.check_config::<Webhook>().is_empty());
+        let declared: Vec<(&str, &str)> = h.declared().iter().map(|(k, u)| (k.as_str(), u.as_str())).collect();
+        assert_eq!(
+            declared,
+            [("url", "https://hooks.example.com/in"), ("url.RoomGiftSent", "https://gifts.example.com/in")]
+        );
     }
 
     #[test]

@@ -7,6 +7,12 @@
 //!   bearer header on the API or typed into the page's form, and a same-origin request
 //!   (`Sec-Fetch-Site`, `Origin`). The page's form also carries a per-process form token.
 //!   Without `admin.token` nothing can change state over HTTP.
+//! - **Cross-site reads**: every route but `/healthz`, `/readyz` and `/metrics` refuses a
+//!   request the browser marks `Sec-Fetch-Site: cross-site`, so an `<img>` or a script on
+//!   another site cannot make an operator's browser read the page or an event.
+//! - **Reads off loopback**: with `admin.token` set and the listener on an address other
+//!   than loopback, the page and the API need the token too (as a bearer header, or as the
+//!   password of the browser's Basic prompt); probes and scrapes do not.
 //! - **Clickjacking and injection**: `X-Frame-Options: DENY` and a strict CSP on everything.
 
 use std::sync::Arc;
@@ -16,6 +22,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq as _;
 
 use super::AdminState;
 use super::settings::AdminConfig;
@@ -28,13 +35,46 @@ pub struct Guard {
     token: Option<String>,
     allowed_hosts: Vec<String>,
     form_token: String,
+    /// Reads need the token too: it is set and the listener is not on loopback.
+    reads_need_token: bool,
 }
+
+/// The routes any client may read without a token, from any site: probes and scrapes.
+const OPEN_ROUTES: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
 
 impl Guard {
     /// The guard for `admin:`; the form token is new in every process.
     pub fn new(config: &AdminConfig) -> Guard {
         let form_token = crate::clock::hex(&crate::clock::random_bytes(16));
-        Guard { token: config.token.clone(), allowed_hosts: config.allowed_hosts.clone(), form_token }
+        let off_loopback = config.listen.is_some_and(|addr| !addr.ip().is_loopback());
+        Guard {
+            token: config.token.clone(),
+            allowed_hosts: config.allowed_hosts.clone(),
+            form_token,
+            reads_need_token: config.token.is_some() && off_loopback,
+        }
+    }
+
+    /// Any request but a probe's or a scrape's: refused from another site, and, where reads
+    /// need the token, without it.
+    pub fn check_read(&self, path: &str, headers: &HeaderMap) -> Result<(), Refusal> {
+        if OPEN_ROUTES.contains(&path) {
+            return Ok(());
+        }
+        if headers.get("sec-fetch-site").is_some_and(|site| site.as_bytes() == b"cross-site") {
+            return Err(Refusal(StatusCode::FORBIDDEN, "cross-site request refused"));
+        }
+        if !self.reads_need_token {
+            return Ok(());
+        }
+        let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .map(|t| t.trim().to_string())
+                .or_else(|| basic_password(v.strip_prefix("Basic ")?))
+        });
+        self.token_matches(given.as_deref()).map_err(|_| {
+            Refusal(StatusCode::UNAUTHORIZED, "this listener is not on loopback: reading it needs the admin token")
+        })
     }
 
     /// Whether any state change is possible over HTTP (`admin.token` is set).
@@ -114,9 +154,18 @@ impl Guard {
     }
 }
 
-/// Compares secrets without leaking where they differ through timing.
+/// Compares secrets without leaking where, or whether in length, they differ through timing:
+/// their digests, in constant time.
 fn same(given: &str, expected: &str) -> bool {
-    Sha256::digest(given.as_bytes()) == Sha256::digest(expected.as_bytes())
+    Sha256::digest(given.as_bytes()).as_slice().ct_eq(Sha256::digest(expected.as_bytes()).as_slice()).into()
+}
+
+/// The password of a Basic `Authorization` value (base64 of `user:password`).
+fn basic_password(encoded: &str) -> Option<String> {
+    use base64::Engine as _;
+    let decoded = base64::engine::general_purpose::STANDARD.decode(encoded.trim()).ok()?;
+    let text = String::from_utf8(decoded).ok()?;
+    Some(text.split_once(':')?.1.to_string())
 }
 
 /// Why a request may not do what it asks: its status and a sentence for the operator.
@@ -134,7 +183,11 @@ impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
         let mut response = refuse(self.0, self.1);
         if self.0 == StatusCode::UNAUTHORIZED {
-            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            // A browser asks its user for the token with a Basic prompt; scripts send a bearer.
+            response.headers_mut().append(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            response
+                .headers_mut()
+                .append(header::WWW_AUTHENTICATE, HeaderValue::from_static("Basic realm=\"outbox-host\""));
         }
         response
     }
@@ -148,13 +201,15 @@ fn refuse(status: StatusCode, why: &str) -> Response {
 /// being framed, sniffed or cached.
 pub async fn screen(State(s): State<Arc<AdminState>>, request: Request, next: Next) -> Response {
     let host = request.headers().get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or_default();
-    let mut response = if s.guard.host_allowed(host) {
-        next.run(request).await
-    } else {
+    let mut response = if !s.guard.host_allowed(host) {
         refuse(
             StatusCode::MISDIRECTED_REQUEST,
             "this Host is not served here: use an IP address or localhost, or add the name to admin.allowed_hosts",
         )
+    } else if let Err(refused) = s.guard.check_read(request.uri().path(), request.headers()) {
+        refused.into_response()
+    } else {
+        next.run(request).await
     };
     let headers = response.headers_mut();
     headers.insert("x-frame-options", HeaderValue::from_static("DENY"));

@@ -53,6 +53,47 @@ pub struct AdminState {
     pub unready_after_db_failures: u32,
     /// Reloads this host's sinks.
     pub reloader: Arc<crate::reload::Reloader>,
+    /// What the page and `/api/status` last read of the tables (see [`table_view`]).
+    pub view: tokio::sync::Mutex<Option<Arc<TableView>>>,
+}
+
+/// What the page and `/api/status` show of the tables.
+pub struct TableView {
+    read_at: std::time::Instant,
+    stats: crate::store::Stats,
+    /// The page's chart and list; an error (a column the failures' query needs is gone)
+    /// fails the page, not `/api/status`.
+    history: Result<Vec<crate::store::Minute>, String>,
+    failures: Result<Vec<crate::store::Row>, String>,
+    /// `None` when the sinks' counts could not be read.
+    sinks: Option<Vec<crate::ops::SinkSummary>>,
+}
+
+/// How long a [`TableView`] is served before the tables are read again.
+const VIEW_FRESH_FOR: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The tables' counts, history and failures, read at most about once a second however often
+/// the page or `/api/status` is asked (requests meanwhile share one read): a page that
+/// reloads in a loop cannot make the host scan its tables in a loop.
+async fn table_view(s: &AdminState) -> Result<Arc<TableView>, crate::store::StoreError> {
+    let mut cached = s.view.lock().await;
+    if let Some(view) = cached.as_ref().filter(|v| v.read_at.elapsed() < VIEW_FRESH_FOR) {
+        return Ok(view.clone());
+    }
+    let stats = s.store.stats().await?;
+    let (history, failures) = tokio::join!(s.store.history(now_ms() - 3_600_000), s.store.recent_failures(20));
+    let (history, failures) = (history.map_err(|e| e.to_string()), failures.map_err(|e| e.to_string()));
+    let sinks = crate::ops::sink_summaries(s.store.clone(), &stats).await.ok();
+    let view = Arc::new(TableView { read_at: std::time::Instant::now(), stats, history, failures, sinks });
+    // A read that failed in part is served once, not kept: the next ask tries again.
+    let whole = view.history.is_ok() && view.failures.is_ok() && view.sinks.is_some();
+    *cached = whole.then(|| view.clone());
+    Ok(view)
+}
+
+/// After a change made over HTTP, the next view reads the tables again.
+async fn forget_view(s: &AdminState) {
+    *s.view.lock().await = None;
 }
 
 /// Binds the admin address, so that a port already taken fails start-up.
@@ -101,6 +142,10 @@ async fn ready(State(s): State<Arc<AdminState>>) -> (StatusCode, String) {
     if !s.worker_running.load(Ordering::Relaxed) {
         return (StatusCode::SERVICE_UNAVAILABLE, "worker not running\n".into());
     }
+    // A sink whose config denies where it sends delivers nothing until an operator acts.
+    if let Some((sink, why)) = s.metrics.misconfigured().into_iter().next() {
+        return (StatusCode::SERVICE_UNAVAILABLE, format!("sink {sink} is misconfigured: {why}\n"));
+    }
     let health = s.metrics.db_health();
     let in_a_row = health.failures_in_a_row();
     if in_a_row >= s.unready_after_db_failures
@@ -133,15 +178,14 @@ struct Flash {
 
 async fn status_page(State(s): State<Arc<AdminState>>, Query(flash): Query<Flash>) -> Response {
     let now = now_ms();
-    let stats = match s.store.stats().await {
-        Ok(stats) => stats,
+    let view = match table_view(&s).await {
+        Ok(view) => view,
         Err(e) => return unavailable(e),
     };
-    let (history, failures) = match tokio::try_join!(s.store.history(now - 3_600_000), s.store.recent_failures(20)) {
-        Ok(found) => found,
-        Err(e) => return unavailable(e),
+    let (history, failures) = match (&view.history, &view.failures) {
+        (Ok(history), Ok(failures)) => (history, failures),
+        (Err(e), _) | (_, Err(e)) => return unavailable(e),
     };
-    let sinks = crate::ops::sink_summaries(s.store.clone(), &stats).await.unwrap_or_default();
     let flash = match (flash.moved, flash.replayed) {
         (Some(n), _) => Some(format!("Moved {n} failed event(s) back to pending.")),
         (None, Some(n)) => Some(format!("Replaying {n} event(s) to sink {}.", flash.sink.unwrap_or_default())),
@@ -152,24 +196,26 @@ async fn status_page(State(s): State<Arc<AdminState>>, Query(flash): Query<Flash
         table: &s.table,
         node_id: &s.node_id,
         sink: &s.sink,
-        stats: &stats,
-        history: &history,
-        failures: &failures,
+        stats: &view.stats,
+        history,
+        failures,
         now_ms: now,
         flash: flash.as_deref(),
         form_token,
         db_failure: s.metrics.db_health().last_failure(),
         breaker: s.metrics.breaker(),
-        sinks: &sinks,
+        misconfigured: s.metrics.misconfigured(),
+        sinks: view.sinks.as_deref().unwrap_or_default(),
     }))
     .into_response()
 }
 
 async fn status_json(State(s): State<Arc<AdminState>>) -> Response {
-    let stats = match s.store.stats().await {
-        Ok(stats) => stats,
+    let view = match table_view(&s).await {
+        Ok(view) => view,
         Err(e) => return unavailable(e),
     };
+    let stats = &view.stats;
     let counts: serde_json::Map<String, serde_json::Value> =
         Status::ALL.iter().map(|st| (st.as_str().to_string(), json!(stats.count(*st)))).collect();
     Json(json!({
@@ -181,7 +227,7 @@ async fn status_json(State(s): State<Arc<AdminState>>) -> Response {
         "top_errors": stats.top_errors.iter().map(|(e, n)| json!({ "error": e, "count": n })).collect::<Vec<_>>(),
         "db_failures_in_a_row": s.metrics.db_health().failures_in_a_row(),
         "breaker": breaker_json(&s.metrics.breaker()),
-        "sinks": sinks_json(s.store.clone(), &stats).await,
+        "sinks": view.sinks.as_deref().map_or(serde_json::Value::Null, sinks_json),
         "last_db_error": s.metrics.db_health().last_failure().map(|f| json!({
             "operation": f.operation,
             "error": f.error,
@@ -191,11 +237,8 @@ async fn status_json(State(s): State<Arc<AdminState>>) -> Response {
     .into_response()
 }
 
-/// Every registered sink's counts for `/api/status` (`null` when they cannot be read).
-async fn sinks_json(outbox: Arc<dyn Store>, first: &crate::store::Stats) -> serde_json::Value {
-    let Ok(sinks) = crate::ops::sink_summaries(outbox, first).await else {
-        return serde_json::Value::Null;
-    };
+/// Every registered sink's counts for `/api/status`.
+fn sinks_json(sinks: &[crate::ops::SinkSummary]) -> serde_json::Value {
     let now = now_ms();
     sinks
         .iter()
@@ -266,6 +309,7 @@ async fn retry_rows(s: &AdminState, p: RetryParams) -> Result<u64, Response> {
     };
     let moved = ops::retry(store.as_ref(), &filter).await.map_err(unavailable)?;
     tracing::info!(moved, ?filter, "operator retry over HTTP");
+    forget_view(s).await;
     Ok(moved)
 }
 
@@ -300,6 +344,9 @@ struct ReplayParams {
     to: Option<String>,
     event_type: Option<String>,
     room: Option<String>,
+    /// The most events this replay may deliver again: required, so that a replay over HTTP
+    /// never moves more than its caller expected.
+    limit: Option<u64>,
 }
 
 async fn replay_rows(s: &AdminState, sink: &str, p: ReplayParams) -> Result<u64, Response> {
@@ -312,8 +359,28 @@ async fn replay_rows(s: &AdminState, sink: &str, p: ReplayParams) -> Result<u64,
         (status, Json(json!({ "error": e.to_string() }))).into_response()
     };
     let filter = ops::replay_filter(&p.from, p.to.as_deref(), p.event_type, p.room).map_err(refused)?;
+    let matching = ops::count_replay(s.store.clone(), sink, &filter).await.map_err(refused)?;
+    let over = |status: StatusCode, error: String| {
+        (status, Json(json!({ "error": error, "sink": sink, "matching": matching }))).into_response()
+    };
+    match p.limit {
+        None => {
+            return Err(over(
+                StatusCode::BAD_REQUEST,
+                format!("limit is required: the most events to deliver again ({matching} match)"),
+            ));
+        }
+        Some(limit) if matching > limit => {
+            return Err(over(
+                StatusCode::CONFLICT,
+                format!("{matching} events match, more than the limit of {limit}: nothing replayed"),
+            ));
+        }
+        Some(_) => {}
+    }
     let replayed = ops::replay(s.store.clone(), sink, &filter).await.map_err(refused)?;
     tracing::info!(sink, replayed, "operator replay over HTTP");
+    forget_view(s).await;
     Ok(replayed)
 }
 
@@ -392,6 +459,7 @@ async fn purge_api(State(s): State<Arc<AdminState>>, headers: HeaderMap, Query(p
         Ok(per_table) => {
             let deleted: u64 = per_table.iter().map(|(_, n)| n).sum();
             tracing::info!(deleted, delivered_before = %p.delivered_before, "operator purge over HTTP");
+            forget_view(&s).await;
             let tables: serde_json::Map<String, serde_json::Value> =
                 per_table.into_iter().map(|(table, n)| (table, json!(n))).collect();
             Json(json!({ "deleted": deleted, "tables": tables })).into_response()

@@ -1,0 +1,526 @@
+//! Nothing lost at the edges of several sinks: a sink configured before the first event, a
+//! purge while a new sink's back-fill runs, two sink names that would share a table, an
+//! adopted table with wider columns than the host's, and SQLite's reused row ids.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_host::store::{NewEvent, RegisteredSink, Status, Store, now_ms};
+use outbox_test_support::{Collector, FAKE_SINK};
+
+use crate::support::{Running, SinkSpec, World, fake_sink_to, per_backend, sink_entry};
+
+per_backend!(
+    sinks_configured_at_migrate_get_every_event_in_the_deployment_order,
+    a_sink_configured_when_the_table_is_created_starts_from_its_beginning,
+    two_sink_names_that_would_share_a_table_are_refused,
+    a_replay_counts_first_and_asks_before_a_large_one,
+);
+
+/// `n` gift events over 50 rooms in `status`, inserted by the producer in chunks.
+async fn produce_as(world: &World, n: usize, status: Status) -> Vec<NewEvent> {
+    let events: Vec<NewEvent> =
+        (0..n).map(|i| world.event("RoomGiftSent", &format!("room-{}", i % 50), status)).collect();
+    for chunk in events.chunks(500) {
+        world.producer.insert(chunk).await.unwrap();
+    }
+    events
+}
+
+/// How many times `collector` saw each event.
+fn counts(collector: &Collector) -> HashMap<String, usize> {
+    let mut seen = HashMap::new();
+    for r in collector.reports() {
+        *seen.entry(r.event_id).or_insert(0) += 1;
+    }
+    seen
+}
+
+/// The registered sink `name` and the store of its state, on `outbox`.
+async fn state_of(outbox: &Arc<dyn Store>, name: &str) -> (RegisteredSink, Arc<dyn Store>) {
+    let sink = outbox.sinks().await.unwrap().into_iter().find(|s| s.name == name).expect("registered");
+    let store = outbox.clone().sink_store(&sink).await.unwrap();
+    (sink, store)
+}
+
+async fn delivered(store: &dyn Store) -> i64 {
+    store.stats().await.unwrap().count(Status::Delivered)
+}
+
+/// Every event of `events` seen exactly once by `collector`.
+fn assert_each_once(collector: &Collector, events: &[NewEvent], name: &str) {
+    let seen = counts(collector);
+    let missed = events.iter().filter(|e| !seen.contains_key(&e.event_id)).count();
+    assert_eq!(missed, 0, "{name} missed {missed} of {} events", events.len());
+    for e in events {
+        assert_eq!(seen.get(&e.event_id), Some(&1), "{name} got {} once", e.event_id);
+    }
+}
+
+/// The deployment order: `migrate` (a migration job), then the producer writes 2,000
+/// events, then two hosts `run`. The second sink, `start_from: now` by default, was
+/// registered by `migrate`, so it gets every event; before, its first `run` registered it
+/// after the events and it missed them.
+async fn sinks_configured_at_migrate_get_every_event_in_the_deployment_order(world: World) {
+    const EVENTS: usize = 2_000;
+    let b = Collector::start().await;
+    let setup = world
+        .setup("concurrency: 16\nbatch_size: 100", "")
+        .with_sinks(vec![sink_entry(&fake_sink_to("b", &b, ""), "")]);
+    crate::binary::write_config(&world, &setup.yaml());
+    let out = crate::binary::run_cli_beside(&world, &["migrate"]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "room_outbox is up to date\nsink fake is registered (room_outbox)\nsink b is registered (room_outbox__b)\n"
+    );
+    let events = produce_as(&world, EVENTS, Status::Pending).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut hosts = vec![Running::start(setup.parse()).await, Running::start(setup.parse()).await];
+    let (_, b_state) = state_of(&world.producer, "b").await;
+    hosts[0]
+        .wait_for_within("both sinks to deliver every event", Duration::from_secs(120), || async {
+            delivered(world.producer.as_ref()).await == EVENTS as i64
+                && delivered(b_state.as_ref()).await == EVENTS as i64
+        })
+        .await;
+    for host in hosts {
+        host.stop().await;
+    }
+    assert_each_once(&world.collector, &events, "the first sink");
+    assert_each_once(&b, &events, "sink b");
+}
+
+/// On a database without the table, `enqueue` (as `make run` does first) creates it and
+/// registers the configured sinks from its beginning, whatever their `start_from`: the
+/// events it enqueues reach the second sink once a host runs.
+async fn a_sink_configured_when_the_table_is_created_starts_from_its_beginning(world: World) {
+    for table in ["room_outbox_sinks", "room_outbox_migrations", "room_outbox"] {
+        world.db.execute(&format!("DROP TABLE {table}")).await.unwrap();
+    }
+    let b = Collector::start().await;
+    let setup = world.setup("", "").with_sinks(vec![sink_entry(&fake_sink_to("b", &b, ""), "start_from: now")]);
+    crate::binary::write_config(&world, &setup.yaml());
+    let out =
+        crate::binary::run_cli_beside(&world, &["enqueue", "-t", "RoomHeatChanged", "-r", "room-1", "-n", "5"]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let outbox = outbox_host::store::open(&world.db_url(), 2, "room_outbox").await.unwrap();
+    let (b_sink, b_state) = state_of(&outbox, "b").await;
+    assert_eq!(b_sink.start_from_ms, 0, "registered from the table's beginning");
+    let mut host = Running::start(setup.parse()).await;
+    host.wait_for("both sinks to deliver the enqueued events", || async {
+        delivered(outbox.as_ref()).await == 5 && delivered(b_state.as_ref()).await == 5
+    })
+    .await;
+    host.stop().await;
+    assert_eq!((world.collector.reports().len(), b.reports().len()), (5, 5), "each sink got each event once");
+    outbox.close().await;
+}
+
+/// `b-x` and `b_x` would both keep their state in `room_outbox__b_x`, each then getting only
+/// some of the events. The second registration is refused, naming both, from another
+/// config file (another host) as from the same one.
+async fn two_sink_names_that_would_share_a_table_are_refused(world: World) {
+    let spec = |name: &'static str| SinkSpec { name, plugin: FAKE_SINK, allowed_hosts: vec![], config: String::new() };
+    let first = world.setup("", "").with_sinks(vec![sink_entry(&spec("b-x"), "")]);
+    crate::binary::write_config(&world, &first.yaml());
+    let out = crate::binary::run_cli_beside(&world, &["migrate"]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let second = world.setup("", "").with_sinks(vec![sink_entry(&spec("b_x"), "")]);
+    crate::binary::write_config(&world, &second.yaml());
+    for command in ["migrate", "run"] {
+        let out = crate::binary::run_cli_beside(&world, &[command]).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{command}: {stderr}");
+        assert!(
+            stderr.contains(
+                "sink \"b_x\" would keep its state in room_outbox__b_x, which sink \"b-x\" already uses: rename one of them"
+            ),
+            "{command}: {stderr}"
+        );
+    }
+    let names: Vec<String> = world.producer.sinks().await.unwrap().into_iter().map(|s| s.name).collect();
+    assert_eq!(names, ["fake", "b-x"], "nothing registered for b_x");
+}
+
+/// Sinks `fake` and `b` delivered 50,000 events; then `c` is added with `start_from:
+/// beginning`, and purges run over and over while its back-fill copies them. `c` gets every
+/// event; the purges delete nothing `c` still needs, and once its copy is complete they
+/// empty the outbox.
+async fn a_purge_racing_a_backfill_keeps_what_the_new_sink_needs(world: World) {
+    const EVENTS: usize = 50_000;
+    let quiet = |name: &'static str| SinkSpec { name, plugin: FAKE_SINK, allowed_hosts: vec![], config: String::new() };
+    let worker = "concurrency: 32\nbatch_size: 500";
+    let two = world.setup(worker, "").with_sinks(vec![sink_entry(&quiet("b"), "start_from: beginning")]);
+    let mut host = Running::start(two.parse()).await;
+    // The first sink's synchronous publish succeeded for every event: only `b` delivers.
+    let events = produce_as(&world, EVENTS, Status::Delivered).await;
+    let (_, b_state) = state_of(&world.producer, "b").await;
+    host.wait_for_within("b to deliver every event", Duration::from_secs(240), || async {
+        delivered(b_state.as_ref()).await == EVENTS as i64
+    })
+    .await;
+    host.stop().await;
+
+    let c = Collector::start().await;
+    let three = world.setup(worker, "").with_sinks(vec![
+        sink_entry(&quiet("b"), "start_from: beginning"),
+        sink_entry(&fake_sink_to("c", &c, ""), "start_from: beginning"),
+    ]);
+    let host = Running::start(three.parse()).await;
+    let mut purged = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
+    // Counted at the destination: the purges also delete c's own delivered copies.
+    while counts(&c).len() < EVENTS {
+        assert!(tokio::time::Instant::now() < deadline, "c received {} of {EVENTS} events", counts(&c).len());
+        for (table, deleted) in
+            outbox_host::ops::purge_everywhere(world.producer.clone(), now_ms(), 1_000).await.unwrap()
+        {
+            if table == "room_outbox" {
+                purged += deleted;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    host.stop().await;
+    assert_each_once(&c, &events, "sink c");
+    // Once c has its copies, nothing holds the outbox's rows any more.
+    for (table, deleted) in outbox_host::ops::purge_everywhere(world.producer.clone(), now_ms(), 1_000).await.unwrap() {
+        if table == "room_outbox" {
+            purged += deleted;
+        }
+    }
+    assert_eq!(purged, EVENTS as u64, "the purges emptied the outbox in the end");
+    assert_eq!(world.producer.stats().await.unwrap().counts.iter().map(|(_, n)| n).sum::<i64>(), 0);
+}
+
+#[tokio::test]
+async fn postgres_a_purge_racing_a_backfill_keeps_what_the_new_sink_needs() {
+    let Some(db) = crate::support::TestDb::postgres().await else { return };
+    a_purge_racing_a_backfill_keeps_what_the_new_sink_needs(World::on(db).await).await
+}
+
+#[tokio::test]
+async fn mysql_a_purge_racing_a_backfill_keeps_what_the_new_sink_needs() {
+    let Some(db) = crate::support::TestDb::mysql().await else { return };
+    a_purge_racing_a_backfill_keeps_what_the_new_sink_needs(World::on(db).await).await
+}
+
+/// An adopted MySQL table whose `room_id` and `event_id` take 255 characters, and a second
+/// sink: events with 200-character room and event ids reach the second sink whole (its
+/// table takes the outbox's column types; before, its copy cut them to 128 characters).
+#[tokio::test]
+async fn mysql_a_wide_adopted_table_is_copied_to_another_sink_without_shortening() {
+    let Some(db) = crate::support::TestDb::mysql().await else { return };
+    let world = World::on(db).await;
+    world
+        .db
+        .execute("ALTER TABLE room_outbox MODIFY room_id VARCHAR(255) NOT NULL, MODIFY event_id VARCHAR(255) NOT NULL")
+        .await
+        .unwrap();
+    let b = Collector::start().await;
+    let config =
+        world.setup("", "").with_sinks(vec![sink_entry(&fake_sink_to("b", &b, ""), "start_from: beginning")]).parse();
+    let outbox = outbox_host::store::open(&world.db_url(), 2, "room_outbox").await.unwrap();
+    let mut host = Running::start(config).await;
+    let events: Vec<NewEvent> = (0..10)
+        .map(|i| {
+            let room = format!("{}-{i}", "r".repeat(198));
+            let event_id = format!("{}-{i}", "e".repeat(198));
+            let e = world.event("RoomGiftSent", &room, Status::Pending);
+            let body =
+                outbox_proto::body_from_json("RoomGiftSent", &serde_json::json!({ "room_id": room })).unwrap().unwrap();
+            let envelope =
+                outbox_host::envelope::encode("app-1", &event_id, "RoomGiftSent", &room, 1, e.created_at_ms, body);
+            NewEvent { event_id, envelope, ..e }
+        })
+        .collect();
+    outbox.insert(&events).await.unwrap();
+    let (_, b_state) = state_of(&outbox, "b").await;
+    host.wait_for("both sinks to deliver the ten events", || async {
+        delivered(outbox.as_ref()).await == 10 && delivered(b_state.as_ref()).await == 10
+    })
+    .await;
+    host.stop().await;
+    assert_each_once(&b, &events, "sink b");
+    for e in &events {
+        let copy = b_state.get(&e.event_id).await.unwrap().expect("b's copy under the whole event id");
+        assert_eq!((copy.room_id.len(), copy.event_id.len()), (200, 200), "b's copy is whole");
+        assert_eq!((copy.room_id.as_str(), copy.envelope.as_slice()), (e.room_id.as_str(), e.envelope.as_slice()));
+    }
+    outbox.close().await;
+}
+
+/// An adopted SQLite table keyed by `rowid`: after a purge empties it, SQLite gives the next
+/// event a row id an earlier one had, while the second sink still keeps that earlier event
+/// (it failed there). The second sink still gets the new event (its copy conflicts on the
+/// event's id, never on the row id).
+#[tokio::test]
+async fn sqlite_a_reused_rowid_after_a_purge_loses_no_event_for_another_sink() {
+    const TABLE: &str = "rowid_outbox";
+    let world = World::new().await;
+    world
+        .db
+        .execute(&format!(
+            "CREATE TABLE {TABLE} (app_code TEXT NOT NULL DEFAULT '', event_id TEXT PRIMARY KEY, event_type TEXT NOT NULL, \
+             room_id TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending', envelope BLOB NOT NULL, \
+             created_at_ms INTEGER NOT NULL, retry_count INTEGER NOT NULL DEFAULT 0, last_error TEXT NOT NULL DEFAULT '', \
+             worker_id TEXT NOT NULL DEFAULT '', lock_until_ms INTEGER NOT NULL DEFAULT 0, \
+             next_retry_at_ms INTEGER NOT NULL DEFAULT 0)"
+        ))
+        .await
+        .unwrap();
+    let outbox = outbox_host::store::open(&world.db_url(), 2, TABLE).await.unwrap();
+    outbox.migrate().await.unwrap();
+    let outbox = outbox_host::store::open(&world.db_url(), 2, TABLE).await.unwrap();
+    let b = Collector::start().await;
+    let config = world
+        .setup("", "")
+        .set(&["outbox", "table"], TABLE)
+        .with_sinks(vec![sink_entry(&fake_sink_to("b", &b, "room.room-held: permanent"), "start_from: beginning")])
+        .parse();
+    let mut host = Running::start(config).await;
+    let (_, b_state) = state_of(&outbox, "b").await;
+    // The first event (row id 1) fails at b and stays in b's table.
+    let mut first = vec![world.event("RoomGiftSent", "room-held", Status::Pending)];
+    first.extend((0..4).map(|_| world.event("RoomGiftSent", "room-x", Status::Pending)));
+    outbox.insert(&first).await.unwrap();
+    host.wait_for("the first sink to deliver, and b to deliver four and fail one", || async {
+        let b = b_state.stats().await.unwrap();
+        delivered(outbox.as_ref()).await == 5 && b.count(Status::Delivered) == 4 && b.count(Status::Failed) == 1
+    })
+    .await;
+    let deleted = outbox_host::ops::purge_everywhere(outbox.clone(), now_ms() + 1, 1_000).await.unwrap();
+    assert_eq!(deleted, [(TABLE.to_string(), 5), (format!("{TABLE}__b"), 4)]);
+    // The table is empty: the next event takes row id 1 again.
+    let later = world.event("RoomGiftSent", "room-y", Status::Pending);
+    outbox.insert(std::slice::from_ref(&later)).await.unwrap();
+    assert_eq!(outbox.get(&later.event_id).await.unwrap().unwrap().id, 1, "SQLite reused the row id");
+    host.wait_for("both sinks to deliver the later event", || async {
+        outbox.get(&later.event_id).await.unwrap().map(|r| r.status) == Some(Status::Delivered)
+            && b_state.get(&later.event_id).await.unwrap().map(|r| r.status) == Some(Status::Delivered)
+    })
+    .await;
+    host.stop().await;
+    assert_eq!(counts(&b).get(&later.event_id), Some(&1), "b got the later event");
+    outbox.close().await;
+}
+
+/// Tencent IM on a plain `http://` endpoint without `sink.allow_http`: the sink declares
+/// its endpoint, so `check-config` and `run` refuse the config, naming the sink's key and
+/// the host's key to change, before any row is touched.
+#[tokio::test]
+async fn a_declared_endpoint_the_policy_denies_refuses_the_start() {
+    let world = World::new().await;
+    let ids: Vec<String> = {
+        let mut ids = Vec::new();
+        for i in 0..35 {
+            ids.push(world.produce("RoomGiftSent", &format!("room-{i}"), Status::Pending).await);
+        }
+        ids
+    };
+    let im = outbox_test_support::tencent::TencentIm::start([]).await;
+    let mistaken =
+        world.setup_with("", &crate::tencent::sink(&im, &im.endpoint())).set(&["sink", "allow_http"], "false");
+    crate::binary::write_config(&world, &mistaken.yaml());
+    let expected = format!(
+        "endpoint: {} cannot be reached: plain http is off for this sink (sink.allow_http)",
+        im.endpoint().trim_end_matches('/')
+    );
+    for command in ["check-config", "run"] {
+        let out = crate::binary::run_cli_beside(&world, &[command]).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
+        assert!(stderr.contains(&expected), "{command}: {stderr}");
+    }
+    // An address outside `allowed_hosts` is named the same way.
+    let webhook = SinkSpec {
+        name: "webhook",
+        plugin: outbox_test_support::WEBHOOK_SINK,
+        allowed_hosts: vec!["hooks.example.com".into()],
+        config: "url: \"https://hooks.example.com/in\"\nurl.RoomGiftSent: \"https://gifts.example.com/in\"\nsecret: whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n".into(),
+    };
+    crate::binary::write_config(&world, &world.setup_with("", &webhook).yaml());
+    let out = crate::binary::run_cli_beside(&world, &["check-config"]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("url.RoomGiftSent: https://gifts.example.com/in cannot be reached: gifts.example.com:443 is not in this sink's allowed_hosts"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("url: https://hooks.example.com/in"), "an allowed URL named: {stderr}");
+    for id in &ids {
+        let row = world.row(id).await;
+        assert_eq!((row.status, row.retry_count), (Status::Pending, 0), "{id} was touched");
+    }
+    assert!(im.received().is_empty());
+}
+
+/// A sink that sends where its policy denies at run time (the fake sink, which declares
+/// nothing, reporting over plain `http://` without `sink.allow_http`), 35 events: the sink
+/// pauses as misconfigured (readiness says which and why, and so do the page and the
+/// metrics), every row stays waiting with no attempt spent, and nothing is `failed`; with
+/// the config fixed, a restart delivers them all.
+#[tokio::test]
+async fn a_config_mistake_at_run_time_pauses_the_sink_and_fails_no_row() {
+    use crate::breaker::{get, metric};
+    const EVENTS: usize = 35;
+    let world = World::new().await;
+    let mistaken = world
+        .setup("retry_interval: 50ms", "")
+        .set(&["sink", "allow_http"], "false")
+        .set(&["sink", "breaker", "cool_down"], "50ms")
+        .set(&["sink", "breaker", "max_cool_down"], "100ms")
+        .with_admin();
+    let events = produce_as(&world, EVENTS, Status::Pending).await;
+    let mut host = Running::start(mistaken.parse()).await;
+    let base = format!("http://{}", host.admin.unwrap());
+    let series = "room_outbox_sink_push_backs_total{sink=\"fake\",pressure=\"misconfigured\"}";
+    host.wait_for("several attempts to meet the policy", || async { metric(&base, series).await >= 5.0 }).await;
+    let (status, body) = get(&format!("{base}/readyz")).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (503, "sink fake is misconfigured: plain http is off for this sink (sink.allow_http)\n")
+    );
+    let page = get(&format!("{base}/")).await.1;
+    assert!(page.contains("Sink fake is misconfigured: plain http is off for this sink (sink.allow_http)"), "{page}");
+    host.wait_for("the breaker to show the pause", || async {
+        metric(&base, "room_outbox_sink_state{sink=\"fake\"}").await == 3.0
+    })
+    .await;
+    host.stop().await;
+    let stats = world.producer.stats().await.unwrap();
+    assert_eq!(stats.count(Status::Failed), 0, "{stats:?}");
+    assert_eq!(stats.count(Status::Pending) + stats.count(Status::Retryable), EVENTS as i64, "{stats:?}");
+    for e in &events {
+        let row = world.row(&e.event_id).await;
+        assert_eq!(row.retry_count, 0, "{} spent an attempt", e.event_id);
+        if row.status == Status::Retryable {
+            assert_eq!(
+                row.last_error.as_deref(),
+                Some("misconfigured: plain http is off for this sink (sink.allow_http)")
+            );
+        }
+    }
+    assert!(world.collector.reports().is_empty(), "nothing went out");
+
+    let mut host = Running::start(world.setup("retry_interval: 50ms", "").parse()).await;
+    host.wait_for("every event delivered once the config is fixed", || async {
+        delivered(world.producer.as_ref()).await == EVENTS as i64
+    })
+    .await;
+    host.stop().await;
+    assert_each_once(&world.collector, &events, "the fixed sink");
+}
+
+/// A producer's transaction left open on the table while `migrate` must add a column: the
+/// `ALTER` waits a second at a time, saying so, instead of queueing every other insert
+/// behind it; once the transaction ends, the column is added.
+async fn a_schema_change_waits_without_holding_up_inserts(world: World) {
+    use sqlx::Connection as _;
+    let undo_version_7: &[&str] = &[
+        "DROP TABLE room_outbox_sinks",
+        "ALTER TABLE room_outbox DROP COLUMN fanned_out_at_ms",
+        "DELETE FROM room_outbox_migrations WHERE version = 7",
+    ];
+    for statement in undo_version_7 {
+        world.db.execute(statement).await.unwrap();
+    }
+    let url = world.db_url();
+    let postgres = url.starts_with("postgres");
+    let long_insert = format!(
+        "INSERT INTO room_outbox (event_id, event_type, room_id, envelope, created_at_ms) VALUES ('evt-long', 'RoomGiftSent', 'room-1', {}, 1)",
+        if postgres { "'\\x00'::bytea" } else { "X'00'" }
+    );
+    // The long transaction, on a connection of its own.
+    let mut pg = None;
+    let mut my = None;
+    if postgres {
+        let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+        sqlx::raw_sql(&format!("BEGIN; {long_insert}")).execute(&mut c).await.unwrap();
+        pg = Some(c);
+    } else {
+        let mut c = sqlx::MySqlConnection::connect(&url).await.unwrap();
+        sqlx::raw_sql("BEGIN").execute(&mut c).await.unwrap();
+        sqlx::raw_sql(&long_insert).execute(&mut c).await.unwrap();
+        my = Some(c);
+    }
+    let config = crate::binary::write_config(&world, &world.setup("", "").yaml());
+    let migrating = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(crate::binary::BIN)
+            .arg("--config")
+            .arg(config)
+            .arg("migrate")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    });
+    // Let the ALTER start waiting, then insert as another producer would.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let other = world.event("RoomGiftSent", "room-2", Status::Pending);
+    tokio::time::timeout(Duration::from_secs(15), world.producer.insert(std::slice::from_ref(&other)))
+        .await
+        .expect("an insert waited for the whole open transaction: the ALTER queued it")
+        .unwrap();
+    assert!(!migrating.is_finished(), "migrate finished while the transaction was open");
+    if let Some(mut c) = pg {
+        sqlx::raw_sql("COMMIT").execute(&mut c).await.unwrap();
+    }
+    if let Some(mut c) = my {
+        sqlx::raw_sql("COMMIT").execute(&mut c).await.unwrap();
+    }
+    let out = tokio::time::timeout(Duration::from_secs(60), migrating).await.expect("migrate ends").unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("waiting for a lock to change the table's schema"), "{stderr}");
+    let columns = world.producer.describe().await.unwrap().unwrap().columns;
+    assert!(columns.iter().any(|c| c.name == "fanned_out_at_ms"), "the column was added");
+}
+
+#[tokio::test]
+async fn postgres_a_schema_change_waits_without_holding_up_inserts() {
+    let Some(db) = crate::support::TestDb::postgres().await else { return };
+    a_schema_change_waits_without_holding_up_inserts(World::on(db).await).await
+}
+
+#[tokio::test]
+async fn mysql_a_schema_change_waits_without_holding_up_inserts() {
+    let Some(db) = crate::support::TestDb::mysql().await else { return };
+    a_schema_change_waits_without_holding_up_inserts(World::on(db).await).await
+}
+
+/// `replay --dry-run` counts and changes nothing; a replay of more than a thousand events
+/// needs `--yes` (no terminal to ask on here); with it, the events go back to `pending` in
+/// steps of a thousand.
+async fn a_replay_counts_first_and_asks_before_a_large_one(world: World) {
+    const EVENTS: usize = 1_001;
+    crate::binary::write_config(&world, &world.setup("", "").yaml());
+    let out = crate::binary::run_cli_beside(&world, &["migrate"]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    produce_as(&world, EVENTS, Status::Delivered).await;
+    let replay = |extra: &'static [&'static str]| {
+        let mut args = vec!["replay", "--sink", "fake", "--from", "1970-01-01"];
+        args.extend_from_slice(extra);
+        let world = &world;
+        async move { crate::binary::run_cli_beside(world, &args).await }
+    };
+    let out = replay(&["--dry-run"]).await;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "would replay 1001 event(s) to sink fake (dry run: nothing changed)\n"
+    );
+    assert_eq!(delivered(world.producer.as_ref()).await, EVENTS as i64);
+    let out = replay(&[]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("nothing replayed (1001 events match; pass --yes to replay them without asking)"),
+        "{stderr}"
+    );
+    assert_eq!(delivered(world.producer.as_ref()).await, EVENTS as i64, "nothing moved");
+    let out = replay(&["--yes"]).await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "replaying 1001 event(s) to sink fake\n");
+    let stats = world.producer.stats().await.unwrap();
+    assert_eq!((stats.count(Status::Pending), stats.count(Status::Delivered)), (EVENTS as i64, 0));
+}
