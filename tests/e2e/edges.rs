@@ -524,3 +524,32 @@ async fn a_replay_counts_first_and_asks_before_a_large_one(world: World) {
     let stats = world.producer.stats().await.unwrap();
     assert_eq!((stats.count(Status::Pending), stats.count(Status::Delivered)), (EVENTS as i64, 0));
 }
+
+/// The fan-out index, left invalid by a `CONCURRENTLY` build cut short, is dropped and built
+/// again (under the migration lock) by the next `migrate` that registers the sinks.
+#[tokio::test]
+async fn postgres_an_invalid_fan_out_index_is_built_again() {
+    let Some(db) = crate::support::TestDb::postgres().await else { return };
+    let world = World::on(db).await;
+    let spec = SinkSpec { name: "b", plugin: FAKE_SINK, allowed_hosts: vec![], config: String::new() };
+    crate::binary::write_config(&world, &world.setup("", "").with_sinks(vec![sink_entry(&spec, "")]).yaml());
+    let migrate = || async {
+        let out = crate::binary::run_cli_beside(&world, &["migrate"]).await;
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    migrate().await;
+    let index = "'room_outbox_fanout_idx'::regclass";
+    let pool = sqlx::PgPool::connect(&world.db_url()).await.unwrap();
+    let valid = || async {
+        sqlx::query_scalar::<_, bool>(&format!("SELECT indisvalid FROM pg_index WHERE indexrelid = {index}"))
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    assert!(valid().await, "the second sink's registration built the index");
+    world.db.execute(&format!("UPDATE pg_index SET indisvalid = false WHERE indexrelid = {index}")).await.unwrap();
+    assert!(!valid().await, "the index was not made invalid");
+    migrate().await;
+    assert!(valid().await, "migrate kept the invalid index");
+    pool.close().await;
+}

@@ -43,11 +43,7 @@ fn deploy(path: &Path, bytes: &[u8]) {
     std::fs::rename(&next, path).unwrap();
 }
 
-async fn metric(base: &str, series: &str) -> f64 {
-    let text = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
-    let line = text.lines().find(|l| l.starts_with(series)).unwrap_or_else(|| panic!("no {series} in\n{text}"));
-    line[series.len()..].trim().parse().unwrap()
-}
+use crate::breaker::metric;
 
 async fn delivered(store: &dyn Store) -> i64 {
     store.stats().await.unwrap().count(Status::Delivered)
@@ -194,4 +190,69 @@ async fn sighup_reloads_the_binarys_sink() {
     assert!(out.status.success());
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(log.contains("sink reloaded") && log.contains("trigger=\"SIGHUP\""), "{log}");
+}
+
+/// The same build with one byte of its data changed: the same size, another digest.
+fn rewritten(wasm: &[u8]) -> Vec<u8> {
+    let needle = b"fake: scripted permanent failure";
+    let at = wasm.windows(needle.len()).position(|w| w == needle).expect("the fake sink's message") + needle.len() - 1;
+    let mut out = wasm.to_vec();
+    out[at] = b'E';
+    out
+}
+
+/// A plugin file rewritten in place with a build of the same size, its modification time
+/// put back: the content's digest changes, so the watch reloads it. Then the file made
+/// group-writable: a reload refuses it (over the API, 422, naming the mode) and the build
+/// that was delivering goes on.
+#[tokio::test]
+async fn a_rewrite_in_place_is_noticed_and_a_writable_file_refused() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let world = World::new().await;
+    let original = std::fs::read(FAKE_SINK).unwrap();
+    let plugin = world.dir.path().join("fake_sink.wasm");
+    std::fs::write(&plugin, &original).unwrap();
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let config = world
+        .setup("retry_interval: 1h", "default: permanent")
+        .set(&["sink", "plugin"], plugin.to_str().unwrap())
+        .set(&["admin", "token"], TOKEN)
+        .with_admin()
+        .parse();
+    let mut host = Running::start(config).await;
+    let base = format!("http://{}", host.admin.unwrap());
+    let first = world.produce("RoomGiftSent", "room-1", Status::Pending).await;
+    host.wait_status(&world, &[&first], Status::Failed).await;
+    assert_eq!(world.row(&first).await.last_error.as_deref(), Some("fake: scripted permanent failure"));
+
+    let changed = rewritten(&original);
+    assert_eq!(changed.len(), original.len());
+    let modified = std::fs::metadata(&plugin).unwrap().modified().unwrap();
+    {
+        use std::io::Write as _;
+        let mut file = std::fs::OpenOptions::new().write(true).open(&plugin).unwrap();
+        file.write_all(&changed).unwrap();
+        file.set_modified(modified).unwrap();
+    }
+    assert_eq!(std::fs::metadata(&plugin).unwrap().modified().unwrap(), modified, "the same modification time");
+    host.wait_for("the rewritten build to be swapped in", || async {
+        metric(&base, "room_outbox_sink_reloads_total{sink=\"fake\",result=\"ok\"}").await >= 1.0
+    })
+    .await;
+    let second = world.produce("RoomGiftSent", "room-2", Status::Pending).await;
+    host.wait_status(&world, &[&second], Status::Failed).await;
+    let row = world.row(&second).await;
+    assert_eq!(row.last_error.as_deref(), Some("fake: scripted permanent failurE"));
+    assert_eq!(row.plugin_digest, Some(digest(&changed)));
+
+    std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o664)).unwrap();
+    let refused =
+        reqwest::Client::new().post(format!("{base}/api/sinks/fake/reload")).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(refused.status(), 422);
+    let why = refused.text().await.unwrap();
+    assert!(why.contains("is writable by other users (mode 0664)"), "{why}");
+    let third = world.produce("RoomGiftSent", "room-3", Status::Pending).await;
+    host.wait_status(&world, &[&third], Status::Failed).await;
+    assert_eq!(world.row(&third).await.plugin_digest, Some(digest(&changed)), "the build that was delivering goes on");
+    host.stop().await;
 }

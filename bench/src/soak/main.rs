@@ -3,9 +3,9 @@
 //! are SIGKILLed and restarted, the database connection is cut through a TCP proxy, one
 //! sink's plugin is hot-reloaded, a third sink is added with `start_from: beginning` by a
 //! rolling restart, and a purge and a replay run. Afterwards it prints, per sink: events
-//! received at least once (must be all), duplicates (bounded by the kills times the
-//! deliveries one host has in flight), rows left `delivering` (must be 0) and per-room order
-//! violations (must be 0); and exits 1 if any of those does not hold.
+//! received at least once (must be all), duplicates (bounded by the killed and cut-off hosts
+//! times the rows one host holds leased), rows left `delivering` (must be 0) and per-room
+//! order violations (must be 0); and exits 1 if any of those does not hold.
 
 mod faults;
 mod proxy;
@@ -408,7 +408,8 @@ impl Soak {
             // Receipts past the first; of those in the replayed range, as many as the replay
             // moved back are its intended second deliveries, the rest duplicates.
             let in_range = |p: &Produced| {
-                *name == "b" && replay_range.is_some_and(|(from, to, _)| p.created_at_ms >= from && p.created_at_ms < to)
+                *name == "b"
+                    && replay_range.is_some_and(|(from, to, _)| p.created_at_ms >= from && p.created_at_ms < to)
             };
             let extra = |p: &Produced| receipts.get(p.event_id.as_str()).map_or(0, |n| n.saturating_sub(1));
             let again_in_range = produced.iter().filter(|p| in_range(p) && extra(p) > 0).count();

@@ -72,9 +72,7 @@ impl Guard {
                 .map(|t| t.trim().to_string())
                 .or_else(|| basic_password(v.strip_prefix("Basic ")?))
         });
-        self.token_matches(given.as_deref()).map_err(|_| {
-            Refusal(StatusCode::UNAUTHORIZED, "this listener is not on loopback: reading it needs the admin token")
-        })
+        self.token_matches(given.as_deref()).map_err(|_| Refusal::ask_for_token())
     }
 
     /// Whether any state change is possible over HTTP (`admin.token` is set).
@@ -172,7 +170,15 @@ fn basic_password(encoded: &str) -> Option<String> {
 #[derive(Debug)]
 pub struct Refusal(StatusCode, &'static str);
 
+/// What a read off loopback without the token is told: a browser asks its user for the
+/// token (the Basic challenge); scripts send a bearer.
+const READ_NEEDS_TOKEN: &str = "this listener is not on loopback: reading it needs the admin token";
+
 impl Refusal {
+    fn ask_for_token() -> Refusal {
+        Refusal(StatusCode::UNAUTHORIZED, READ_NEEDS_TOKEN)
+    }
+
     /// The HTTP status it answers with.
     pub fn status(&self) -> StatusCode {
         self.0
@@ -183,11 +189,13 @@ impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
         let mut response = refuse(self.0, self.1);
         if self.0 == StatusCode::UNAUTHORIZED {
-            // A browser asks its user for the token with a Basic prompt; scripts send a bearer.
             response.headers_mut().append(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            response
-                .headers_mut()
-                .append(header::WWW_AUTHENTICATE, HeaderValue::from_static("Basic realm=\"outbox-host\""));
+            // Only a read asks the browser to prompt: a form's wrong token is said in the page.
+            if self.1 == READ_NEEDS_TOKEN {
+                response
+                    .headers_mut()
+                    .append(header::WWW_AUTHENTICATE, HeaderValue::from_static("Basic realm=\"outbox-host\""));
+            }
         }
         response
     }
