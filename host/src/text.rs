@@ -85,17 +85,23 @@ pub fn redact_url(url: &str) -> String {
         None => format!("{scheme}://{address}"),
     };
     if let Some(query) = query {
-        let pairs: Vec<String> = query
-            .split('&')
-            .map(|pair| match pair.split_once('=') {
-                Some((key, _)) if names_a_credential(key) => format!("{key}=***"),
-                _ => pair.to_string(),
-            })
-            .collect();
         out.push('?');
-        out.push_str(&pairs.join("&"));
+        out.push_str(&redact_query_values(query, names_a_credential));
     }
     out
+}
+
+/// A URL's query (`a=1&token=x`) with the values of the parameters `secret` names shown as
+/// `***`.
+pub fn redact_query_values(query: &str, secret: impl Fn(&str) -> bool) -> String {
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) if secret(name) => format!("{name}=***"),
+            _ => pair.to_string(),
+        })
+        .collect();
+    pairs.join("&")
 }
 
 /// Whether a URL query parameter's name says it carries a credential.

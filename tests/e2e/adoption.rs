@@ -326,15 +326,12 @@ async fn run_lists_every_problem_of_a_table_changed_after_migrate(world: World) 
 async fn postgres_migrate_rebuilds_an_index_left_invalid() {
     let Some(db) = crate::support::TestDb::postgres().await else { return };
     let world = World::on(db).await;
-    let index = "'room_outbox_claim_idx'::regclass";
-    world.db.execute(&format!("UPDATE pg_index SET indisvalid = false WHERE indexrelid = {index}")).await.unwrap();
-    let pool = sqlx::PgPool::connect(&world.db_url()).await.unwrap();
-    let valid = || async {
-        sqlx::query_scalar::<_, bool>(&format!("SELECT indisvalid FROM pg_index WHERE indexrelid = {index}"))
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-    };
+    world
+        .db
+        .execute("UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'room_outbox_claim_idx'::regclass")
+        .await
+        .unwrap();
+    let valid = || crate::support::postgres_index_valid(&world.db.url, "room_outbox_claim_idx");
     assert!(!valid().await, "the index was not made invalid");
     outbox_host::store::open(&world.db_url(), 2, "room_outbox").await.unwrap().migrate().await.unwrap();
     assert!(valid().await, "migrate kept the invalid index");

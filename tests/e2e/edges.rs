@@ -2,14 +2,13 @@
 //! purge while a new sink's back-fill runs, two sink names that would share a table, an
 //! adopted table with wider columns than the host's, and SQLite's reused row ids.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_host::store::{NewEvent, RegisteredSink, Status, Store, now_ms};
 use outbox_test_support::{Collector, FAKE_SINK};
 
-use crate::support::{Running, SinkSpec, World, fake_sink_to, per_backend, sink_entry};
+use crate::support::{Running, SinkSpec, World, counts, fake_sink_to, per_backend, sink_entry};
 
 per_backend!(
     sinks_configured_at_migrate_get_every_event_in_the_deployment_order,
@@ -17,25 +16,6 @@ per_backend!(
     two_sink_names_that_would_share_a_table_are_refused,
     a_replay_counts_first_and_asks_before_a_large_one,
 );
-
-/// `n` gift events over 50 rooms in `status`, inserted by the producer in chunks.
-async fn produce_as(world: &World, n: usize, status: Status) -> Vec<NewEvent> {
-    let events: Vec<NewEvent> =
-        (0..n).map(|i| world.event("RoomGiftSent", &format!("room-{}", i % 50), status)).collect();
-    for chunk in events.chunks(500) {
-        world.producer.insert(chunk).await.unwrap();
-    }
-    events
-}
-
-/// How many times `collector` saw each event.
-fn counts(collector: &Collector) -> HashMap<String, usize> {
-    let mut seen = HashMap::new();
-    for r in collector.reports() {
-        *seen.entry(r.event_id).or_insert(0) += 1;
-    }
-    seen
-}
 
 /// The registered sink `name` and the store of its state, on `outbox`.
 async fn state_of(outbox: &Arc<dyn Store>, name: &str) -> (RegisteredSink, Arc<dyn Store>) {
@@ -75,7 +55,7 @@ async fn sinks_configured_at_migrate_get_every_event_in_the_deployment_order(wor
         String::from_utf8_lossy(&out.stdout),
         "room_outbox is up to date\nsink fake is registered (room_outbox)\nsink b is registered (room_outbox__b)\n"
     );
-    let events = produce_as(&world, EVENTS, Status::Pending).await;
+    let events = world.produce_many(EVENTS, Status::Pending).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     let mut hosts = vec![Running::start(setup.parse()).await, Running::start(setup.parse()).await];
     let (_, b_state) = state_of(&world.producer, "b").await;
@@ -155,7 +135,7 @@ async fn a_purge_racing_a_backfill_keeps_what_the_new_sink_needs(world: World) {
     let two = world.setup(worker, "").with_sinks(vec![sink_entry(&quiet("b"), "start_from: beginning")]);
     let mut host = Running::start(two.parse()).await;
     // The first sink's synchronous publish succeeded for every event: only `b` delivers.
-    let events = produce_as(&world, EVENTS, Status::Delivered).await;
+    let events = world.produce_many(EVENTS, Status::Delivered).await;
     let (_, b_state) = state_of(&world.producer, "b").await;
     host.wait_for_within("b to deliver every event", Duration::from_secs(240), || async {
         delivered(b_state.as_ref()).await == EVENTS as i64
@@ -373,7 +353,7 @@ async fn a_config_mistake_at_run_time_pauses_the_sink_and_fails_no_row() {
         .set(&["sink", "breaker", "cool_down"], "50ms")
         .set(&["sink", "breaker", "max_cool_down"], "100ms")
         .with_admin();
-    let events = produce_as(&world, EVENTS, Status::Pending).await;
+    let events = world.produce_many(EVENTS, Status::Pending).await;
     let mut host = Running::start(mistaken.parse()).await;
     let base = format!("http://{}", host.admin.unwrap());
     let series = "room_outbox_sink_push_backs_total{sink=\"fake\",pressure=\"misconfigured\"}";
@@ -419,14 +399,7 @@ async fn a_config_mistake_at_run_time_pauses_the_sink_and_fails_no_row() {
 /// behind it; once the transaction ends, the column is added.
 async fn a_schema_change_waits_without_holding_up_inserts(world: World) {
     use sqlx::Connection as _;
-    let undo_version_7: &[&str] = &[
-        "DROP TABLE room_outbox_sinks",
-        "ALTER TABLE room_outbox DROP COLUMN fanned_out_at_ms",
-        "DELETE FROM room_outbox_migrations WHERE version = 7",
-    ];
-    for statement in undo_version_7 {
-        world.db.execute(statement).await.unwrap();
-    }
+    world.undo_version_7().await;
     let url = world.db_url();
     let postgres = url.starts_with("postgres");
     let long_insert = format!(
@@ -498,7 +471,7 @@ async fn a_replay_counts_first_and_asks_before_a_large_one(world: World) {
     crate::binary::write_config(&world, &world.setup("", "").yaml());
     let out = crate::binary::run_cli_beside(&world, &["migrate"]).await;
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    produce_as(&world, EVENTS, Status::Delivered).await;
+    world.produce_many(EVENTS, Status::Delivered).await;
     let replay = |extra: &'static [&'static str]| {
         let mut args = vec!["replay", "--sink", "fake", "--from", "1970-01-01"];
         args.extend_from_slice(extra);
@@ -538,18 +511,14 @@ async fn postgres_an_invalid_fan_out_index_is_built_again() {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     };
     migrate().await;
-    let index = "'room_outbox_fanout_idx'::regclass";
-    let pool = sqlx::PgPool::connect(&world.db_url()).await.unwrap();
-    let valid = || async {
-        sqlx::query_scalar::<_, bool>(&format!("SELECT indisvalid FROM pg_index WHERE indexrelid = {index}"))
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-    };
+    let valid = || crate::support::postgres_index_valid(&world.db.url, "room_outbox_fanout_idx");
     assert!(valid().await, "the second sink's registration built the index");
-    world.db.execute(&format!("UPDATE pg_index SET indisvalid = false WHERE indexrelid = {index}")).await.unwrap();
+    world
+        .db
+        .execute("UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'room_outbox_fanout_idx'::regclass")
+        .await
+        .unwrap();
     assert!(!valid().await, "the index was not made invalid");
     migrate().await;
     assert!(valid().await, "migrate kept the invalid index");
-    pool.close().await;
 }

@@ -9,7 +9,7 @@ use outbox_host::store::{NewEvent, RegisteredSink, Status, Store};
 use outbox_test_support::Collector;
 use outbox_test_support::tencent::TencentIm;
 
-use crate::support::{Running, World, fake_sink_to, per_backend, sink_entry};
+use crate::support::{Running, World, counts, fake_sink_to, per_backend, sink_entry};
 
 per_backend!(
     two_sinks_on_one_table_each_get_every_event_once_from_four_hosts,
@@ -20,23 +20,9 @@ per_backend!(
     a_removed_sink_continues_where_it_left_off_and_purge_keeps_what_it_needs,
 );
 
-/// `n` gift events over 50 rooms, inserted by the producer in chunks.
+/// `n` pending gift events over 50 rooms, inserted by the producer in chunks.
 async fn produce(world: &World, n: usize) -> Vec<NewEvent> {
-    let events: Vec<NewEvent> =
-        (0..n).map(|i| world.event("RoomGiftSent", &format!("room-{}", i % 50), Status::Pending)).collect();
-    for chunk in events.chunks(500) {
-        world.producer.insert(chunk).await.unwrap();
-    }
-    events
-}
-
-/// How many times the collector saw each event.
-fn counts(collector: &Collector) -> HashMap<String, usize> {
-    let mut seen = HashMap::new();
-    for r in collector.reports() {
-        *seen.entry(r.event_id).or_insert(0) += 1;
-    }
-    seen
+    world.produce_many(n, Status::Pending).await
 }
 
 /// The store of the sink `name`'s state.
@@ -199,14 +185,7 @@ async fn a_sink_added_later_starts_from_the_beginning_or_from_now(world: World) 
 /// delivers nothing twice to the first.
 async fn a_single_sink_table_upgrades_in_place_keeping_every_state(world: World) {
     let url = world.db_url();
-    let undo_version_7: &[&str] = &[
-        "DROP TABLE room_outbox_sinks",
-        "ALTER TABLE room_outbox DROP COLUMN fanned_out_at_ms",
-        "DELETE FROM room_outbox_migrations WHERE version = 7",
-    ];
-    for statement in undo_version_7 {
-        world.db.execute(statement).await.unwrap();
-    }
+    world.undo_version_7().await;
     let delivered = world.produce("RoomGiftSent", "room-1", Status::Delivered).await;
     let retryable = world.produce("RoomGiftSent", "room-2", Status::Pending).await;
     let failed = world.produce("RoomGiftSent", "room-3", Status::Pending).await;

@@ -150,6 +150,50 @@ impl World {
     pub async fn row(&self, event_id: &str) -> Row {
         self.producer.get(event_id).await.unwrap().unwrap_or_else(|| panic!("no row {event_id}"))
     }
+
+    /// The table as the host left it before several sinks (migration 6): migration 7's
+    /// column, registry and record removed.
+    pub async fn undo_version_7(&self) {
+        for statement in [
+            "DROP TABLE room_outbox_sinks",
+            "ALTER TABLE room_outbox DROP COLUMN fanned_out_at_ms",
+            "DELETE FROM room_outbox_migrations WHERE version = 7",
+        ] {
+            self.db.execute(statement).await.unwrap();
+        }
+    }
+
+    /// `n` gift events over 50 rooms in `status`, inserted by the producer in chunks.
+    pub async fn produce_many(&self, n: usize, status: Status) -> Vec<NewEvent> {
+        let events: Vec<NewEvent> =
+            (0..n).map(|i| self.event("RoomGiftSent", &format!("room-{}", i % 50), status)).collect();
+        for chunk in events.chunks(500) {
+            self.producer.insert(chunk).await.unwrap();
+        }
+        events
+    }
+}
+
+/// How many times `collector` saw each event.
+pub fn counts(collector: &Collector) -> std::collections::HashMap<String, usize> {
+    let mut seen = std::collections::HashMap::new();
+    for r in collector.reports() {
+        *seen.entry(r.event_id).or_insert(0) += 1;
+    }
+    seen
+}
+
+/// Whether PostgreSQL holds the index named `index` valid, on a connection of its own.
+pub async fn postgres_index_valid(url: &str, index: &str) -> bool {
+    let pool = sqlx::PgPool::connect(url).await.unwrap();
+    let valid = sqlx::query_scalar::<_, bool>(&format!(
+        "SELECT indisvalid FROM pg_index WHERE indexrelid = '{index}'::regclass"
+    ))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    valid
 }
 
 /// A test host's configuration as a YAML tree, set key by key (never spliced as text).

@@ -171,15 +171,8 @@ pub fn redact_query(url: &str) -> String {
         return url;
     };
     let (query, fragment) = query.split_once('#').map_or((query, None), |(q, f)| (q, Some(f)));
-    let pairs: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((name, _)) if is_secret(name) => format!("{name}=***"),
-            _ => pair.to_string(),
-        })
-        .collect();
     let fragment = fragment.map(|f| format!("#{f}")).unwrap_or_default();
-    format!("{base}?{}{fragment}", pairs.join("&"))
+    format!("{base}?{}{fragment}", crate::text::redact_query_values(query, is_secret))
 }
 
 /// Headers as shown: names escaped, credentials redacted, at most [`HEADERS_SHOWN`].
