@@ -522,3 +522,38 @@ async fn postgres_an_invalid_fan_out_index_is_built_again() {
     migrate().await;
     assert!(valid().await, "migrate kept the invalid index");
 }
+
+/// A replay to a second sink whose table was purged while a host runs: each event comes
+/// back exactly once more. (The events copied back in are delivered at once; were they
+/// copied before the delivered rows were moved back, the move would take them again.)
+#[tokio::test]
+async fn a_replay_after_a_purge_delivers_each_event_once_more() {
+    const EVENTS: usize = 5_000;
+    let world = World::new().await;
+    let b = Collector::start().await;
+    // The first sink fails every event: the outbox keeps them all, b's table is purged.
+    let setup = world
+        .setup("concurrency: 16\nbatch_size: 100\nretry_interval: 1h", "default: permanent")
+        .with_sinks(vec![sink_entry(&fake_sink_to("b", &b, ""), "start_from: beginning")]);
+    crate::binary::write_config(&world, &setup.yaml());
+    let mut host = Running::start(setup.parse()).await;
+    let events = world.produce_many(EVENTS, Status::Pending).await;
+    let (_, b_state) = state_of(&world.producer, "b").await;
+    host.wait_for_within("b to deliver every event", Duration::from_secs(120), || async {
+        delivered(b_state.as_ref()).await == EVENTS as i64
+    })
+    .await;
+    let purged = outbox_host::ops::purge_everywhere(world.producer.clone(), now_ms() + 1, 1_000).await.unwrap();
+    assert_eq!(purged, [("room_outbox".to_string(), 0), ("room_outbox__b".to_string(), EVENTS as u64)]);
+    let out = crate::binary::run_cli_beside(&world, &["replay", "--sink", "b", "--from", "1970-01-01", "--yes"]).await;
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("replaying {EVENTS} event(s) to sink b\n"));
+    host.wait_for_within("b to deliver every event again", Duration::from_secs(120), || async {
+        delivered(b_state.as_ref()).await == EVENTS as i64
+    })
+    .await;
+    host.stop().await;
+    let seen = counts(&b);
+    for e in &events {
+        assert_eq!(seen.get(&e.event_id), Some(&2), "b got {} twice", e.event_id);
+    }
+}

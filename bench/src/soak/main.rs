@@ -50,6 +50,10 @@ struct Args {
     /// How long the hosts may take to finish every sink's events after the producer stops.
     #[arg(long, default_value_t = 600)]
     drain_seconds: u64,
+    /// A folder to write, per backend and sink, each event received more than once (its id,
+    /// its creation time, its receipts, whether the replay covered it).
+    #[arg(long)]
+    details: Option<PathBuf>,
 }
 
 /// The hosts' delivery settings: leases short enough that a killed host's rows come back
@@ -337,7 +341,7 @@ impl Soak {
                         (outbox_host::units::format_rfc3339_ms(from), outbox_host::units::format_rfc3339_ms(to));
                     let said =
                         self.cli(&three, &["replay", "--sink", "b", "--from", &from_text, "--to", &to_text, "--yes"])?;
-                    println!("   {t:5.1}s {said}");
+                    println!("   {t:5.1}s {said} (created {from_text} to {to_text})");
                     // "replaying N event(s) to sink b"
                     let moved = said.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or(0);
                     replay_range = Some((from, to, moved));
@@ -415,6 +419,15 @@ impl Soak {
             let again_in_range = produced.iter().filter(|p| in_range(p) && extra(p) > 0).count();
             let replayed_again = again_in_range.min(replay_range.map_or(0, |(_, _, moved)| moved));
             let duplicates = produced.iter().map(extra).sum::<usize>() - replayed_again;
+            if let Some(dir) = &self.args.details {
+                std::fs::create_dir_all(dir)?;
+                let mut lines = String::from("event_id\tcreated_at_ms\treceipts\tin_replay_range\n");
+                for p in produced.iter().filter(|p| extra(p) > 0) {
+                    let n = receipts.get(p.event_id.as_str()).copied().unwrap_or(0);
+                    lines.push_str(&format!("{}\t{}\t{n}\t{}\n", p.event_id, p.created_at_ms, in_range(p)));
+                }
+                std::fs::write(dir.join(format!("{}-{name}.tsv", self.backend)), lines)?;
+            }
             let order_violations =
                 first_order.values().map(|seqs| seqs.windows(2).filter(|w| w[1] < w[0]).count()).sum();
             out.push(SinkReport {

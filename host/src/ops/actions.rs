@@ -111,22 +111,25 @@ pub async fn count_replay(outbox: Arc<dyn Store>, name: &str, filter: &ReplayFil
 /// `failed` ones move back to `pending` in its own state (rows waiting or in flight are
 /// left alone), and for a sink beside the first, events its table no longer has (purged
 /// there) are copied in again from the outbox. Both walk the rows in key order,
-/// [`REPLAY_STEP`] at a time. Returns how many events will be delivered.
+/// [`REPLAY_STEP`] at a time, each event visited once. Returns how many events will be
+/// delivered.
 pub async fn replay(outbox: Arc<dyn Store>, name: &str, filter: &ReplayFilter) -> Result<u64, ReplayError> {
     let (sink, state) = replay_target(&outbox, name, filter).await?;
-    let (mut recopied, mut after) = (0, None);
+    // The moves first, then the copies: a copy is `pending` (and soon delivered again) at
+    // once, so copying first would let a later move step take it a second time.
+    let (mut moved, mut after) = (0, None);
     loop {
-        let step = outbox.recopy(&sink, filter, after, REPLAY_STEP).await?;
-        recopied += step.rows;
+        let step = state.replay(filter, now_ms(), after, REPLAY_STEP).await?;
+        moved += step.rows;
         match step.next {
             Some(next) => after = Some(next),
             None => break,
         }
     }
-    let (mut moved, mut after) = (0, None);
+    let (mut recopied, mut after) = (0, None);
     loop {
-        let step = state.replay(filter, now_ms(), after, REPLAY_STEP).await?;
-        moved += step.rows;
+        let step = outbox.recopy(&sink, filter, after, REPLAY_STEP).await?;
+        recopied += step.rows;
         match step.next {
             Some(next) => after = Some(next),
             None => break,
