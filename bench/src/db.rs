@@ -62,6 +62,25 @@ impl Db {
         })
     }
 
+    /// On PostgreSQL, the outbox's row updates and HOT updates so far (the server's table
+    /// counters) and the WAL position in bytes; `None` elsewhere.
+    pub async fn pg_writes(&self) -> anyhow::Result<Option<[i64; 3]>> {
+        if self.backend != Backend::Postgres {
+            return Ok(None);
+        }
+        let pool = sqlx::PgPool::connect(self.url()).await?;
+        let row: (i64, i64, i64) = sqlx::query_as(
+            "SELECT COALESCE(s.n_tup_upd, 0), COALESCE(s.n_tup_hot_upd, 0), \
+             pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::BIGINT \
+             FROM (SELECT 1) one LEFT JOIN pg_stat_user_tables s \
+             ON s.relname = 'room_outbox' AND s.schemaname = current_schema()",
+        )
+        .fetch_one(&pool)
+        .await?;
+        pool.close().await;
+        Ok(Some([row.0, row.1, row.2]))
+    }
+
     /// `delivered_at_ms - created_at_ms` of every delivered row.
     pub async fn latencies_ms(&self) -> anyhow::Result<Vec<i64>> {
         const SQL: &str = "SELECT delivered_at_ms - created_at_ms FROM room_outbox WHERE status = 'delivered'";

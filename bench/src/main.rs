@@ -152,6 +152,9 @@ struct Drain {
     cores: cpu::Cores,
     /// Claims that returned rows, over all workers (not counted for the seed's loop).
     claims: u64,
+    /// On PostgreSQL: row updates, the share of them that were HOT, and WAL bytes, per
+    /// delivered event.
+    writes: Option<[f64; 3]>,
 }
 
 impl Drain {
@@ -166,7 +169,13 @@ impl Drain {
         } else {
             String::new()
         };
-        format!("{}{claims}", self.cores.describe())
+        let writes = self
+            .writes
+            .map(|[updates, hot, wal]| {
+                format!("; {updates:.2} row updates ({:.0}% HOT) and {wal:.0} WAL bytes per event", hot * 100.0)
+            })
+            .unwrap_or_default();
+        format!("{}{claims}{writes}", self.cores.describe())
     }
 }
 
@@ -197,11 +206,14 @@ async fn drain_rooms(
     let mut tasks = Vec::new();
     let mut all_metrics = Vec::new();
     let mut trips = Vec::new();
+    let writes_before = db.pg_writes().await?;
     let meter = cpu::Meter::start(db).await;
     let started = Instant::now();
+    let mut stores = Vec::new();
     for _ in 0..workers {
         let metrics = Arc::new(Metrics::new(sink.name()));
         let store = db.open().await?;
+        stores.push(store.clone());
         let worker = Worker::new(store, sink.clone(), config.clone(), "bench", metrics.clone());
         trips.push(tokio::spawn(count_round_trips(worker.subscribe())));
         tasks.push(tokio::spawn(worker.run(shutdown.clone())));
@@ -222,6 +234,22 @@ async fn drain_rooms(
         let counted = counted.await?;
         claims += counted.claims - counted.empty_claims;
     }
+    // A backend reports its table counters when it ends: close the workers' connections
+    // and give the server a moment before reading them.
+    for store in stores {
+        store.close().await;
+    }
+    let writes = match (writes_before, db.pg_writes().await?) {
+        (Some(before), Some(_)) => {
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            let after = db.pg_writes().await?.unwrap_or(before);
+            let per = |i: usize| (after[i] - before[i]) as f64 / n as f64;
+            let hot =
+                if after[0] > before[0] { (after[1] - before[1]) as f64 / (after[0] - before[0]) as f64 } else { 0.0 };
+            Some([per(0), hot, per(2)])
+        }
+        _ => None,
+    };
     let stats = producer.stats().await?;
     ensure!(
         stats.count(Status::Delivered) == n as i64 && stats.counts.iter().map(|(_, c)| c).sum::<i64>() == n as i64,
@@ -230,7 +258,7 @@ async fn drain_rooms(
     let delivered: u64 = all_metrics.iter().map(|m| m.delivered_total()).sum();
     ensure!(delivered == n as u64, "the sink was called {delivered} times for {n} events");
     producer.close().await;
-    Ok(Drain { events: n, seconds, cores, claims })
+    Ok(Drain { events: n, seconds, cores, claims, writes })
 }
 
 /// Waits until every table in `states` has `n` rows delivered; returns when that was seen.
@@ -296,7 +324,7 @@ async fn seed_drain(db: &Db, n: usize, config: &WorkerConfig, sink: &dyn Deliver
     let stats = store.stats().await?;
     ensure!(stats.count(Status::Delivered) == n as i64, "rows not all delivered: {stats:?}");
     store.close().await;
-    Ok(Drain { events: n, seconds, cores: cpu::Cores::default(), claims: 0 })
+    Ok(Drain { events: n, seconds, cores: cpu::Cores::default(), claims: 0, writes: None })
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -535,7 +563,10 @@ async fn main() -> anyhow::Result<()> {
             "backend": name,
             "drain_wasm": { "events": with_wasm.events, "seconds": with_wasm.seconds, "per_s": with_wasm.per_second(),
                             "cores_host": with_wasm.cores.host, "cores_server": with_wasm.cores.server,
-                            "claims": with_wasm.claims },
+                            "claims": with_wasm.claims,
+                            "row_updates_per_event": with_wasm.writes.map(|w| w[0]),
+                            "hot_update_share": with_wasm.writes.map(|w| w[1]),
+                            "wal_bytes_per_event": with_wasm.writes.map(|w| w[2]) },
             "drain_native": { "events": floor.events, "seconds": floor.seconds, "per_s": floor.per_second(),
                               "cores_host": floor.cores.host, "cores_server": floor.cores.server,
                               "claims": floor.claims },
@@ -652,11 +683,27 @@ async fn main() -> anyhow::Result<()> {
                 "-".into(),
                 format!("{floor_rate:.0}  WASM drain {wasm_ratio:.2}×, native drain {native_ratio:.2}× of it"),
             ]);
+            eprintln!("{name}: the lean claim-and-mark floor, {} rows …", args.events);
+            let lean = floor::lean(args.events / 1_000 * 1_000).await?;
+            let lean_ratio = with_wasm.per_second() / lean.rate;
+            table.push([
+                name.into(),
+                "lean floor (pgbench claim 1,000 + mark, lean table)".into(),
+                format!("{}", args.events),
+                "-".into(),
+                format!(
+                    "{:.0}  WASM drain {lean_ratio:.2}× of it; {:.0} WAL bytes per row",
+                    lean.rate, lean.wal_bytes_per_row
+                ),
+            ]);
             results.push(json!({
                 "backend": name,
                 "pgbench_floor_per_s": floor_rate,
                 "ratio_wasm_over_floor": wasm_ratio,
                 "ratio_native_over_floor": native_ratio,
+                "lean_floor_per_s": lean.rate,
+                "lean_floor_wal_bytes_per_row": lean.wal_bytes_per_row,
+                "ratio_wasm_over_lean_floor": lean_ratio,
             }));
         }
 
