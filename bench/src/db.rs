@@ -81,6 +81,35 @@ impl Db {
         Ok(Some([row.0, row.1, row.2]))
     }
 
+    /// The event ids of the outbox's rows in `status`.
+    pub async fn event_ids_with_status(&self, status: &str) -> anyhow::Result<Vec<String>> {
+        let sql = format!("SELECT event_id FROM room_outbox WHERE status = '{status}'");
+        Ok(match self.backend {
+            Backend::Sqlite => {
+                sqlx::query_scalar(&sql).fetch_all(&sqlx::SqlitePool::connect(self.url()).await?).await?
+            }
+            Backend::Postgres => sqlx::query_scalar(&sql).fetch_all(&sqlx::PgPool::connect(self.url()).await?).await?,
+            Backend::Mysql => sqlx::query_scalar(&sql).fetch_all(&sqlx::MySqlPool::connect(self.url()).await?).await?,
+        })
+    }
+
+    /// How many of these events are `delivered`.
+    pub async fn delivered_among(&self, event_ids: &[String]) -> anyhow::Result<usize> {
+        if event_ids.is_empty() {
+            return Ok(0);
+        }
+        let list = event_ids.iter().map(|id| format!("'{}'", id.replace('\'', "''"))).collect::<Vec<_>>().join(", ");
+        let sql = format!("SELECT COUNT(*) FROM room_outbox WHERE status = 'delivered' AND event_id IN ({list})");
+        let n: i64 = match self.backend {
+            Backend::Sqlite => {
+                sqlx::query_scalar(&sql).fetch_one(&sqlx::SqlitePool::connect(self.url()).await?).await?
+            }
+            Backend::Postgres => sqlx::query_scalar(&sql).fetch_one(&sqlx::PgPool::connect(self.url()).await?).await?,
+            Backend::Mysql => sqlx::query_scalar(&sql).fetch_one(&sqlx::MySqlPool::connect(self.url()).await?).await?,
+        };
+        Ok(n as usize)
+    }
+
     /// `delivered_at_ms - created_at_ms` of every delivered row.
     pub async fn latencies_ms(&self) -> anyhow::Result<Vec<i64>> {
         const SQL: &str = "SELECT delivered_at_ms - created_at_ms FROM room_outbox WHERE status = 'delivered'";

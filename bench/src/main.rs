@@ -4,6 +4,7 @@
 
 mod cpu;
 mod db;
+mod failover;
 mod floor;
 mod idle;
 mod sinks;
@@ -666,6 +667,25 @@ async fn main() -> anyhow::Result<()> {
             ]);
             results.push(json!({ "backend": name, "latency": lat }));
         }
+
+        eprintln!("{name}: a host SIGKILLed while it holds leases, another started …");
+        let taken_over = failover::measure(*backend).await?;
+        table.push([
+            name.into(),
+            "failover after a SIGKILL (lease 6s)".into(),
+            format!("{}", taken_over.held),
+            "-".into(),
+            format!(
+                "first of its rows delivered again after {:.1} s, all after {:.1} s",
+                taken_over.first_ms / 1_000.0,
+                taken_over.all_ms / 1_000.0
+            ),
+        ]);
+        results.push(json!({
+            "backend": name,
+            "failover": { "lease_ms": failover::LEASE_MS, "held": taken_over.held,
+                          "first_ms": taken_over.first_ms, "all_ms": taken_over.all_ms },
+        }));
 
         eprintln!("{name}: an idle host for 5 s …");
         let idle = idle::queries_per_second(&Db::fresh(*backend).await?, wasm.clone(), 5).await?;
