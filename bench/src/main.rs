@@ -36,7 +36,8 @@ struct Args {
     /// Events for the seed's loop (it delivers at most batch_size per poll_interval).
     #[arg(long, default_value_t = 3_000)]
     seed_events: usize,
-    /// Events of the room-order drains over 1,000 rooms (`ordering: none` against `per_room`).
+    /// Events of the room-order drains over 1,000 rooms and over 50 (`ordering: none` against
+    /// `per_room`).
     #[arg(long, default_value_t = 20_000)]
     order_events: usize,
     /// Events of the room-order drains of one hot room.
@@ -583,7 +584,11 @@ async fn main() -> anyhow::Result<()> {
         let ordered_config = WorkerConfig { ordering: RoomOrdering::PerRoom, ..config.clone() };
         let heads_config = WorkerConfig { publish_timeout: config.lease / 2, ..ordered_config.clone() };
         assert_eq!(heads_config.room_run(), 1);
-        for (label, n, rooms) in [("1,000 rooms", args.order_events, 1_000), ("one hot room", args.hot_events, 1)] {
+        for (label, n, rooms) in [
+            ("1,000 rooms", args.order_events, 1_000),
+            ("50 rooms", args.order_events, 50),
+            ("one hot room", args.hot_events, 1),
+        ] {
             eprintln!("{name}: room order over {label}, {n} events, none, then per_room by heads, then by runs …");
             let free = drain_rooms(&Db::fresh(*backend).await?, n, rooms, 1, &free_config, wasm.clone()).await?;
             let heads = drain_rooms(&Db::fresh(*backend).await?, n, rooms, 1, &heads_config, wasm.clone()).await?;
