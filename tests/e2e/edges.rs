@@ -557,3 +557,46 @@ async fn a_replay_after_a_purge_delivers_each_event_once_more() {
         assert_eq!(seen.get(&e.event_id), Some(&2), "b got {} twice", e.event_id);
     }
 }
+
+/// An adopted MariaDB table whose `event_id` is case-sensitive (`utf8mb4_bin`, as room-service's
+/// Go table has it): two events whose ids differ only by case are two events for a second
+/// sink too (its table takes the collation; with the host's own, the second was a duplicate
+/// of the first there).
+#[tokio::test]
+async fn mysql_ids_that_differ_by_case_stay_two_events_in_another_sinks_table() {
+    let Some(db) = crate::support::TestDb::mysql().await else { return };
+    let world = World::on(db).await;
+    world
+        .db
+        .execute(
+            "ALTER TABLE room_outbox MODIFY event_id VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL",
+        )
+        .await
+        .unwrap();
+    let b = Collector::start().await;
+    let config =
+        world.setup("", "").with_sinks(vec![sink_entry(&fake_sink_to("b", &b, ""), "start_from: beginning")]).parse();
+    let outbox = outbox_host::store::open(&world.db_url(), 2, "room_outbox").await.unwrap();
+    let mut host = Running::start(config).await;
+    let events: Vec<NewEvent> = ["evt-Case-1", "evt-case-1"]
+        .into_iter()
+        .map(|event_id| {
+            let e = world.event("RoomGiftSent", "room-1", Status::Pending);
+            let body = outbox_proto::body_from_json("RoomGiftSent", &serde_json::json!({ "room_id": "room-1" }))
+                .unwrap()
+                .unwrap();
+            let envelope =
+                outbox_host::envelope::encode("app-1", event_id, "RoomGiftSent", "room-1", 1, e.created_at_ms, body);
+            NewEvent { event_id: event_id.into(), envelope, ..e }
+        })
+        .collect();
+    outbox.insert(&events).await.unwrap();
+    let (_, b_state) = state_of(&outbox, "b").await;
+    host.wait_for("both sinks to deliver both events", || async {
+        delivered(outbox.as_ref()).await == 2 && delivered(b_state.as_ref()).await == 2
+    })
+    .await;
+    host.stop().await;
+    assert_each_once(&b, &events, "sink b");
+    outbox.close().await;
+}

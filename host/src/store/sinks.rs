@@ -318,16 +318,10 @@ where
             return Ok(());
         }
         let mut conn = self.pool.acquire().await?;
-        let (Some(outbox), Some(copy)) =
-            (self.describe_on(&mut conn).await?, self.sink_copy(sink_table).describe_on(&mut conn).await?)
-        else {
-            return Ok(());
-        };
-        let declared = |info: &super::schema::TableInfo, column: &str| {
-            info.columns.iter().find(|c| c.name == column).map(|c| c.declared.to_ascii_lowercase())
-        };
-        for column in ["app_code", "event_id", "event_type", "room_id", "envelope"] {
-            let (Some(wanted), Some(has)) = (declared(&outbox, column), declared(&copy, column)) else { continue };
+        let outbox = self.copied_types(&mut conn, &self.table).await?;
+        let copy = self.copied_types(&mut conn, sink_table).await?;
+        for (column, wanted) in &outbox {
+            let Some(has) = copy.iter().find(|(name, _)| name == column).map(|(_, has)| has) else { continue };
             if wanted == has {
                 continue;
             }
@@ -344,6 +338,32 @@ where
             tracing::info!(table = %sink_table, column, from = %has, to = %wanted, "a sink's table takes the outbox's column type");
         }
         Ok(())
+    }
+
+    /// The declared types of `table`'s text and bytes columns a copy writes, by name; on
+    /// MySQL with their collation (`varchar(64) COLLATE utf8mb4_bin`): a case-sensitive
+    /// event id must stay case-sensitive in a sink's table, or two ids that differ by case
+    /// would be one there.
+    async fn copied_types(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+        table: &str,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        const COLUMNS: &str = "'app_code', 'event_id', 'event_type', 'room_id', 'envelope'";
+        let sql = match D::BACKEND {
+            Backend::Mysql => format!(
+                "SELECT LOWER(column_name), CONCAT(LOWER(column_type), \
+                 COALESCE(CONCAT(' COLLATE ', collation_name), '')) FROM information_schema.columns \
+                 WHERE table_schema = DATABASE() AND table_name = '{table}' AND LOWER(column_name) IN ({COLUMNS})"
+            ),
+            _ => format!(
+                "SELECT a.attname::TEXT, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+                 WHERE a.attrelid = to_regclass('{table}') AND a.attnum > 0 AND NOT a.attisdropped \
+                 AND a.attname IN ({COLUMNS})"
+            ),
+        };
+        let rows = sqlx::query(&sql).fetch_all(&mut *conn).await?;
+        Ok(rows.iter().map(|r| Ok((D::text(r, 0)?, D::text(r, 1)?))).collect::<Result<_, sqlx::Error>>()?)
     }
 
     /// Whether the index of rows not fanned out yet is there and valid.
