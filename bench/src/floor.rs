@@ -28,17 +28,7 @@ pub async fn pgbench(n: usize) -> anyhow::Result<f64> {
     let pool = sqlx::PgPool::connect(db.url()).await?;
     sqlx::query("ANALYZE room_outbox").execute(&pool).await?;
     pool.close().await;
-    let dir = tempfile::tempdir()?;
-    let script = dir.path().join("claim_and_mark.sql");
-    std::fs::write(&script, SCRIPT)?;
-    let started = Instant::now();
-    let out = std::process::Command::new("pgbench")
-        .args(["-n", "-c", "1", "-t", &(n / 1_000).to_string(), "-f"])
-        .arg(&script)
-        .arg(db.url())
-        .output()?;
-    let seconds = started.elapsed().as_secs_f64();
-    ensure!(out.status.success(), "pgbench failed: {}", String::from_utf8_lossy(&out.stderr));
+    let seconds = run(&db, SCRIPT, n)?;
     let stats = store.stats().await?;
     ensure!(stats.count(Status::Delivered) == n as i64, "pgbench left rows undelivered: {stats:?}");
     store.close().await;
@@ -94,22 +84,28 @@ pub async fn lean(n: usize) -> anyhow::Result<Lean> {
             .fetch_one(&pool)
             .await
     };
-    let dir = tempfile::tempdir()?;
-    let script = dir.path().join("lean_claim_and_mark.sql");
-    std::fs::write(&script, LEAN_SCRIPT)?;
     let wal_before = wal().await?;
-    let started = Instant::now();
-    let out = std::process::Command::new("pgbench")
-        .args(["-n", "-c", "1", "-t", &(n / 1_000).to_string(), "-f"])
-        .arg(&script)
-        .arg(db.url())
-        .output()?;
-    let seconds = started.elapsed().as_secs_f64();
+    let seconds = run(&db, LEAN_SCRIPT, n)?;
     let wal_after = wal().await?;
-    ensure!(out.status.success(), "pgbench failed: {}", String::from_utf8_lossy(&out.stderr));
     let delivered: i64 =
         sqlx::query_scalar("SELECT COUNT(*) FROM lean_outbox WHERE status = 'delivered'").fetch_one(&pool).await?;
     ensure!(delivered == n as i64, "pgbench left lean rows undelivered: {delivered} of {n}");
     pool.close().await;
     Ok(Lean { rate: n as f64 / seconds, wal_bytes_per_row: (wal_after - wal_before) as f64 / n as f64 })
+}
+
+/// Runs `script` with `pgbench` on one connection, once per 1,000 of `n` rows; its seconds.
+fn run(db: &Db, script: &str, n: usize) -> anyhow::Result<f64> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("claim_and_mark.sql");
+    std::fs::write(&path, script)?;
+    let started = Instant::now();
+    let out = std::process::Command::new("pgbench")
+        .args(["-n", "-c", "1", "-t", &(n / 1_000).to_string(), "-f"])
+        .arg(&path)
+        .arg(db.url())
+        .output()?;
+    let seconds = started.elapsed().as_secs_f64();
+    ensure!(out.status.success(), "pgbench failed: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(seconds)
 }

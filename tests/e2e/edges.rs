@@ -14,7 +14,9 @@ per_backend!(
     sinks_configured_at_migrate_get_every_event_in_the_deployment_order,
     a_sink_configured_when_the_table_is_created_starts_from_its_beginning,
     two_sink_names_that_would_share_a_table_are_refused,
-    a_replay_counts_first_and_asks_before_a_large_one,
+    a_replay_counts_first_and_asks_before_a_large_one;
+    servers: a_purge_racing_a_backfill_keeps_what_the_new_sink_needs,
+    a_schema_change_waits_without_holding_up_inserts,
 );
 
 /// The registered sink `name` and the store of its state, on `outbox`.
@@ -175,18 +177,6 @@ async fn a_purge_racing_a_backfill_keeps_what_the_new_sink_needs(world: World) {
     assert_eq!(world.producer.stats().await.unwrap().counts.iter().map(|(_, n)| n).sum::<i64>(), 0);
 }
 
-#[tokio::test]
-async fn postgres_a_purge_racing_a_backfill_keeps_what_the_new_sink_needs() {
-    let Some(db) = crate::support::TestDb::postgres().await else { return };
-    a_purge_racing_a_backfill_keeps_what_the_new_sink_needs(World::on(db).await).await
-}
-
-#[tokio::test]
-async fn mysql_a_purge_racing_a_backfill_keeps_what_the_new_sink_needs() {
-    let Some(db) = crate::support::TestDb::mysql().await else { return };
-    a_purge_racing_a_backfill_keeps_what_the_new_sink_needs(World::on(db).await).await
-}
-
 /// An adopted MySQL table whose `room_id` and `event_id` take 255 characters, and a second
 /// sink: events with 200-character room and event ids reach the second sink whole (its
 /// table takes the outbox's column types; before, its copy cut them to 128 characters).
@@ -199,31 +189,13 @@ async fn mysql_a_wide_adopted_table_is_copied_to_another_sink_without_shortening
         .execute("ALTER TABLE room_outbox MODIFY room_id VARCHAR(255) NOT NULL, MODIFY event_id VARCHAR(255) NOT NULL")
         .await
         .unwrap();
-    let b = Collector::start().await;
-    let config =
-        world.setup("", "").with_sinks(vec![sink_entry(&fake_sink_to("b", &b, ""), "start_from: beginning")]).parse();
-    let outbox = outbox_host::store::open(&world.db_url(), 2, "room_outbox").await.unwrap();
-    let mut host = Running::start(config).await;
     let events: Vec<NewEvent> = (0..10)
         .map(|i| {
             let room = format!("{}-{i}", "r".repeat(198));
-            let event_id = format!("{}-{i}", "e".repeat(198));
-            let e = world.event("RoomGiftSent", &room, Status::Pending);
-            let body =
-                outbox_proto::body_from_json("RoomGiftSent", &serde_json::json!({ "room_id": room })).unwrap().unwrap();
-            let envelope =
-                outbox_host::envelope::encode("app-1", &event_id, "RoomGiftSent", &room, 1, e.created_at_ms, body);
-            NewEvent { event_id, envelope, ..e }
+            world.event_with_id(&format!("{}-{i}", "e".repeat(198)), "RoomGiftSent", &room, Status::Pending)
         })
         .collect();
-    outbox.insert(&events).await.unwrap();
-    let (_, b_state) = state_of(&outbox, "b").await;
-    host.wait_for("both sinks to deliver the ten events", || async {
-        delivered(outbox.as_ref()).await == 10 && delivered(b_state.as_ref()).await == 10
-    })
-    .await;
-    host.stop().await;
-    assert_each_once(&b, &events, "sink b");
+    let (outbox, b_state) = through_a_second_sink(&world, &events).await;
     for e in &events {
         let copy = b_state.get(&e.event_id).await.unwrap().expect("b's copy under the whole event id");
         assert_eq!((copy.room_id.len(), copy.event_id.len()), (200, 200), "b's copy is whole");
@@ -451,18 +423,6 @@ async fn a_schema_change_waits_without_holding_up_inserts(world: World) {
     assert!(columns.iter().any(|c| c.name == "fanned_out_at_ms"), "the column was added");
 }
 
-#[tokio::test]
-async fn postgres_a_schema_change_waits_without_holding_up_inserts() {
-    let Some(db) = crate::support::TestDb::postgres().await else { return };
-    a_schema_change_waits_without_holding_up_inserts(World::on(db).await).await
-}
-
-#[tokio::test]
-async fn mysql_a_schema_change_waits_without_holding_up_inserts() {
-    let Some(db) = crate::support::TestDb::mysql().await else { return };
-    a_schema_change_waits_without_holding_up_inserts(World::on(db).await).await
-}
-
 /// `replay --dry-run` counts and changes nothing; a replay of more than a thousand events
 /// needs `--yes` (no terminal to ask on here); with it, the events go back to `pending` in
 /// steps of a thousand.
@@ -573,30 +533,31 @@ async fn mysql_ids_that_differ_by_case_stay_two_events_in_another_sinks_table() 
         )
         .await
         .unwrap();
+    let events: Vec<NewEvent> = ["evt-Case-1", "evt-case-1"]
+        .into_iter()
+        .map(|id| world.event_with_id(id, "RoomGiftSent", "room-1", Status::Pending))
+        .collect();
+    let (outbox, _) = through_a_second_sink(&world, &events).await;
+    outbox.close().await;
+}
+
+/// A host with the world's fake sink and a second one, `b`, from the beginning; `events`
+/// inserted through a store of their own, and each delivered by both sinks, `b` once each.
+/// Returns that store and `b`'s state.
+async fn through_a_second_sink(world: &World, events: &[NewEvent]) -> (Arc<dyn Store>, Arc<dyn Store>) {
     let b = Collector::start().await;
     let config =
         world.setup("", "").with_sinks(vec![sink_entry(&fake_sink_to("b", &b, ""), "start_from: beginning")]).parse();
     let outbox = outbox_host::store::open(&world.db_url(), 2, "room_outbox").await.unwrap();
     let mut host = Running::start(config).await;
-    let events: Vec<NewEvent> = ["evt-Case-1", "evt-case-1"]
-        .into_iter()
-        .map(|event_id| {
-            let e = world.event("RoomGiftSent", "room-1", Status::Pending);
-            let body = outbox_proto::body_from_json("RoomGiftSent", &serde_json::json!({ "room_id": "room-1" }))
-                .unwrap()
-                .unwrap();
-            let envelope =
-                outbox_host::envelope::encode("app-1", event_id, "RoomGiftSent", "room-1", 1, e.created_at_ms, body);
-            NewEvent { event_id: event_id.into(), envelope, ..e }
-        })
-        .collect();
-    outbox.insert(&events).await.unwrap();
+    outbox.insert(events).await.unwrap();
     let (_, b_state) = state_of(&outbox, "b").await;
-    host.wait_for("both sinks to deliver both events", || async {
-        delivered(outbox.as_ref()).await == 2 && delivered(b_state.as_ref()).await == 2
+    let n = events.len() as i64;
+    host.wait_for("both sinks to deliver every event", || async {
+        delivered(outbox.as_ref()).await == n && delivered(b_state.as_ref()).await == n
     })
     .await;
     host.stop().await;
-    assert_each_once(&b, &events, "sink b");
-    outbox.close().await;
+    assert_each_once(&b, events, "sink b");
+    (outbox, b_state)
 }

@@ -5,7 +5,7 @@ use outbox_host::store::{Status, now_ms};
 
 use crate::support::{Running, World, per_backend};
 
-per_backend!(worker_delivers_a_row_whose_lease_expired);
+per_backend!(worker_delivers_a_row_whose_lease_expired; servers: a_host_whose_clock_runs_ahead_takes_no_live_lease);
 
 async fn worker_delivers_a_row_whose_lease_expired(world: World) {
     let id = world.produce("RoomGiftSent", "room-1", Status::Pending).await;
@@ -66,18 +66,6 @@ async fn a_host_whose_clock_runs_ahead_takes_no_live_lease(world: World) {
     for id in &ids {
         assert_eq!(world.collector.attempts_of(id).len(), 1, "{id} was attempted twice: a live lease was taken");
     }
-}
-
-#[tokio::test]
-async fn postgres_a_host_whose_clock_runs_ahead_takes_no_live_lease() {
-    let Some(db) = crate::support::TestDb::postgres().await else { return };
-    a_host_whose_clock_runs_ahead_takes_no_live_lease(World::on(db).await).await
-}
-
-#[tokio::test]
-async fn mysql_a_host_whose_clock_runs_ahead_takes_no_live_lease() {
-    let Some(db) = crate::support::TestDb::mysql().await else { return };
-    a_host_whose_clock_runs_ahead_takes_no_live_lease(World::on(db).await).await
 }
 
 /// Debian's libfaketime (`make test` installs the faketime package).

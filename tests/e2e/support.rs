@@ -101,7 +101,12 @@ impl World {
 
     /// An event as room-service builds it (envelope and row agree), with a fresh id.
     pub fn event(&self, event_type: &str, room: &str, status: Status) -> NewEvent {
-        let event_id = format!("evt-{:016x}", outbox_host::clock::random_u64());
+        self.event_with_id(&format!("evt-{:016x}", outbox_host::clock::random_u64()), event_type, room, status)
+    }
+
+    /// [`World::event`] with the id `event_id`.
+    pub fn event_with_id(&self, event_id: &str, event_type: &str, room: &str, status: Status) -> NewEvent {
+        let event_id = event_id.to_string();
         let body = outbox_proto::body_from_json(event_type, &serde_json::json!({ "room_id": room }))
             .expect("known event type")
             .unwrap();
@@ -396,9 +401,10 @@ impl Running {
 }
 
 /// Runs each listed `async fn(World)` as a test on SQLite, PostgreSQL and MySQL/MariaDB
-/// (the server ones skipped, and said so, when their URL is not set).
+/// (the server ones skipped, and said so, when their URL is not set); those listed after
+/// `servers:` on PostgreSQL and MySQL/MariaDB only.
 macro_rules! per_backend {
-    ($($name:ident),* $(,)?) => {
+    ($($name:ident),* $(,)? $(; servers: $($server:ident),* $(,)?)?) => {
         mod sqlite {
             $(#[tokio::test]
             async fn $name() {
@@ -406,6 +412,11 @@ macro_rules! per_backend {
             })*
         }
         mod postgres {
+            $($(#[tokio::test]
+            async fn $server() {
+                let Some(db) = $crate::support::TestDb::postgres().await else { return };
+                super::$server($crate::support::World::on(db).await).await
+            })*)?
             $(#[tokio::test]
             async fn $name() {
                 let Some(db) = $crate::support::TestDb::postgres().await else { return };
@@ -413,6 +424,11 @@ macro_rules! per_backend {
             })*
         }
         mod mysql {
+            $($(#[tokio::test]
+            async fn $server() {
+                let Some(db) = $crate::support::TestDb::mysql().await else { return };
+                super::$server($crate::support::World::on(db).await).await
+            })*)?
             $(#[tokio::test]
             async fn $name() {
                 let Some(db) = $crate::support::TestDb::mysql().await else { return };

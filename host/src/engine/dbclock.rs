@@ -26,11 +26,6 @@ impl DbClock {
         crate::clock::now_ms().saturating_add(self.offset_ms.load(Ordering::Relaxed))
     }
 
-    /// The database's clock minus the local one, as last read.
-    pub fn offset_ms(&self) -> i64 {
-        self.offset_ms.load(Ordering::Relaxed)
-    }
-
     /// Reads the offset again if it is older than [`RESYNC`]: the database's now against
     /// the middle of the round trip. A failure keeps the last offset (the claim that follows
     /// will fail and back off the same way).
