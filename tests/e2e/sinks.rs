@@ -277,6 +277,11 @@ async fn a_replayed_range_reaches_that_sink_only(world: World) {
         early.iter().all(|e| seen.get(&e.event_id) == Some(&2))
     })
     .await;
+    // Received is not yet recorded: the outcomes land in the next batch.
+    host.wait_for("the replayed rows delivered again", || async {
+        count(audit_state.as_ref(), Status::Delivered).await == 80
+    })
+    .await;
 
     // Over the API: one room of the same range; refused without the token or for a sink
     // the table does not know.
