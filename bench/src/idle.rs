@@ -12,8 +12,8 @@ use outbox_host::ops::metrics::Metrics;
 use outbox_host::sandbox::Deliver;
 use outbox_host::store::schema::TableInfo;
 use outbox_host::store::{
-    Backend, Claimed, Held, KeyValue, Mark, Migrated, Minute, NewEvent, RegisteredSink, ReplayFilter, RetryFilter,
-    RoomOrder, Row, Stats, Step, Store, StoreError,
+    Backend, Claimed, Heartbeat, Held, Holding, KeyValue, Mark, Migrated, Minute, NewEvent, OwnedRead, OwnerView, Page,
+    RegisteredSink, ReplayFilter, RetryFilter, RoomOrder, Row, Stats, Step, Store, StoreError,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -28,6 +28,10 @@ struct Counting {
 impl Counting {
     fn count(&self) {
         self.calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn count_n(&self, n: u64) {
+        self.calls.fetch_add(n, Ordering::Relaxed);
     }
 }
 
@@ -175,6 +179,32 @@ impl Store for Counting {
     ) -> Result<Step, StoreError> {
         self.count();
         self.inner.recopy(sink, filter, after, limit).await
+    }
+    /// A steady heartbeat is three statements: the owner's own row, the renewal, and the read
+    /// of the partition and owner rows (taking or giving up partitions adds one each).
+    async fn keep_partitions(&self, beat: &Heartbeat<'_>) -> Result<Holding, StoreError> {
+        self.count_n(3);
+        self.inner.keep_partitions(beat).await
+    }
+    async fn read_owned(&self, read: &OwnedRead<'_>) -> Result<Page, StoreError> {
+        self.count();
+        self.inner.read_owned(read).await
+    }
+    async fn failed_rooms(&self, rooms: &[(String, String)]) -> Result<Vec<(String, String, i64)>, StoreError> {
+        self.count();
+        self.inner.failed_rooms(rooms).await
+    }
+    async fn mark_owned(&self, owner: &str, marks: &[Mark], now: i64) -> Result<(u64, Vec<usize>), StoreError> {
+        self.count();
+        self.inner.mark_owned(owner, marks, now).await
+    }
+    async fn leave_partitions(&self, owner: &str) -> Result<(), StoreError> {
+        self.count_n(2);
+        self.inner.leave_partitions(owner).await
+    }
+    async fn partition_owners(&self, now: i64) -> Result<Vec<OwnerView>, StoreError> {
+        self.count();
+        self.inner.partition_owners(now).await
     }
 }
 

@@ -247,6 +247,8 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
                 &stats,
                 now_ms(),
             ));
+            let clock = store.clock_ms().await?;
+            say(&outbox_host::ops::report::owners(&store.partition_owners(clock).await?));
             // Every other sink keeps its state in its own table.
             for sink in sinks.iter().filter(|s| !s.is_first(&config.table)) {
                 let own = store.clone().sink_store(sink).await?;
@@ -256,6 +258,7 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
                     title.push_str(", still copying the events from before it was added");
                 }
                 say(&format!("\n{}", outbox_host::ops::report::status(&title, &stats, now_ms())));
+                say(&outbox_host::ops::report::owners(&own.partition_owners(clock).await?));
             }
             store.close().await;
             Ok(())

@@ -44,7 +44,7 @@ async fn claims_follow_creation_order_and_batch_size(world: World) {
     let got: Vec<String> = first.iter().chain(&second).map(|c| c.event_id.clone()).collect();
     assert_eq!((first.len(), second.len()), (3, 2));
     assert_eq!(got, ids);
-    assert_eq!(first[0].lease, Lease { worker_id: "w".into(), lock_until_ms: now + 60_000 });
+    assert_eq!(first[0].lease, Lease { worker_id: "w".into(), lock_until_ms: now + 60_000, fence: None });
     assert!(world.producer.claim("w", now, now + 60_000, 3).await.unwrap().is_empty());
 }
 
@@ -223,7 +223,7 @@ async fn release_hands_rows_back_at_once_only_under_the_same_lease(world: World)
     let store = &world.producer;
     let now = now_ms();
     let a = store.claim("worker-a", now, now + 60_000, 10).await.unwrap().remove(0);
-    let wrong = Lease { worker_id: "worker-x".into(), lock_until_ms: a.lease.lock_until_ms };
+    let wrong = Lease { worker_id: "worker-x".into(), lock_until_ms: a.lease.lock_until_ms, fence: None };
     assert_eq!(store.release(&[Held { id: a.id, event_id: a.event_id.clone(), lease: wrong }], now).await.unwrap(), 0);
     assert_eq!(store.release(&[Held::from(&a)], now).await.unwrap(), 1);
     let row = world.row(&id).await;

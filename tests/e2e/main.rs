@@ -16,6 +16,7 @@ mod hostile;
 mod leases;
 mod operations;
 mod order;
+mod partitions;
 mod permissions;
 mod pipeline;
 mod process;

@@ -12,7 +12,8 @@ use crate::support::{PATIENCE, Running, World, per_backend};
 per_backend!(
     a_retried_event_holds_its_room_back_and_no_other_room,
     a_failed_event_lets_its_room_go_on_unless_configured_to_block,
-    four_hosts_keep_two_hundred_rooms_in_order
+    four_hosts_keep_two_hundred_rooms_in_order,
+    rooms_stay_in_order_while_a_host_joins_and_another_leaves
 );
 
 /// What the sink received, as `(event_id, attempt)` in arrival order.
@@ -82,10 +83,9 @@ async fn a_failed_event_lets_its_room_go_on_unless_configured_to_block(world: Wo
     }
 }
 
-async fn four_hosts_keep_two_hundred_rooms_in_order(world: World) {
-    const ROOMS: usize = 200;
-    const PER_ROOM: usize = 50;
-    // As producers write them: the rooms' events interleaved, each room's in order.
+/// 200 rooms × 50 events, as producers write them: the rooms' events interleaved, each
+/// room's in order. Returns where each event stands in its room.
+async fn two_hundred_rooms(world: &World) -> HashMap<String, (usize, usize)> {
     let mut events = Vec::new();
     let mut place: HashMap<String, (usize, usize)> = HashMap::new();
     for i in 0..PER_ROOM {
@@ -98,6 +98,26 @@ async fn four_hosts_keep_two_hundred_rooms_in_order(world: World) {
     for chunk in events.chunks(1_000) {
         world.producer.insert(chunk).await.unwrap();
     }
+    place
+}
+
+const ROOMS: usize = 200;
+const PER_ROOM: usize = 50;
+
+/// Every event reached the sink once, and each room's in order.
+fn assert_once_in_order(world: &World, place: &HashMap<String, (usize, usize)>) {
+    let got = received(world);
+    assert_eq!(got.len(), ROOMS * PER_ROOM, "each event delivered once");
+    let mut next = vec![0; ROOMS];
+    for (id, _) in &got {
+        let (room, i) = place[id];
+        assert_eq!(i, next[room], "room-{room}: event {i} reached the sink when event {} was due", next[room]);
+        next[room] += 1;
+    }
+}
+
+async fn four_hosts_keep_two_hundred_rooms_in_order(world: World) {
+    let place = two_hundred_rooms(&world).await;
     let config = world.setup("ordering: per_room\nbatch_size: 100\nconcurrency: 16\npoll_interval: 100ms", "");
     let mut hosts = Vec::new();
     for _ in 0..4 {
@@ -111,13 +131,44 @@ async fn four_hosts_keep_two_hundred_rooms_in_order(world: World) {
     for host in hosts {
         host.stop().await;
     }
+    assert_once_in_order(&world, &place);
+}
 
-    let got = received(&world);
-    assert_eq!(got.len(), ROOMS * PER_ROOM, "each event delivered once");
-    let mut next = vec![0; ROOMS];
-    for (id, _) in &got {
-        let (room, i) = place[id];
-        assert_eq!(i, next[room], "room-{room}: event {i} reached the sink when event {} was due", next[room]);
-        next[room] += 1;
-    }
+/// Partitions move while the rooms drain: a third host joins (the others give up its share
+/// once they have drained it), then one of the first two leaves (its partitions go to the
+/// others at once). Every event still arrives once, each room's in order.
+async fn rooms_stay_in_order_while_a_host_joins_and_another_leaves(world: World) {
+    let place = two_hundred_rooms(&world).await;
+    // A slow sink, so that the drain outlasts the moves; short partition leases, so that
+    // the moves happen within seconds.
+    let config = world.setup(
+        "ordering: per_room\nbatch_size: 50\nconcurrency: 8\npoll_interval: 100ms\npublish_timeout: 1s\npartition_lease: 4s",
+        "default: sleep:20",
+    );
+    let mut first = Running::start(config.parse()).await;
+    let second = Running::start(config.parse()).await;
+    let delivered = || async { world.producer.stats().await.unwrap().count(Status::Delivered) };
+    first
+        .wait_for_within("a third delivered", Duration::from_secs(120), || async {
+            delivered().await >= (ROOMS * PER_ROOM / 3) as i64
+        })
+        .await;
+    let third = Running::start(config.parse()).await;
+    let owners = || async { world.producer.partition_owners(outbox_host::store::now_ms()).await.unwrap() };
+    first
+        .wait_for_within("the joining host to own partitions", Duration::from_secs(60), || async {
+            owners().await.iter().filter(|o| !o.partitions.is_empty()).count() == 3
+        })
+        .await;
+    second.stop().await;
+    first
+        .wait_for_within("every event delivered", Duration::from_secs(180), || async {
+            delivered().await == (ROOMS * PER_ROOM) as i64
+        })
+        .await;
+    let owning: Vec<usize> = owners().await.iter().map(|o| o.partitions.len()).collect();
+    assert_eq!(owning.iter().sum::<usize>(), 64, "every partition owned by the two hosts left: {owning:?}");
+    first.stop().await;
+    third.stop().await;
+    assert_once_in_order(&world, &place);
 }

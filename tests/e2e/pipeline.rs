@@ -48,8 +48,9 @@ async fn a_rooms_events_stay_in_order_across_claims(world: World) {
     );
 }
 
-/// Shutdown with a full buffer: the delivery in flight finishes, every row claimed but not
-/// started goes back to `pending` at once, and nothing is left `delivering`.
+/// Shutdown with a full buffer of claimed rows (`ordering: none`): the delivery in flight
+/// finishes, every row claimed but not started goes back to `pending` at once, and nothing
+/// is left `delivering`.
 #[tokio::test]
 async fn shutdown_hands_back_every_buffered_row() {
     let world = World::new().await;
@@ -57,7 +58,7 @@ async fn shutdown_hands_back_every_buffered_row() {
     for i in 0..100 {
         ids.push(world.produce("RoomGiftSent", &format!("room-{i}"), Status::Pending).await);
     }
-    let config = world.config("batch_size: 50\nconcurrency: 1\npublish_timeout: 5s", "default: sleep:300");
+    let config = world.config("ordering: none\nbatch_size: 50\nconcurrency: 1\npublish_timeout: 5s", "default: sleep:300");
     let mut host = Running::start(config).await;
     host.wait_for("a full buffer and a delivery in flight", || async {
         let stats = world.producer.stats().await.unwrap();

@@ -30,21 +30,34 @@ async fn sigterm_drains_and_exits_zero_with_nothing_delivering() {
     assert!(log.contains("worker stopped"), "log:\n{log}");
 }
 
-/// A second signal exits at once; the in-flight row keeps its lease, to expire later.
+/// A second signal exits at once; the in-flight row's room stays with the host's partition
+/// lease, to expire later (the row itself was never claimed: still `pending`, unattempted).
 #[tokio::test]
 async fn a_second_signal_exits_at_once() {
     let world = World::new().await;
     let id = world.produce("RoomGiftSent", "room-stuck", Status::Pending).await;
     let child = spawn_host(&world, &world.yaml("publish_timeout: 20s", "room.room-stuck: sleep:15000"));
-    wait_table(&world, "the claim", |s| s.count(Status::Delivering) == 1).await;
+    wait_attempt(&world, &id).await;
     signal(&child, "TERM");
     tokio::time::sleep(Duration::from_millis(200)).await;
     signal(&child, "INT");
     let output = wait_exit(child).await;
     assert_eq!(output.status.code(), Some(130));
     let row = world.row(&id).await;
-    assert_eq!(row.status, Status::Delivering);
-    assert!(row.lock_until_ms > outbox_host::store::now_ms(), "the lease is still held");
+    assert_eq!((row.status, row.retry_count), (Status::Pending, 0));
+    let now = outbox_host::store::now_ms();
+    let owners = world.producer.partition_owners(now).await.unwrap();
+    assert_eq!(owners.len(), 1, "the host's partition leases are still held: {owners:?}");
+    assert_eq!(owners[0].partitions.len(), 64);
+}
+
+/// Waits until the sink has received `id`.
+async fn wait_attempt(world: &World, id: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while world.collector.attempts_of(id).is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "the delivery never started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 #[tokio::test]
@@ -218,14 +231,8 @@ async fn sigterm_during_a_database_outage_is_bounded(db: crate::support::TestDb)
         .setup("publish_timeout: 5s\nshutdown_grace: 1s", "room.room-slow: sleep:1500")
         .set(&["database", "url"], &proxied);
     let child = spawn_host(&world, &config.yaml());
-    wait_table(&world, "the claim", |s| s.count(Status::Delivering) == 1).await;
-    // A claimed row may still wait in the buffer (and would be handed back): cut only once
-    // the sink has the event, so the delivery is really in flight.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while world.collector.attempts_of(&id).is_empty() {
-        assert!(tokio::time::Instant::now() < deadline, "the delivery never started");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    // Cut only once the sink has the event, so the delivery is really in flight.
+    wait_attempt(&world, &id).await;
     proxy.cut();
     signal(&child, "TERM");
     let output = crate::binary::wait_exit_within(child, Duration::from_secs(20)).await;
@@ -234,7 +241,7 @@ async fn sigterm_during_a_database_outage_is_bounded(db: crate::support::TestDb)
     assert!(log.contains("shutdown grace ran out with outcomes unwritten"), "log:\n{log}");
     assert!(log.contains(&id), "the unwritten event is not named:\n{log}");
     let row = world.row(&id).await;
-    assert_eq!(row.status, Status::Delivering, "left to its lease");
+    assert_eq!((row.status, row.retry_count), (Status::Pending, 0), "left to the partition's next owner");
     assert_eq!(world.collector.attempts_of(&id).len(), 1, "the delivery itself ran");
 }
 

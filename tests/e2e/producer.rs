@@ -115,8 +115,10 @@ async fn mark_while_held<DB: Backend>(
         assert!(tokio::time::Instant::now() < deadline, "the host never started the delivery");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // The host owns the row's partition: the row is not claimed, and stays pending while
+    // its delivery is in flight.
     let held = rows.get("evt-held").await.unwrap().unwrap();
-    assert_eq!(held.status, Status::Delivering, "the host holds the row");
+    assert_eq!(held.status, Status::Pending, "the host's delivery wrote nothing yet");
 
     assert!(outbox.mark_delivered(&pool, "evt-held", now_ms()).await.unwrap(), "the producer's mark changed the row");
     assert_eq!(rows.get("evt-held").await.unwrap().unwrap().status, Status::Delivered);

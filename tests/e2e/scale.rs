@@ -50,7 +50,9 @@ async fn a_killed_hosts_rows_are_delivered_after_its_leases_expire(world: World)
     for i in 0..8 {
         ids.push(world.produce("RoomGiftSent", &format!("room-{i}"), Status::Pending).await);
     }
-    let worker = "publish_timeout: 1s\nbatch_size: 4\nconcurrency: 4\nlease_duration: 6s";
+    // Row leases: the claims of `ordering: none` (per-room order leases partitions instead;
+    // see partitions.rs).
+    let worker = "ordering: none\npublish_timeout: 1s\nbatch_size: 4\nconcurrency: 4\nlease_duration: 6s";
     let sink = "default: sleep:700";
     let mut child = spawn_host(&world, &world.yaml(worker, sink));
     wait_table(&world, "the first host's claim", |s| s.count(Status::Delivering) > 0).await;

@@ -430,6 +430,24 @@ fn read_worker(
         }
     };
     let failed_blocks_room = f.take::<bool>("failed_blocks_room").unwrap_or(false);
+    let partitions = f.take::<i64>("partitions").unwrap_or(i64::from(DEFAULT_PARTITIONS));
+    if !(1..=i64::from(MAX_PARTITIONS)).contains(&partitions) {
+        f.problem("partitions", format!("{partitions} is not between 1 and {MAX_PARTITIONS}"));
+    }
+    let min_partition_lease = WorkerConfig::min_partition_lease(publish_timeout);
+    let partition_lease =
+        positive_duration(f, "partition_lease", DEFAULT_PARTITION_LEASE.max(min_partition_lease), notes);
+    if partition_lease < min_partition_lease {
+        f.problem(
+            "partition_lease",
+            format!(
+                "{} is shorter than {}: a delivery starts only while the lease has publish_timeout ({}) and a second left, renewed every third of it",
+                format_duration(partition_lease),
+                format_duration(min_partition_lease),
+                format_duration(publish_timeout)
+            ),
+        );
+    }
     let worker = WorkerConfig {
         enabled,
         poll_interval,
@@ -450,6 +468,8 @@ fn read_worker(
         breaker: BreakerSettings::default(),
         ordering,
         failed_blocks_room,
+        partitions: partitions.clamp(1, i64::from(MAX_PARTITIONS)) as u32,
+        partition_lease,
     };
     (worker, lease_explicit)
 }
@@ -528,6 +548,15 @@ fn read_delivery_overrides(
         worker.max_retry_interval = global.max_retry_interval.max(worker.retry_interval);
     }
     worker.max_attempts = f.take::<u32>("max_attempts").unwrap_or(global.max_attempts);
+    let min_partition_lease = WorkerConfig::min_partition_lease(worker.publish_timeout);
+    if worker.partition_lease < min_partition_lease {
+        notes.push(format!(
+            "{}: partition leases of this sink last {} (its publish_timeout needs more than outbox_worker.partition_lease)",
+            f.key_path("publish_timeout"),
+            format_duration(min_partition_lease)
+        ));
+        worker.partition_lease = min_partition_lease;
+    }
     let min_lease = WorkerConfig::min_lease(worker.batch_size, worker.concurrency, worker.publish_timeout);
     if !lease_explicit {
         worker.lease = WorkerConfig::default_lease(worker.batch_size, worker.concurrency, worker.publish_timeout);

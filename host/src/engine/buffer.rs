@@ -103,7 +103,7 @@ mod tests {
             envelope: vec![],
             created_at_ms: id,
             retry_count: 0,
-            lease: Lease { worker_id: "w".into(), lock_until_ms: 0 },
+            lease: Lease { worker_id: "w".into(), lock_until_ms: 0, fence: None },
             rescued: false,
         }
     }

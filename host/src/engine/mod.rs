@@ -21,6 +21,7 @@ use crate::ops::metrics::Metrics;
 
 mod attempt;
 mod buffer;
+mod owner;
 mod rate;
 mod retry;
 mod sizing;
@@ -111,6 +112,9 @@ pub struct Worker {
     metrics: Arc<Metrics>,
     /// The database's clock, which leases and due times are judged by.
     clock: dbclock::DbClock,
+    /// Under per-room order: what this host, as its partitions' owner, has read and not yet
+    /// recorded (rows are not claimed; see [`owner`]).
+    tracker: Option<Arc<owner::Tracker>>,
 }
 
 impl Worker {
@@ -128,6 +132,7 @@ impl Worker {
         debug_assert_eq!(worker_id.len(), worker_id_len(node_id));
         let (signals, _) = broadcast::channel(1024);
         let sink = Arc::new(SinkSlot::new(sink));
+        let tracker = (config.ordering == RoomOrdering::PerRoom).then(Default::default);
         Arc::new(Worker {
             store,
             sink,
@@ -137,6 +142,7 @@ impl Worker {
             signals,
             metrics,
             clock: Default::default(),
+            tracker,
         })
     }
 
@@ -185,6 +191,10 @@ impl Worker {
         let (claims, mut claimed) = mpsc::unbounded_channel();
         let mut breaker = Breaker::new(self.config.breaker);
         let (gate, gate_rx) = watch::channel(breaker.state());
+        let keeper = self.tracker.clone().map(|tracker| {
+            let stop = shutdown.child_token();
+            (tokio::spawn(self.clone().keep_partitions(tracker, stop.clone())), stop)
+        });
         let claimer = tokio::spawn(self.clone().claim_ahead(outstanding.clone(), claims, gate_rx, shutdown.clone()));
         let mut buffer = Buffer::default();
         let mut running: JoinSet<(RoomKey, Pending)> = JoinSet::new();
@@ -215,7 +225,7 @@ impl Worker {
                 () = token_wait => {}
                 () = probe_wait => {}
                 rows = claimed.recv(), if claiming => match rows {
-                    Some(rows) => buffer.push(rows),
+                    Some((seq, rows)) => buffer.push(self.admit(seq, rows, &outstanding)),
                     None => claiming = false,
                 },
                 Some(done) = running.join_next() => {
@@ -225,7 +235,11 @@ impl Worker {
                     if let Some(moved) = breaker.record(&pending.verdict, pending.probe, std::time::Instant::now()) {
                         self.breaker_moved(&moved, &gate);
                     }
-                    if self.holds_room_back(&pending.mark.outcome) {
+                    let holds = self.holds_room_back(&pending.mark.outcome);
+                    if let Some(tracker) = &self.tracker {
+                        tracker.finished(&pending.mark.event_id, &key, holds);
+                    }
+                    if holds {
                         // The rest of the room's run must not overtake the event that failed.
                         let rest = buffer.take_room(&key);
                         outstanding.freed(rest.len());
@@ -265,6 +279,13 @@ impl Worker {
             }
         };
         give_up_later.abort();
+        if let Some((keeper, stop)) = keeper {
+            stop.cancel();
+            let _ = keeper.await;
+            if unwritten.is_empty() {
+                self.leave_partitions().await;
+            }
+        }
         if !unwritten.is_empty() {
             let ids: Vec<&str> = unwritten.iter().map(|p| p.mark.event_id.as_str()).collect();
             tracing::error!(
@@ -294,7 +315,7 @@ impl Worker {
     async fn claim_ahead(
         self: Arc<Self>,
         outstanding: Arc<Outstanding>,
-        claims: mpsc::UnboundedSender<Vec<Claimed>>,
+        claims: mpsc::UnboundedSender<(u64, Vec<Claimed>)>,
         mut gate: watch::Receiver<breaker::State>,
         shutdown: CancellationToken,
     ) {
@@ -332,7 +353,17 @@ impl Worker {
             let asked_at = (std::time::Instant::now(), outstanding.finished_total());
             self.clock.sync(self.store.as_ref()).await;
             let now = self.clock.now_ms();
-            let claim = self.store.claim_in_order(&self.worker_id, now, now + lease_ms, wanted as u32, order);
+            let claim = async {
+                match &self.tracker {
+                    Some(tracker) => self.read_ready(tracker, wanted).await,
+                    None => {
+                        let rows =
+                            self.store.claim_in_order(&self.worker_id, now, now + lease_ms, wanted as u32, order).await?;
+                        let at_end = rows.len() < wanted;
+                        Ok((0, rows, at_end))
+                    }
+                }
+            };
             // A claim stuck on a database that is away must not hold shutdown past its grace.
             let stuck = async {
                 shutdown.cancelled().await;
@@ -342,8 +373,8 @@ impl Worker {
                 rows = claim => rows,
                 () = stuck => break,
             };
-            let rows = match rows {
-                Ok(rows) => rows,
+            let (seq, rows, at_end) = match rows {
+                Ok(read) => read,
                 Err(e) => {
                     self.metrics.db_error("claim", &e);
                     tracing::warn!(worker = "room_outbox", node_id = %self.node_id, error = %e, retry_in_ms = backoff.as_millis() as u64, "claim failed; will retry");
@@ -355,8 +386,10 @@ impl Worker {
             backoff = Duration::from_millis(100);
             self.metrics.db_ok("claim");
             if rows.is_empty() {
-                self.signal(Signal::Idle);
-                self.idle_wait(&wake, probing, &shutdown).await;
+                if at_end {
+                    self.signal(Signal::Idle);
+                    self.idle_wait(&wake, probing, &shutdown).await;
+                }
                 continue;
             }
             if shutdown.is_cancelled() {
@@ -364,19 +397,28 @@ impl Worker {
                 self.release(&rows).await;
                 break;
             }
-            let full = rows.len() >= wanted;
+            let full = !at_end;
             if state == breaker::State::Closed {
                 size.claimed(wanted as u32, rows.len(), asked_at);
             }
             self.note_claim(&rows);
             outstanding.taken(rows.len());
-            if claims.send(rows).is_err() {
+            if claims.send((seq, rows)).is_err() {
                 break;
             }
             if !full {
                 self.idle_wait(&wake, probing, &shutdown).await;
             }
         }
+    }
+
+    /// The rows of a claim or read that go into the buffer: under per-room order, not those
+    /// whose room was held back after the read began.
+    fn admit(&self, seq: u64, rows: Vec<Claimed>, outstanding: &Outstanding) -> Vec<Claimed> {
+        let Some(tracker) = &self.tracker else { return rows };
+        let (rows, dropped) = tracker.admit(seq, rows);
+        outstanding.freed(dropped);
+        rows
     }
 
     /// Rows per claim: `batch_size`, or under a rate limit no more than a quarter of a
@@ -442,6 +484,19 @@ impl Worker {
             };
             let Some(row) = buffer.start_next() else { break };
             let key = room_of(&row);
+            if self.tracker.as_ref().is_some_and(|t| !t.may_start(row.lease.fence, self.clock.now_ms(), timeout_ms + START_MARGIN_MS)) {
+                // Its partition was lost, or its lease was not renewed in time: the row is
+                // read again under a renewed lease, or by the partition's next owner, and the
+                // rest of its room with it, so that none of it overtakes the row.
+                if probe {
+                    breaker.probe_not_run();
+                }
+                let rest = buffer.take_room(&key);
+                buffer.done(&key);
+                late.push(row);
+                late.extend(rest);
+                continue;
+            }
             if row.lease.lock_until_ms - self.clock.now_ms() < timeout_ms + START_MARGIN_MS {
                 if probe {
                     breaker.probe_not_run();
@@ -515,6 +570,11 @@ impl Worker {
         if rows.is_empty() {
             return;
         }
+        if let Some(tracker) = &self.tracker {
+            // Never claimed: the rows are read again from the table.
+            tracker.forget(rows);
+            return;
+        }
         let rows: Vec<Held> = rows.iter().map(Held::from).collect();
         let rows = rows.as_slice();
         let released = tokio::time::timeout(self.config.shutdown_grace, self.store.release(rows, self.clock.now_ms()))
@@ -586,6 +646,22 @@ impl Worker {
         attempt::deliver_one(sink, &self.config, &self.metrics, &self.node_id, &self.clock, row).await
     }
 
+    /// Writes a batch of outcomes: fenced by partition under per-room order, where a mark
+    /// whose partition this host lost is not written (the new owner delivers the row).
+    async fn write(&self, marks: &[Mark]) -> Result<u64, crate::store::StoreError> {
+        let now = self.clock.now_ms();
+        if self.tracker.is_none() {
+            return self.store.mark(marks, now).await;
+        }
+        let (changed, fenced) = self.store.mark_owned(&self.worker_id, marks, now).await?;
+        for i in fenced {
+            let m = &marks[i];
+            self.metrics.fenced();
+            tracing::warn!(worker = "room_outbox", node_id = %self.node_id, worker_id = %self.worker_id, event_id = %m.event_id, partition = m.lease.fence.map(|f| f.partition), "outcome not written: this host no longer owns the row's partition (another host delivers it)");
+        }
+        Ok(changed)
+    }
+
     /// Writes outcomes as they arrive, several per write when they queue up, retrying
     /// while the database is unavailable.
     ///
@@ -608,12 +684,15 @@ impl Worker {
             let mut backoff = Duration::from_millis(100);
             loop {
                 let written = tokio::select! {
-                    written = self.store.mark(&marks, self.clock.now_ms()) => written,
+                    written = self.write(&marks) => written,
                     () = give_up.cancelled() => Err(crate::store::StoreError::Unavailable("shutdown grace ran out".into())),
                 };
                 match written {
                     Ok(_) => {
                         self.metrics.db_ok("mark");
+                        if let Some(tracker) = &self.tracker {
+                            tracker.written(&marks);
+                        }
                         // A finished event makes its room's next one claimable: claim again
                         // now rather than at the next poll.
                         if self.config.ordering == RoomOrdering::PerRoom {

@@ -96,6 +96,17 @@ impl WakeUp {
     }
 }
 
+/// Default `outbox_worker.partitions`: rooms hash to this many partitions per sink, which
+/// hosts lease. 64 spreads evenly over up to 8 hosts (8 each) and still gives 16 or more
+/// hosts a few each; a partition costs one small row and nothing while idle.
+pub const DEFAULT_PARTITIONS: u32 = 64;
+/// The most partitions a sink may have.
+pub const MAX_PARTITIONS: u32 = 4_096;
+/// Default `outbox_worker.partition_lease`: how long a partition stays with a host that
+/// stopped renewing it (a heartbeat every third of it), so how long a SIGKILLed host's rooms
+/// wait.
+pub const DEFAULT_PARTITION_LEASE: Duration = Duration::from_secs(10);
+
 /// `lease_duration` is at least this by default, above the computed minimum.
 pub const DEFAULT_LEASE_FLOOR: Duration = Duration::from_secs(30);
 /// Default `outbox_worker.shutdown_grace`: how long outcomes may take to be written after
@@ -137,6 +148,10 @@ pub struct WorkerConfig {
     pub ordering: RoomOrdering,
     /// With per-room order, whether a `failed` event holds its room's later ones back.
     pub failed_blocks_room: bool,
+    /// With per-room order, how many partitions a new sink's rooms hash to.
+    pub partitions: u32,
+    /// With per-room order, how long a partition's lease lasts without a heartbeat.
+    pub partition_lease: Duration,
     /// The sink's `rate_limit` (set from the `sink:` section): none by default.
     pub rate_limit: Option<RateLimit>,
     /// The sink's circuit breaker (set from `sink.breaker`).
@@ -181,6 +196,13 @@ impl WorkerConfig {
         })
     }
 
+    /// The shortest partition lease for deliveries of `publish_timeout`: an owner starts a
+    /// delivery only while its lease has `publish_timeout` and a second left, and renews it
+    /// every third, so twice that leaves a third of it to spare for a late heartbeat.
+    pub fn min_partition_lease(publish_timeout: Duration) -> Duration {
+        (publish_timeout + Duration::from_secs(1)) * 2
+    }
+
     /// The shortest lease that covers a healthy batch: every delivery slot runs its share
     /// of the batch back to back, each taking up to `publish_timeout`.
     pub fn min_lease(batch_size: u32, concurrency: u32, publish_timeout: Duration) -> Duration {
@@ -210,6 +232,8 @@ impl Default for WorkerConfig {
             breaker: super::breaker::BreakerSettings::default(),
             ordering: RoomOrdering::PerRoom,
             failed_blocks_room: false,
+            partitions: DEFAULT_PARTITIONS,
+            partition_lease: DEFAULT_PARTITION_LEASE,
             concurrency: DEFAULT_CONCURRENCY,
             lease: Self::default_lease(DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_PUBLISH_TIMEOUT),
             max_attempts: 0,

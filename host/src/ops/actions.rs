@@ -150,6 +150,8 @@ pub struct SinkSummary {
     pub stats: crate::store::Stats,
     /// Still copying the events from before it was added (not delivering yet).
     pub backfilling: bool,
+    /// The hosts that own its partitions (per-room order), with what they have in flight.
+    pub owners: Vec<crate::store::OwnerView>,
 }
 
 /// Every sink registered on the outbox, with its counts (the first sink's are `first`).
@@ -159,12 +161,10 @@ pub async fn sink_summaries(
 ) -> Result<Vec<SinkSummary>, StoreError> {
     let mut out = Vec::new();
     for sink in outbox.sinks().await? {
-        let stats = if sink.is_first(outbox.table()) {
-            first.clone()
-        } else {
-            outbox.clone().sink_store(&sink).await?.stats().await?
-        };
+        let own = outbox.clone().sink_store(&sink).await?;
+        let stats = if sink.is_first(outbox.table()) { first.clone() } else { own.stats().await? };
         out.push(SinkSummary {
+            owners: own.partition_owners(own.clock_ms().await?).await?,
             backfilling: sink.backfilled_at_ms.is_none(),
             name: sink.name,
             table: sink.table,

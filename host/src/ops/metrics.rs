@@ -114,6 +114,7 @@ struct Families {
     claimed_rows: Family<SinkLabel, Histogram, fn() -> Histogram>,
     rescues: Family<SinkLabel, Counter>,
     handed_back: Family<SinkLabel, Counter>,
+    fenced: Family<SinkLabel, Counter>,
     db_errors: Family<OpLabel, Counter>,
     sink_limits: Family<LimitLabels, Counter>,
     panics: Family<SinkLabel, Counter>,
@@ -172,6 +173,11 @@ impl Families {
             "room_outbox_handed_back",
             "Claimed rows handed back unstarted (shutdown, short lease)",
             self.handed_back.clone(),
+        );
+        r.register(
+            "room_outbox_fenced_outcomes",
+            "Outcomes not written because this host had lost the row's partition to another",
+            self.fenced.clone(),
         );
         r.register("room_outbox_db_errors", "Failed database operations by operation", self.db_errors.clone());
         r.register(
@@ -238,6 +244,7 @@ impl Metrics {
             claimed_rows: Family::new_with_constructor(batch_histogram),
             rescues: Family::default(),
             handed_back: Family::default(),
+            fenced: Family::default(),
             db_errors: Family::default(),
             sink_limits: Family::default(),
             panics: Family::default(),
@@ -287,6 +294,7 @@ impl Metrics {
         let _ = f.claims.get_or_create(&m.sink_label());
         let _ = f.rescues.get_or_create(&m.sink_label());
         let _ = f.handed_back.get_or_create(&m.sink_label());
+        let _ = f.fenced.get_or_create(&m.sink_label());
         let _ = f.stats_up.get_or_create(&m.sink_label());
         let _ = f.oldest_waiting_age_ms.get_or_create(&m.sink_label());
         for pressure in PRESSURES {
@@ -386,6 +394,11 @@ impl Metrics {
         self.shared.claims.get_or_create(&self.sink_label()).inc();
         self.shared.claimed_rows.get_or_create(&self.sink_label()).observe(rows as f64);
         self.shared.rescues.get_or_create(&self.sink_label()).inc_by(rescued as u64);
+    }
+
+    /// An outcome fenced off: its partition had moved to another host.
+    pub fn fenced(&self) {
+        self.shared.fenced.get_or_create(&self.sink_label()).inc();
     }
 
     /// Rows handed back unstarted.

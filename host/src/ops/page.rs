@@ -87,7 +87,7 @@ fn sinks(h: &mut String, d: &PageData<'_>) {
     for status in Status::ALL {
         let _ = write!(h, "<th>{status}</th>");
     }
-    h.push_str("<th>oldest waiting</th></tr>");
+    h.push_str("<th>oldest waiting</th><th>owners: partitions, in flight</th></tr>");
     for sink in d.sinks {
         let _ = write!(
             h,
@@ -103,7 +103,21 @@ fn sinks(h: &mut String, d: &PageData<'_>) {
         } else {
             sink.stats.oldest_waiting_created_at_ms.map_or("none".into(), |c| format!("{} old", age(d.now_ms - c)))
         };
-        let _ = write!(h, "<td>{oldest}</td></tr>");
+        let owners: Vec<String> = sink
+            .owners
+            .iter()
+            .map(|o| {
+                format!(
+                    "<span class=\"owner\">{}: {} ({}), {} in flight</span>",
+                    esc(&o.owner),
+                    o.partitions.len(),
+                    crate::ops::report::ranges(&o.partitions),
+                    o.in_flight
+                )
+            })
+            .collect();
+        let owners = if owners.is_empty() { "none".to_string() } else { owners.join("<br>") };
+        let _ = write!(h, "<td>{oldest}</td><td class=\"owners\">{owners}</td></tr>");
     }
     h.push_str("</table>");
     if let Some(csrf) = &d.form_token {

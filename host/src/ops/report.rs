@@ -2,8 +2,43 @@
 
 use std::fmt::Write as _;
 
-use crate::store::{Stats, Status};
+use crate::store::{OwnerView, Stats, Status};
 use crate::units::format_duration;
+
+/// Renders which host owns which of a sink's partitions, and what each has in flight (the
+/// table shows its rows `pending` while they are).
+pub fn owners(owners: &[OwnerView]) -> String {
+    if owners.is_empty() {
+        return "partition owners: none (no host delivers it in per-room order now)\n".into();
+    }
+    let mut out = String::from("partition owners (per-room order; rows in flight stay pending in the table):\n");
+    for o in owners {
+        let _ = writeln!(
+            out,
+            "  {}  {} partition(s) {}  {} in flight",
+            crate::text::printable(&o.owner, 128),
+            o.partitions.len(),
+            ranges(&o.partitions),
+            o.in_flight
+        );
+    }
+    out
+}
+
+/// `0-2, 5, 7-9` for sorted partition numbers.
+pub fn ranges(parts: &[u32]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < parts.len() {
+        let start = parts[i];
+        while i + 1 < parts.len() && parts[i + 1] == parts[i] + 1 {
+            i += 1;
+        }
+        out.push(if parts[i] == start { start.to_string() } else { format!("{start}-{}", parts[i]) });
+        i += 1;
+    }
+    out.join(", ")
+}
 
 /// Renders counts per status, the oldest waiting age and the top errors.
 pub fn status(table: &str, stats: &Stats, now_ms: i64) -> String {
@@ -37,4 +72,13 @@ pub fn status(table: &str, stats: &Stats, now_ms: i64) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn partitions_read_as_ranges() {
+        assert_eq!(super::ranges(&[0, 1, 2, 5, 7, 8, 9]), "0-2, 5, 7-9");
+        assert_eq!(super::ranges(&[]), "");
+    }
 }

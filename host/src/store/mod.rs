@@ -3,6 +3,7 @@
 
 pub mod migrate;
 mod mysql;
+pub mod partitions;
 mod postgres;
 pub mod schema;
 pub mod sinks;
@@ -14,6 +15,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 pub use mysql::MysqlStore;
 pub use postgres::PostgresStore;
+pub use partitions::{Fence, Heartbeat, Holding, OwnedRead, OwnerView, Page, Waiting};
 pub use sinks::{KeyValue, RegisteredSink, Step};
 pub use sql::{Dialect, SqlStore};
 pub use sqlite::SqliteStore;
@@ -153,8 +155,11 @@ pub(crate) fn sort_claimed(rows: &mut [Claimed]) {
 pub struct Lease {
     /// The claiming worker.
     pub worker_id: String,
-    /// The lease end it wrote.
+    /// The lease end it wrote (`i64::MAX` for a row read by its partition's owner).
     pub lock_until_ms: i64,
+    /// For a row read by its partition's owner: the partition and epoch its outcome is
+    /// fenced by (no row lease is written).
+    pub fence: Option<Fence>,
 }
 
 /// A row the worker claimed.
@@ -577,7 +582,28 @@ pub trait Store: Send + Sync + 'static {
         after: Option<KeyValue>,
         limit: u32,
     ) -> Result<Step, StoreError>;
+    /// Per-room order by partition ownership: one heartbeat of `beat.owner` on this sink's
+    /// partitions (see [`partitions`]), judged by `beat.now_ms` on the database's clock.
+    async fn keep_partitions(&self, beat: &Heartbeat<'_>) -> Result<Holding, StoreError>;
+
+    /// One page of the owned partitions' unfinished rows, in order, due or not.
+    async fn read_owned(&self, read: &OwnedRead<'_>) -> Result<Page, StoreError>;
+
+    /// Of these rooms, those with a `failed` row, and its earliest creation time.
+    async fn failed_rooms(&self, rooms: &[(String, String)]) -> Result<Vec<(String, String, i64)>, StoreError>;
+
+    /// Writes outcomes of rows read by their partition's owner, each only while `owner`
+    /// holds the row's partition under the mark's epoch. Returns rows changed and the
+    /// indexes of the marks fenced off.
+    async fn mark_owned(&self, owner: &str, marks: &[Mark], now_ms: i64) -> Result<(u64, Vec<usize>), StoreError>;
+
+    /// Gives up every partition `owner` holds on this sink (a clean shutdown).
+    async fn leave_partitions(&self, owner: &str) -> Result<(), StoreError>;
+
+    /// The live owners of this sink's partitions.
+    async fn partition_owners(&self, now_ms: i64) -> Result<Vec<OwnerView>, StoreError>;
 }
+
 
 /// Which events a replay delivers again to one sink: created in `[from_ms, to_ms)`, and of
 /// one type or room if given.

@@ -376,7 +376,7 @@ impl Dialect for MysqlDialect {
             .bind(i32::try_from(run).unwrap_or(i32::MAX))
             .fetch_all(&store.pool)
             .await?;
-        let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms };
+        let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms, fence: None };
         Ok(rows.iter().map(|r| decode_routine_claimed::<Self>(r, lease.clone())).collect::<Result<_, _>>()?)
     }
 

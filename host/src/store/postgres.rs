@@ -291,7 +291,7 @@ impl Dialect for PostgresDialect {
             .bind(i32::try_from(run).unwrap_or(i32::MAX))
             .fetch_all(&store.pool)
             .await?;
-        let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms };
+        let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms, fence: None };
         let mut claimed =
             rows.iter().map(|r| decode_routine_claimed::<Self>(r, lease.clone())).collect::<Result<Vec<_>, _>>()?;
         super::sort_claimed(&mut claimed);

@@ -170,9 +170,9 @@ impl ByCount {
 
 /// The statements [`SqlStore`] runs the same way on every database, with the dialect's
 /// placeholders, built once per store.
-struct SharedStatements {
+pub(super) struct SharedStatements {
     versions: String,
-    delivered: ByCount,
+    pub(super) delivered: ByCount,
     insert: ByCount,
     get: String,
     stats: [String; 3],
@@ -278,7 +278,7 @@ pub struct SqlStore<D: Dialect> {
     /// How this table is written to (the host's own, or one made elsewhere).
     pub(super) profile: Profile,
     /// The shared statements' text, built once.
-    sql: SharedStatements,
+    pub(super) sql: SharedStatements,
     /// The dialect's own statements' text, built once.
     pub(super) own: D::Statements,
     /// The registry's and the fan-out's statements, built once.
@@ -287,7 +287,7 @@ pub struct SqlStore<D: Dialect> {
     /// Shared with the stores of the sinks' own tables on the same pool.
     writes: std::sync::Arc<tokio::sync::Mutex<()>>,
     /// The outbox this table keeps a sink's copy of (`<outbox>__<sink>`), if it is one.
-    copy_of: Option<String>,
+    pub(super) copy_of: Option<String>,
     dialect: PhantomData<D>,
 }
 
@@ -677,7 +677,9 @@ where
             }
             let description = if step.version == 1 && adopted {
                 "adopted an existing table".to_string()
-            } else if step.version == super::sinks::REGISTRY_VERSION && self.copy_of.is_some() {
+            } else if [super::sinks::REGISTRY_VERSION, super::partitions::PARTITIONS_VERSION].contains(&step.version)
+                && self.copy_of.is_some()
+            {
                 "not needed by a sink's own table".to_string()
             } else {
                 let sql = D::adapt_migration(step.version, step.sql, key).map_err(StoreError::Migration)?;
@@ -1078,5 +1080,29 @@ where
         limit: u32,
     ) -> Result<super::Step, StoreError> {
         self.recopy_step(sink, filter, after, limit).await
+    }
+
+    async fn keep_partitions(&self, beat: &super::Heartbeat<'_>) -> Result<super::Holding, StoreError> {
+        self.heartbeat(beat).await
+    }
+
+    async fn read_owned(&self, read: &super::OwnedRead<'_>) -> Result<super::Page, StoreError> {
+        self.read_waiting(read).await
+    }
+
+    async fn failed_rooms(&self, rooms: &[(String, String)]) -> Result<Vec<(String, String, i64)>, StoreError> {
+        self.failed_in(rooms).await
+    }
+
+    async fn mark_owned(&self, owner: &str, marks: &[Mark], now_ms: i64) -> Result<(u64, Vec<usize>), StoreError> {
+        self.mark_fenced(owner, marks, now_ms).await
+    }
+
+    async fn leave_partitions(&self, owner: &str) -> Result<(), StoreError> {
+        self.leave(owner).await
+    }
+
+    async fn partition_owners(&self, now_ms: i64) -> Result<Vec<super::OwnerView>, StoreError> {
+        self.owners(now_ms).await
     }
 }

@@ -375,7 +375,7 @@ impl Dialect for SqliteDialect {
         }
         let rows = q.fetch_all(&mut *tx).await?;
         tx.commit().await?;
-        let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms };
+        let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms, fence: None };
         let mut claimed =
             rows.iter().map(|r| decode_claimed::<Self>(r, lease.clone(), false)).collect::<Result<Vec<_>, _>>()?;
         // Rescues are rare: look up only among the picked rows that were `delivering`.

@@ -251,6 +251,7 @@ fn sinks_json(sinks: &[crate::ops::SinkSummary]) -> serde_json::Value {
                 "counts": counts,
                 "oldest_waiting_age_ms": sink.stats.oldest_waiting_created_at_ms.map(|c| (now - c).max(0)),
                 "delivered_last_minute": sink.stats.delivered_last_minute,
+                "owners": sink.owners,
                 "top_errors": sink.stats.top_errors.iter().map(|(e, n)| json!({ "error": e, "count": n })).collect::<Vec<_>>(),
                 "backfilling": sink.backfilling,
             })

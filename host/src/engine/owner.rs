@@ -1,0 +1,366 @@
+//! Per-room order by partition ownership: the host that leases a partition is the only one
+//! that delivers its rooms, so it reads their rows without claiming them and keeps each
+//! room's order in memory.
+//!
+//! The owner reads its partitions' unfinished rows in `(created_at_ms, key)` order, in
+//! sweeps: a sweep starts at the oldest row and pages on until the end. Within a sweep a
+//! room is blocked from its first row that may not start (a retry not yet due, another
+//! worker's live lease, an outcome that holds the room back): none of its later rows start
+//! before the next sweep finds the room's head free. Rows already in memory (queued, in
+//! flight, or finished and not yet written) are known by event id and never read twice.
+//!
+//! The table does not say what is in flight, so the [`Tracker`] does, with one clock that
+//! orders reads, outcomes and writes:
+//! - a read's rows are dropped when their room was held back after the read began (its
+//!   snapshot predates the outcome);
+//! - a written outcome stays known until a read begins after it (the reads before it may
+//!   still see the row unfinished).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::buffer::{RoomKey, room_of};
+use super::Worker;
+use crate::store::{Claimed, Fence, Heartbeat, Holding, KeyValue, Mark, OwnedRead, Page};
+
+/// The most pages one read walks before it hands over what it found.
+const MAX_PAGES: usize = 16;
+
+/// What the owner knows of a row it read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Known {
+    /// Queued or in flight.
+    Started,
+    /// Its outcome is decided and not yet written; `holds`: it holds its room back.
+    Finished { holds: bool },
+    /// Its outcome was written at clock `at`.
+    Written { at: u64, holds: bool },
+}
+
+/// Rows read and not yet forgotten, the rooms held back, the sweep, and the partitions held.
+#[derive(Default)]
+struct State {
+    clock: u64,
+    /// By event id: what is known of the row, and its partition.
+    known: HashMap<String, (Known, u32)>,
+    /// When each room was last held back or had rows forgotten.
+    touched: HashMap<RoomKey, u64>,
+    /// Which sweep this is: a page read in an earlier one is not used.
+    sweep: u64,
+    /// Where the sweep goes on from.
+    after: Option<(i64, KeyValue)>,
+    /// Rooms blocked for the rest of this sweep.
+    blocked: HashSet<RoomKey>,
+    /// The key of the last row [`Tracker::select`] took.
+    last_key: Option<KeyValue>,
+    holding: Holding,
+}
+
+impl State {
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    fn touch(&mut self, room: &RoomKey) {
+        let now = self.tick();
+        self.touched.insert(room.clone(), now);
+        self.blocked.insert(room.clone());
+    }
+
+    fn new_sweep(&mut self) {
+        self.sweep += 1;
+        self.after = None;
+        self.blocked.clear();
+    }
+}
+
+/// The owner's memory of what it read, shared by the reader, the delivery loop and the
+/// outcome writer.
+#[derive(Default)]
+pub(super) struct Tracker {
+    state: Mutex<State>,
+}
+
+/// One read's start: its clock, where it goes on from, and what it may read.
+pub(super) struct ReadStart {
+    pub seq: u64,
+    pub sweep: u64,
+    pub after: Option<(i64, KeyValue)>,
+    pub owned: Vec<Fence>,
+    pub total: u32,
+}
+
+impl Tracker {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Begins a page: forgets outcomes written before it (the page's snapshot sees them).
+    /// Surplus partitions, which are being drained, are not read.
+    pub fn begin_read(&self) -> ReadStart {
+        let mut s = self.state();
+        let seq = s.tick();
+        s.known.retain(|_, (k, _)| !matches!(k, Known::Written { at, .. } if *at < seq));
+        let surplus = &s.holding.surplus;
+        let owned = s.holding.owned.iter().filter(|f| !surplus.contains(&f.partition)).copied().collect();
+        ReadStart { seq, sweep: s.sweep, after: s.after.clone(), owned, total: s.holding.total }
+    }
+
+    /// Up to `room` rows of `page` that may start now, in order, marked started; moves the
+    /// sweep on to the last row it looked at. `failed`: rooms with a `failed` row and its
+    /// creation time, which block the room's later rows (`failed_blocks_room`). Returns the
+    /// rows and whether the sweep ended. A page of an earlier `sweep` (partitions were
+    /// gained while it was read) is not used: the new sweep reads it again.
+    pub fn select(
+        &self,
+        page: Page,
+        sweep: u64,
+        room: usize,
+        now_ms: i64,
+        failed: &[(String, String, i64)],
+    ) -> (Vec<Claimed>, bool) {
+        let mut s = self.state();
+        let mut ready = Vec::new();
+        if s.sweep != sweep {
+            return (ready, false);
+        }
+        for waiting in page.waiting {
+            if ready.len() >= room {
+                // Full: the sweep goes on from the last row taken.
+                let last: &Claimed = ready.last().expect("room is at least 1");
+                s.after = Some((last.created_at_ms, s.last_key.take().expect("set with each row taken")));
+                return (ready, false);
+            }
+            let room = room_of(&waiting.row);
+            if s.blocked.contains(&room) {
+                continue;
+            }
+            let hold = match s.known.get(&waiting.row.event_id).map(|(k, _)| *k) {
+                Some(Known::Started) | Some(Known::Finished { holds: false }) | Some(Known::Written { holds: false, .. }) => {
+                    continue;
+                }
+                Some(Known::Finished { holds: true }) | Some(Known::Written { holds: true, .. }) => true,
+                None => {
+                    !waiting.due(now_ms)
+                        || failed.iter().any(|(app, r, at)| {
+                            (app, r) == (&room.0, &room.1) && *at <= waiting.row.created_at_ms
+                        })
+                }
+            };
+            if hold {
+                s.blocked.insert(room);
+                continue;
+            }
+            let partition = waiting.row.lease.fence.map_or(0, |f| f.partition);
+            s.known.insert(waiting.row.event_id.clone(), (Known::Started, partition));
+            s.last_key = Some(waiting.key);
+            ready.push(waiting.row);
+        }
+        s.last_key = None;
+        if page.at_end {
+            s.new_sweep();
+        } else {
+            s.after = page.last;
+        }
+        (ready, page.at_end)
+    }
+
+    /// Keeps the rows of a read that began at `seq` whose room was not held back since;
+    /// forgets the others.
+    pub fn admit(&self, seq: u64, rows: Vec<Claimed>) -> (Vec<Claimed>, usize) {
+        let mut s = self.state();
+        let (keep, drop): (Vec<Claimed>, Vec<Claimed>) =
+            rows.into_iter().partition(|r| s.touched.get(&room_of(r)).is_none_or(|at| *at < seq));
+        for row in &drop {
+            s.known.remove(&row.event_id);
+        }
+        // No later read began before `seq`.
+        s.touched.retain(|_, at| *at >= seq);
+        (keep, drop.len())
+    }
+
+    /// A row's outcome is decided.
+    pub fn finished(&self, event_id: &str, room: &RoomKey, holds: bool) {
+        let mut s = self.state();
+        if let Some((known, _)) = s.known.get_mut(event_id) {
+            *known = Known::Finished { holds };
+        }
+        if holds {
+            s.touch(room);
+        }
+    }
+
+    /// Rows that will not start now (handed back): read again from the next sweep on.
+    pub fn forget(&self, rows: &[Claimed]) {
+        let mut s = self.state();
+        for row in rows {
+            s.known.remove(&row.event_id);
+            s.touch(&room_of(row));
+        }
+    }
+
+    /// These outcomes are in the table (or were fenced off: then the partition's new owner
+    /// has the row).
+    pub fn written(&self, marks: &[Mark]) {
+        let mut s = self.state();
+        for m in marks {
+            let at = s.tick();
+            if let Some((known, _)) = s.known.get_mut(&m.event_id) {
+                let holds = matches!(known, Known::Finished { holds: true });
+                *known = Known::Written { at, holds };
+            }
+        }
+    }
+
+    /// Rows read and not yet recorded.
+    pub fn in_flight(&self) -> usize {
+        self.state().known.values().filter(|(k, _)| !matches!(k, Known::Written { .. })).count()
+    }
+
+    /// Whether a delivery of the row may start at `now_ms`: its partition is still held
+    /// under its epoch, with at least `needed_ms` of the lease left (a delivery that starts
+    /// ends before any other host may take the room).
+    pub fn may_start(&self, fence: Option<Fence>, now_ms: i64, needed_ms: i64) -> bool {
+        let s = self.state();
+        fence.is_some_and(|f| s.holding.owned.contains(&f)) && s.holding.lease_until_ms - now_ms >= needed_ms
+    }
+
+    /// Surplus partitions with nothing read and unrecorded, to give up: from now on nothing
+    /// of theirs starts here (a read under way may still bring rows of them).
+    pub fn release_drained(&self) -> Vec<u32> {
+        let mut s = self.state();
+        let busy: HashSet<u32> =
+            s.known.values().filter(|(k, _)| !matches!(k, Known::Written { .. })).map(|(_, p)| *p).collect();
+        let drained: Vec<u32> = s.holding.surplus.iter().copied().filter(|p| !busy.contains(p)).collect();
+        s.holding.owned.retain(|f| !drained.contains(&f.partition));
+        s.holding.surplus.retain(|p| !drained.contains(p));
+        drained
+    }
+
+    /// The heartbeat's result; gained partitions start a new sweep (their rooms' earlier
+    /// rows are behind the sweep's place). Returns (gained, lost).
+    pub fn hold(&self, holding: Holding) -> (Vec<u32>, Vec<u32>) {
+        let mut s = self.state();
+        let before: HashSet<Fence> = s.holding.owned.iter().copied().collect();
+        let after: HashSet<Fence> = holding.owned.iter().copied().collect();
+        let gained: Vec<u32> = after.difference(&before).map(|f| f.partition).collect();
+        let lost: Vec<u32> = before.difference(&after).map(|f| f.partition).collect();
+        if !gained.is_empty() {
+            s.new_sweep();
+        }
+        s.holding = holding;
+        (gained, lost)
+    }
+}
+
+impl Worker {
+    /// Keeps this host's partition leases: a heartbeat every third of `partition_lease`,
+    /// which renews them, gives up drained surplus, and takes free or expired partitions up
+    /// to this host's share.
+    pub(super) async fn keep_partitions(self: Arc<Self>, tracker: Arc<Tracker>, shutdown: CancellationToken) {
+        let lease_ms = self.config.partition_lease.as_millis() as i64;
+        let every = self.config.partition_lease / 3;
+        let wake = self.store.inserted();
+        let mut backoff = Duration::from_millis(100);
+        while !shutdown.is_cancelled() {
+            self.clock.sync(self.store.as_ref()).await;
+            let release = tracker.release_drained();
+            let beat = Heartbeat {
+                owner: &self.worker_id,
+                partitions: self.config.partitions,
+                in_flight: tracker.in_flight() as i64,
+                now_ms: self.clock.now_ms(),
+                lease_ms,
+                release: &release,
+                take_none: false,
+            };
+            let wait = match self.store.keep_partitions(&beat).await {
+                Ok(holding) => {
+                    backoff = Duration::from_millis(100);
+                    self.metrics.db_ok("partitions");
+                    let (owned, share) = (holding.owned.len(), holding.share);
+                    let (gained, lost) = tracker.hold(holding);
+                    if !lost.is_empty() {
+                        tracing::warn!(worker = "room_outbox", node_id = %self.node_id, worker_id = %self.worker_id, partitions = ?lost, "lost partitions to another host (this host's lease ran out); their outcomes in flight are not written");
+                    }
+                    if !gained.is_empty() {
+                        tracing::info!(worker = "room_outbox", node_id = %self.node_id, worker_id = %self.worker_id, partitions = ?gained, owned, share, "took partitions");
+                        wake.notify_one();
+                    }
+                    if !release.is_empty() {
+                        tracing::info!(worker = "room_outbox", node_id = %self.node_id, worker_id = %self.worker_id, partitions = ?release, "gave up drained partitions to a joining host");
+                    }
+                    every
+                }
+                Err(e) => {
+                    self.metrics.db_error("partitions", &e);
+                    tracing::warn!(worker = "room_outbox", node_id = %self.node_id, error = %e, "could not renew partition leases; will retry");
+                    backoff = (backoff * 2).min(every);
+                    backoff
+                }
+            };
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = shutdown.cancelled() => {}
+            }
+        }
+    }
+
+    /// Up to `wanted` rows of the owned partitions that may start now, from as many pages as
+    /// that takes (at most [`MAX_PAGES`]), and the clock of the read's start; `None` when
+    /// there was nothing, at the end of a sweep.
+    pub(super) async fn read_ready(
+        &self,
+        tracker: &Tracker,
+        wanted: usize,
+    ) -> Result<(u64, Vec<Claimed>, bool), crate::store::StoreError> {
+        let mut ready = Vec::new();
+        let mut first = None;
+        for _ in 0..MAX_PAGES {
+            let start = tracker.begin_read();
+            let seq = *first.get_or_insert(start.seq);
+            if start.owned.is_empty() {
+                return Ok((seq, ready, true));
+            }
+            let limit = (wanted + tracker.in_flight()).clamp(wanted, super::settings::MAX_BATCH_SIZE as usize);
+            let read = OwnedRead {
+                owner: &self.worker_id,
+                total: start.total,
+                owned: &start.owned,
+                after: start.after,
+                limit: limit as u32,
+            };
+            let page = self.store.read_owned(&read).await?;
+            let failed = if self.config.failed_blocks_room {
+                let mut rooms: Vec<(String, String)> =
+                    page.waiting.iter().map(|w| (w.row.app_code.clone(), w.row.room_id.clone())).collect();
+                rooms.sort();
+                rooms.dedup();
+                self.store.failed_rooms(&rooms).await?
+            } else {
+                Vec::new()
+            };
+            let (taken, at_end) = tracker.select(page, start.sweep, wanted - ready.len(), self.clock.now_ms(), &failed);
+            ready.extend(taken);
+            if at_end || ready.len() >= wanted {
+                return Ok((seq, ready, at_end));
+            }
+        }
+        Ok((first.unwrap_or_default(), ready, false))
+    }
+
+    /// Gives up this host's partitions at a clean shutdown, so that the others take them at
+    /// once rather than when the leases run out.
+    pub(super) async fn leave_partitions(&self) {
+        let left = tokio::time::timeout(self.config.shutdown_grace, self.store.leave_partitions(&self.worker_id)).await;
+        match left {
+            Ok(Ok(())) => tracing::info!(worker = "room_outbox", node_id = %self.node_id, worker_id = %self.worker_id, "gave up this host's partitions"),
+            _ => tracing::warn!(worker = "room_outbox", node_id = %self.node_id, "could not give up this host's partitions; others take them when their leases run out"),
+        }
+    }
+}
+

@@ -1,0 +1,609 @@
+//! Per-room order by partition ownership (engine v3): the leases on a sink's partitions,
+//! the owner's read of its partitions' waiting rows, and its outcome writes, fenced by the
+//! partition's epoch.
+//!
+//! A room, `(app_code, room_id)`, hashes to one of `P` partitions; `P` is fixed per sink when
+//! its partition rows are first made. The database computes the hash where it has one
+//! (PostgreSQL's `hashtextextended`, MySQL's `CRC32`), so that the read filters on it; on
+//! SQLite this process does (FNV-1a), after reading.
+
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type};
+
+use super::sinks::{KeyValue, bind_key};
+use super::sql::{Dialect, SqlStore, params};
+use super::{Backend, Claimed, Lease, Mark, Outcome, Status, StoreError};
+
+/// The migration that adds the partition and owner tables: a sink's own table skips it
+/// (its leases live beside the outbox).
+pub const PARTITIONS_VERSION: i64 = 19;
+
+/// A partition held under a lease: outcome writes for its rows land only while the writer
+/// still holds it under this epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fence {
+    /// The partition, `0..P`.
+    pub partition: u32,
+    /// Incremented by every takeover.
+    pub epoch: i64,
+}
+
+/// One heartbeat of an owner: what it asks of the partition table.
+#[derive(Debug, Clone)]
+pub struct Heartbeat<'a> {
+    /// The owner (the worker id).
+    pub owner: &'a str,
+    /// `P` for a sink whose partitions are not made yet (`outbox_worker.partitions`).
+    pub partitions: u32,
+    /// Events this owner has read and not yet recorded (shown by `status`).
+    pub in_flight: i64,
+    /// Now on the database's clock.
+    pub now_ms: i64,
+    /// How long a lease lasts from now.
+    pub lease_ms: i64,
+    /// Partitions this owner has drained and gives up.
+    pub release: &'a [u32],
+    /// Take no partition (shutting down, or paused).
+    pub take_none: bool,
+}
+
+/// What a heartbeat left this owner with.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Holding {
+    /// `P` of this sink.
+    pub total: u32,
+    /// The partitions it holds, with their epochs, in partition order.
+    pub owned: Vec<Fence>,
+    /// How many it should hold: about `P / N` over the `N` live owners.
+    pub share: usize,
+    /// Partitions its share says it should give up (it drains them first).
+    pub surplus: Vec<u32>,
+    /// Where its leases end, on the database's clock.
+    pub lease_until_ms: i64,
+}
+
+/// One owner as the partition table shows it, for `status` and the page.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct OwnerView {
+    /// The sink's state table.
+    pub sink_table: String,
+    /// The owner (`<node_id>-<pid>-<hex>`).
+    pub owner: String,
+    /// The partitions it holds under a live lease.
+    pub partitions: Vec<u32>,
+    /// Events it had read and not yet recorded at its last heartbeat.
+    pub in_flight: i64,
+    /// Its heartbeat's lease end, UTC ms.
+    pub lease_until_ms: i64,
+}
+
+/// A waiting row of an owned partition, as the owner reads it: the row as a claim would
+/// return it, with what says whether it may start now.
+#[derive(Debug, Clone)]
+pub struct Waiting {
+    /// The row (its lease names the owner and fences by partition).
+    pub row: Claimed,
+    /// `pending`, `retryable` or `delivering` (someone else's lease, maybe expired).
+    pub status: Status,
+    /// When a `retryable` row is due.
+    pub next_retry_at_ms: i64,
+    /// Where another worker's lease on a `delivering` row ends.
+    pub lock_until_ms: i64,
+    /// The row's key, where a read that stops at it goes on from.
+    pub key: KeyValue,
+}
+
+impl Waiting {
+    /// Whether the row may be delivered at `now_ms`: due, and not under another worker's
+    /// live lease (room-service's Go worker during a cutover).
+    pub fn due(&self, now_ms: i64) -> bool {
+        match self.status {
+            Status::Delivering => self.lock_until_ms <= now_ms,
+            _ => self.next_retry_at_ms <= now_ms,
+        }
+    }
+}
+
+/// One read of an owner's partitions.
+#[derive(Debug, Clone)]
+pub struct OwnedRead<'a> {
+    /// The owner, written into the rows' leases.
+    pub owner: &'a str,
+    /// `P`.
+    pub total: u32,
+    /// The partitions to read, with their epochs.
+    pub owned: &'a [Fence],
+    /// Start after this row (`created_at_ms`, key); `None`: from the oldest.
+    pub after: Option<(i64, KeyValue)>,
+    /// Rows at most.
+    pub limit: u32,
+}
+
+/// The partition of a room on SQLite (FNV-1a over `app_code:room_id`).
+pub fn partition_of(app_code: &str, room_id: &str, total: u32) -> u32 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in app_code.bytes().chain(std::iter::once(b':')).chain(room_id.bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    (hash % u64::from(total.max(1))) as u32
+}
+
+/// The SQL that computes a row's partition of `total`, where the database does.
+fn partition_sql(backend: Backend, total: u32) -> Option<String> {
+    match backend {
+        Backend::Postgres => {
+            Some(format!("(((hashtextextended(app_code || ':' || room_id, 0) % {total}) + {total}) % {total})"))
+        }
+        Backend::Mysql => Some(format!("(CRC32(CONCAT(app_code, ':', room_id)) % {total})")),
+        Backend::Sqlite => None,
+    }
+}
+
+/// How a read locks the partition rows it checks, so that no takeover commits between the
+/// check and the outcome writes of the same transaction.
+fn share_lock(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Postgres => " FOR SHARE",
+        Backend::Mysql => " LOCK IN SHARE MODE",
+        // `BEGIN IMMEDIATE` holds the one write lock.
+        Backend::Sqlite => "",
+    }
+}
+
+/// Each owner's share of `total` partitions among `owners` (sorted): `total / N`, and one
+/// more for the first `total % N`.
+pub fn share_of(owner: &str, owners: &[String], total: u32) -> usize {
+    let n = owners.len().max(1);
+    let index = owners.iter().position(|o| o == owner).unwrap_or(n - 1);
+    let base = total as usize / n;
+    base + usize::from(index < total as usize % n)
+}
+
+impl<D> SqlStore<D>
+where
+    D: Dialect,
+    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
+    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
+    for<'a> &'a str: ColumnIndex<<D::Db as Database>::Row>,
+    usize: ColumnIndex<<D::Db as Database>::Row>,
+    for<'r> i64: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
+    for<'r> String: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
+{
+    /// The outbox whose tables hold the leases (this table, or the one it is a copy of).
+    fn lease_tables(&self) -> (String, String) {
+        let outbox = self.copy_of.as_deref().unwrap_or(&self.table);
+        (format!("{outbox}_partitions"), format!("{outbox}_owners"))
+    }
+
+    /// One heartbeat: says this owner is there, renews its leases, gives up `release`, makes
+    /// the sink's partitions if there are none, and takes free or expired ones up to its
+    /// share. Returns what it holds afterwards.
+    pub(super) async fn heartbeat(&self, beat: &Heartbeat<'_>) -> Result<Holding, StoreError> {
+        let (parts, owners) = self.lease_tables();
+        let (t, p) = (&self.table, D::param);
+        let until = beat.now_ms + beat.lease_ms;
+        let seen = format!(
+            "UPDATE {owners} SET lease_until_ms = {}, in_flight = {} WHERE sink_table = {} AND owner = {}",
+            p(1),
+            p(2),
+            p(3),
+            p(4)
+        );
+        let seen = sqlx::query(&seen).bind(until).bind(beat.in_flight).bind(t.clone()).bind(beat.owner.to_string());
+        if D::rows_affected(&seen.execute(&self.pool).await?) == 0 {
+            let join = format!(
+                "INSERT INTO {owners} (sink_table, owner, lease_until_ms, in_flight) VALUES ({})",
+                params::<D>(1, 4)
+            );
+            sqlx::query(&join)
+                .bind(t.clone())
+                .bind(beat.owner.to_string())
+                .bind(until)
+                .bind(beat.in_flight)
+                .execute(&self.pool)
+                .await?;
+        }
+        let renew =
+            format!("UPDATE {parts} SET lease_until_ms = {} WHERE sink_table = {} AND owner = {}", p(1), p(2), p(3));
+        sqlx::query(&renew).bind(until).bind(t.clone()).bind(beat.owner.to_string()).execute(&self.pool).await?;
+        for part in beat.release {
+            let give_up = format!(
+                "UPDATE {parts} SET owner = NULL, lease_until_ms = 0 WHERE sink_table = {} AND part = {} AND owner = {}",
+                p(1),
+                p(2),
+                p(3)
+            );
+            sqlx::query(&give_up)
+                .bind(t.clone())
+                .bind(i64::from(*part))
+                .bind(beat.owner.to_string())
+                .execute(&self.pool)
+                .await?;
+        }
+        let mut table = self.lease_rows(beat.now_ms).await?;
+        if table.parts.is_empty() {
+            self.make_partitions(beat.partitions).await?;
+            table = self.lease_rows(beat.now_ms).await?;
+        }
+        let total = table.parts.len() as u32;
+        let mut live: Vec<String> = table.live_owners;
+        if !live.iter().any(|o| o == beat.owner) {
+            live.push(beat.owner.to_string());
+        }
+        live.sort();
+        let share = share_of(beat.owner, &live, total);
+        let mut mine: Vec<u32> = table.parts.iter().filter(|r| r.owner.as_deref() == Some(beat.owner)).map(|r| r.part).collect();
+        if !beat.take_none && mine.len() < share {
+            // Free first (never held, or given up), then expired; in partition order.
+            let mut free: Vec<&LeaseRow> =
+                table.parts.iter().filter(|r| r.owner.is_none() || r.lease_until_ms <= beat.now_ms).collect();
+            free.sort_by_key(|r| (r.owner.is_some(), r.part));
+            let take = format!(
+                "UPDATE {parts} SET owner = {}, epoch = epoch + 1, lease_until_ms = {} \
+                 WHERE sink_table = {} AND part = {} AND (owner IS NULL OR lease_until_ms <= {})",
+                p(1),
+                p(2),
+                p(3),
+                p(4),
+                p(5)
+            );
+            for row in free.into_iter().take(share - mine.len()) {
+                let taken = sqlx::query(&take)
+                    .bind(beat.owner.to_string())
+                    .bind(until)
+                    .bind(t.clone())
+                    .bind(i64::from(row.part))
+                    .bind(beat.now_ms)
+                    .execute(&self.pool)
+                    .await?;
+                if D::rows_affected(&taken) == 1 {
+                    mine.push(row.part);
+                }
+            }
+            table = self.lease_rows(beat.now_ms).await?;
+        }
+        let mut owned: Vec<Fence> = table
+            .parts
+            .iter()
+            .filter(|r| r.owner.as_deref() == Some(beat.owner))
+            .map(|r| Fence { partition: r.part, epoch: r.epoch })
+            .collect();
+        owned.sort_by_key(|f| f.partition);
+        let surplus = owned.iter().skip(share).map(|f| f.partition).collect();
+        Ok(Holding { total, owned, share, surplus, lease_until_ms: until })
+    }
+
+    /// Every partition row of this sink, and the owners whose heartbeat is live.
+    async fn lease_rows(&self, now_ms: i64) -> Result<LeaseTable, StoreError> {
+        let (parts, owners) = self.lease_tables();
+        let p = D::param;
+        let sql = format!(
+            "SELECT part, owner, epoch, lease_until_ms FROM {parts} WHERE sink_table = {} \
+             UNION ALL SELECT -1, owner, 0, lease_until_ms FROM {owners} WHERE sink_table = {} AND lease_until_ms > {}",
+            p(1),
+            p(2),
+            p(3)
+        );
+        let rows = sqlx::query(&sql)
+            .bind(self.table.clone())
+            .bind(self.table.clone())
+            .bind(now_ms)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut table = LeaseTable::default();
+        for r in &rows {
+            let (part, owner) = (D::int(r, 0)?, D::opt_text(r, 1)?);
+            if part < 0 {
+                table.live_owners.extend(owner);
+            } else {
+                table.parts.push(LeaseRow {
+                    part: part as u32,
+                    owner,
+                    epoch: D::int(r, 2)?,
+                    lease_until_ms: D::int(r, 3)?,
+                });
+            }
+        }
+        Ok(table)
+    }
+
+    /// Makes this sink's `total` partition rows, unowned (a host that got there first made
+    /// them already: its count stands). The table's name is the host's own identifier.
+    async fn make_partitions(&self, total: u32) -> Result<(), StoreError> {
+        let (parts, _) = self.lease_tables();
+        let values: Vec<String> = (0..total).map(|i| format!("('{}', {i})", self.table)).collect();
+        let sql = format!("INSERT INTO {parts} (sink_table, part) VALUES {}", values.join(", "));
+        match sqlx::query(&sql).execute(&self.pool).await {
+            Ok(_) => Ok(()),
+            Err(e) => match StoreError::from(e) {
+                StoreError::Duplicate(_) => Ok(()),
+                other => Err(other),
+            },
+        }
+    }
+
+    /// Gives up every partition `owner` holds and its heartbeat (a clean shutdown).
+    pub(super) async fn leave(&self, owner: &str) -> Result<(), StoreError> {
+        let (parts, owners) = self.lease_tables();
+        let p = D::param;
+        let give_up = format!(
+            "UPDATE {parts} SET owner = NULL, lease_until_ms = 0 WHERE sink_table = {} AND owner = {}",
+            p(1),
+            p(2)
+        );
+        sqlx::query(&give_up).bind(self.table.clone()).bind(owner.to_string()).execute(&self.pool).await?;
+        let gone = format!("DELETE FROM {owners} WHERE sink_table = {} AND owner = {}", p(1), p(2));
+        sqlx::query(&gone).bind(self.table.clone()).bind(owner.to_string()).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Every owner of this sink's partitions with a live heartbeat, and what it holds.
+    pub(super) async fn owners(&self, now_ms: i64) -> Result<Vec<OwnerView>, StoreError> {
+        let (parts, owners) = self.lease_tables();
+        let p = D::param;
+        let sql = format!(
+            "SELECT o.owner, o.in_flight, o.lease_until_ms, p.part FROM {owners} o \
+             LEFT JOIN {parts} p ON p.sink_table = o.sink_table AND p.owner = o.owner AND p.lease_until_ms > {} \
+             WHERE o.sink_table = {} AND o.lease_until_ms > {} ORDER BY o.owner, p.part",
+            p(1),
+            p(2),
+            p(3)
+        );
+        let rows = sqlx::query(&sql).bind(now_ms).bind(self.table.clone()).bind(now_ms).fetch_all(&self.pool).await?;
+        let mut views: Vec<OwnerView> = Vec::new();
+        for r in &rows {
+            let owner = D::text(r, 0)?;
+            if views.last().is_none_or(|v| v.owner != owner) {
+                views.push(OwnerView {
+                    sink_table: self.table.clone(),
+                    owner,
+                    partitions: Vec::new(),
+                    in_flight: D::int(r, 1)?,
+                    lease_until_ms: D::int(r, 2)?,
+                });
+            }
+            if let Some(part) = D::opt_int(r, 3)? {
+                views.last_mut().expect("pushed above").partitions.push(part as u32);
+            }
+        }
+        Ok(views)
+    }
+
+    /// Up to `read.limit` rows of the owned partitions that are not finished (`pending`,
+    /// `retryable`, or `delivering` under someone else's lease), in `(created_at_ms, key)`
+    /// order after `read.after`, due or not (a room's earliest such row decides whether the
+    /// room may go on).
+    pub(super) async fn read_waiting(&self, read: &OwnedRead<'_>) -> Result<Page, StoreError> {
+        let key = self.profile.key.column();
+        let id = super::key_as_id(self.profile.key);
+        let expr = partition_sql(D::BACKEND, read.total);
+        let part = expr.as_deref().unwrap_or("0");
+        let everything = read.owned.len() as u32 >= read.total;
+        let only = match (&expr, everything) {
+            (Some(expr), false) => {
+                let list: Vec<String> = read.owned.iter().map(|f| f.partition.to_string()).collect();
+                format!(" AND {expr} IN ({})", list.join(", "))
+            }
+            _ => String::new(),
+        };
+        let sql = format!(
+            "SELECT {id}, app_code, event_id, event_type, room_id, envelope, created_at_ms, retry_count, \
+             status, next_retry_at_ms, lock_until_ms, {part}, {key} FROM {t} \
+             WHERE status IN ('pending', 'retryable', 'delivering') \
+             AND (created_at_ms > {} OR (created_at_ms = {} AND {key} > {})){only} \
+             ORDER BY created_at_ms, {key} LIMIT {}",
+            D::param(1),
+            D::param(2),
+            D::param(3),
+            D::param(4),
+            t = self.table,
+        );
+        let (after_at, after_key) =
+            read.after.clone().unwrap_or((i64::MIN, KeyValue::first(self.profile.key)));
+        let q = sqlx::query(&sql).bind(after_at).bind(after_at);
+        let rows = bind_key::<D>(q, &after_key).bind(i64::from(read.limit)).fetch_all(&self.pool).await?;
+        let at_end = rows.len() < read.limit as usize;
+        let epochs: std::collections::HashMap<u32, i64> =
+            read.owned.iter().map(|f| (f.partition, f.epoch)).collect();
+        let mut waiting = Vec::with_capacity(rows.len());
+        let mut last = None;
+        for r in &rows {
+            let (app_code, room_id) = (D::text(r, 1)?, D::text(r, 4)?);
+            let partition = match expr {
+                Some(_) => D::int(r, 11)? as u32,
+                None => partition_of(&app_code, &room_id, read.total),
+            };
+            let key = if self.profile.key.is_text() { KeyValue::Text(D::text(r, 12)?) } else { KeyValue::Int(D::int(r, 12)?) };
+            let status = D::text(r, 8)?;
+            last = Some((D::int(r, 6)?, key.clone()));
+            let Some(&epoch) = epochs.get(&partition) else {
+                // Another owner's room: SQLite reads every partition.
+                continue;
+            };
+            waiting.push(Waiting {
+                row: Claimed {
+                    id: D::int(r, 0)?,
+                    app_code,
+                    event_id: D::text(r, 2)?,
+                    event_type: D::text(r, 3)?,
+                    room_id,
+                    envelope: D::bytes(r, 5)?,
+                    created_at_ms: D::int(r, 6)?,
+                    retry_count: i32::try_from(D::int(r, 7)?).unwrap_or(i32::MAX),
+                    lease: Lease {
+                        worker_id: read.owner.to_string(),
+                        lock_until_ms: i64::MAX,
+                        fence: Some(Fence { partition, epoch }),
+                    },
+                    rescued: status == "delivering",
+                },
+                status: Status::parse(&status).unwrap_or(Status::Pending),
+                next_retry_at_ms: D::int(r, 9)?,
+                lock_until_ms: D::int(r, 10)?,
+                key,
+            });
+        }
+        Ok(Page { waiting, last, at_end })
+    }
+
+    /// Of `rooms`, those with a `failed` row, and the earliest such row's creation time: with
+    /// `failed_blocks_room`, a room's later events wait behind it.
+    pub(super) async fn failed_in(&self, rooms: &[(String, String)]) -> Result<Vec<(String, String, i64)>, StoreError> {
+        if rooms.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "SELECT app_code, room_id, MIN(created_at_ms) FROM {} WHERE status = 'failed' AND room_id IN ({}) \
+             GROUP BY app_code, room_id",
+            self.table,
+            params::<D>(1, rooms.len())
+        );
+        let mut q = sqlx::query(&sql);
+        for (_, room) in rooms {
+            q = q.bind(room.clone());
+        }
+        let rows = q.fetch_all(&self.pool).await?;
+        let found = rows
+            .iter()
+            .map(|r| Ok((D::text(r, 0)?, D::text(r, 1)?, D::int(r, 2)?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        Ok(found.into_iter().filter(|(app, room, _)| rooms.iter().any(|(a, r)| a == app && r == room)).collect())
+    }
+
+    /// Writes owned rows' outcomes in one transaction that first checks, under a share lock
+    /// on the partition rows, that `owner` still holds each mark's partition under its epoch
+    /// and lease; a mark whose partition it lost is not written. Returns the rows changed and
+    /// the marks fenced off.
+    pub(super) async fn mark_fenced(
+        &self,
+        owner: &str,
+        marks: &[Mark],
+        now_ms: i64,
+    ) -> Result<(u64, Vec<usize>), StoreError>
+    where
+        for<'r> Vec<u8>: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
+    {
+        let (parts, _) = self.lease_tables();
+        let _writing = self.writing().await;
+        let mut tx =
+            if D::BACKEND == Backend::Sqlite { self.pool.begin_with("BEGIN IMMEDIATE").await? } else { self.pool.begin().await? };
+        let check = format!(
+            "SELECT part, epoch FROM {parts} WHERE sink_table = {} AND owner = {} AND lease_until_ms > {}{}",
+            D::param(1),
+            D::param(2),
+            D::param(3),
+            share_lock(D::BACKEND)
+        );
+        let held = sqlx::query(&check).bind(self.table.clone()).bind(owner.to_string()).bind(now_ms).fetch_all(&mut *tx).await?;
+        let held = held
+            .iter()
+            .map(|r| Ok(Fence { partition: D::int(r, 0)? as u32, epoch: D::int(r, 1)? }))
+            .collect::<Result<std::collections::HashSet<Fence>, sqlx::Error>>()?;
+        let mut fenced = Vec::new();
+        let mut changed = 0;
+        let mut delivered: Vec<&Mark> = Vec::new();
+        let failure = format!(
+            "UPDATE {t} SET status = {}, retry_count = retry_count + {}, last_error = {}, next_retry_at_ms = {}, \
+             worker_id = {no_worker}, lock_until_ms = 0, updated_at_ms = {}, plugin_digest = {} \
+             WHERE {key} = {} AND status IN ('pending', 'retryable', 'delivering') \
+             AND NOT (status = 'delivering' AND lock_until_ms > {})",
+            D::param(1),
+            D::param(2),
+            D::param(3),
+            D::param(4),
+            D::param(5),
+            D::param(6),
+            D::param(7),
+            D::param(8),
+            t = self.table,
+            no_worker = self.profile.no_worker,
+            key = self.profile.key.column(),
+        );
+        for (i, m) in marks.iter().enumerate() {
+            if !m.lease.fence.is_some_and(|f| held.contains(&f)) {
+                fenced.push(i);
+                continue;
+            }
+            if m.outcome == Outcome::Delivered {
+                delivered.push(m);
+                continue;
+            }
+            let q = sqlx::query(&failure)
+                .bind(m.outcome.status().as_str().to_string())
+                .bind(i64::from(m.outcome.counted()))
+                .bind(m.outcome.error().map(|e| self.fit_error(e).into_owned()).unwrap_or_default())
+                .bind(m.outcome.next_retry_at_ms())
+                .bind(now_ms)
+                .bind(m.plugin_digest.as_deref().unwrap_or("").to_string());
+            let q = bind_key::<D>(q, &self.key_value(m)).bind(now_ms);
+            changed += D::rows_affected(&q.execute(&mut *tx).await?);
+        }
+        // Delivered wins over anything but delivered, one statement per sink build.
+        let mut digests: Vec<Option<&str>> = delivered.iter().map(|m| m.plugin_digest.as_deref()).collect();
+        digests.sort_unstable();
+        digests.dedup();
+        for digest in digests {
+            let ours: Vec<&&Mark> = delivered.iter().filter(|m| m.plugin_digest.as_deref() == digest).collect();
+            let sql = self.sql.delivered.get(ours.len());
+            let mut q = sqlx::query(&sql).bind(now_ms).bind(now_ms).bind(digest.unwrap_or("").to_string());
+            for m in ours {
+                q = bind_key::<D>(q, &self.key_value(m));
+            }
+            changed += D::rows_affected(&q.execute(&mut *tx).await?);
+        }
+        tx.commit().await?;
+        Ok((changed, fenced))
+    }
+
+    /// The key a mark names its row by.
+    fn key_value(&self, m: &Mark) -> KeyValue {
+        if self.profile.key.is_text() { KeyValue::Text(m.event_id.clone()) } else { KeyValue::Int(m.id) }
+    }
+}
+
+/// One page of an owner's read.
+#[derive(Debug, Clone, Default)]
+pub struct Page {
+    /// The owned partitions' rows, in order.
+    pub waiting: Vec<Waiting>,
+    /// The last row read (of any partition): where the next page starts.
+    pub last: Option<(i64, KeyValue)>,
+    /// Whether the read reached the end of the table's waiting rows.
+    pub at_end: bool,
+}
+
+/// A partition row.
+#[derive(Debug, Clone)]
+struct LeaseRow {
+    part: u32,
+    owner: Option<String>,
+    epoch: i64,
+    lease_until_ms: i64,
+}
+
+/// The partition rows of a sink and its live owners.
+#[derive(Debug, Default)]
+struct LeaseTable {
+    parts: Vec<LeaseRow>,
+    live_owners: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_add_up_to_every_partition_and_differ_by_at_most_one() {
+        let owners: Vec<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
+        let shares: Vec<usize> = owners.iter().map(|o| share_of(o, &owners, 64)).collect();
+        assert_eq!(shares, vec![22, 21, 21]);
+        assert_eq!(share_of("a", &owners[..1], 64), 64);
+    }
+
+    #[test]
+    fn a_room_keeps_its_partition_and_rooms_spread() {
+        assert_eq!(partition_of("app", "room-1", 64), partition_of("app", "room-1", 64));
+        let used: std::collections::HashSet<u32> = (0..1_000).map(|i| partition_of("app", &format!("room-{i}"), 64)).collect();
+        assert_eq!(used.len(), 64, "1,000 rooms reach every one of 64 partitions");
+    }
+}

@@ -1,0 +1,178 @@
+//! Per-room order by partition ownership: hosts lease a sink's partitions, an owner's
+//! outcomes land only while it still holds the partition under its epoch, a stopped or
+//! killed owner's partitions are taken over once its leases run out (by the database's
+//! clock), and a clean shutdown gives them up at once.
+
+use std::time::Duration;
+
+use outbox_host::store::{Fence, Heartbeat, Mark, OwnedRead, Outcome, Status, Store, now_ms};
+
+use crate::binary::{signal, spawn_host, wait_exit};
+use crate::support::{Running, World, per_backend};
+
+per_backend!(
+    an_outcome_from_a_lost_partition_is_not_written,
+    a_killed_owners_rooms_wait_for_its_partition_leases_then_go_on,
+    a_clean_shutdown_gives_up_every_partition_and_claims_nothing;
+    servers: a_stopped_owner_is_taken_over_and_its_late_outcomes_are_fenced
+);
+
+/// One heartbeat of `owner` at `now` on a 4-partition sink, with a one-second lease.
+async fn beat(store: &dyn Store, owner: &str, now: i64) -> Vec<Fence> {
+    let beat = Heartbeat {
+        owner,
+        partitions: 4,
+        in_flight: 0,
+        now_ms: now,
+        lease_ms: 1_000,
+        release: &[],
+        take_none: false,
+    };
+    store.keep_partitions(&beat).await.unwrap().owned
+}
+
+/// Every waiting row of the `owned` partitions, as `owner` reads them.
+async fn read(store: &dyn Store, owner: &str, owned: &[Fence]) -> Vec<outbox_host::store::Waiting> {
+    let read = OwnedRead { owner, total: 4, owned, after: None, limit: 10 };
+    store.read_owned(&read).await.unwrap().waiting
+}
+
+/// A retryable outcome of `row`, as its reader holds it.
+fn retry(row: &outbox_host::store::Claimed, now: i64) -> Mark {
+    Mark {
+        id: row.id,
+        event_id: row.event_id.clone(),
+        lease: row.lease.clone(),
+        outcome: Outcome::Retry { error: "stale".into(), next_retry_at_ms: now },
+        plugin_digest: None,
+    }
+}
+
+/// The store's own fencing: owner `a` reads a row, its lease runs out and `b` takes every
+/// partition (a new epoch); `a`'s outcome, written afterwards, changes nothing, in the same
+/// transaction that checks the partition; `b`'s lands.
+async fn an_outcome_from_a_lost_partition_is_not_written(world: World) {
+    let id = world.produce("RoomGiftSent", "room-1", Status::Pending).await;
+    let store = world.producer.as_ref();
+    let now = now_ms();
+    let a = beat(store, "host-a", now).await;
+    assert_eq!(a.len(), 4, "the only owner takes every partition");
+    let seen_by_a = read(store, "host-a", &a).await;
+    assert_eq!(seen_by_a.len(), 1);
+    assert!(seen_by_a[0].due(now));
+    assert_eq!(world.row(&id).await.status, Status::Pending, "reading writes nothing");
+
+    // Two seconds on, a's one-second leases have run out: b takes every partition over.
+    let later = now + 2_000;
+    let b = beat(store, "host-b", later).await;
+    assert_eq!(b.len(), 4);
+    let (fence_a, fence_b) = (seen_by_a[0].row.lease.fence.unwrap(), b[0]);
+    let fence_b = b.iter().find(|f| f.partition == fence_a.partition).copied().unwrap_or(fence_b);
+    assert_eq!(fence_b.epoch, fence_a.epoch + 1, "a takeover increments the epoch");
+
+    let (changed, fenced) = store.mark_owned("host-a", &[retry(&seen_by_a[0].row, later)], later).await.unwrap();
+    assert_eq!((changed, fenced), (0, vec![0]), "the stale outcome was written");
+    let mut delivered = retry(&seen_by_a[0].row, later);
+    delivered.outcome = Outcome::Delivered;
+    assert_eq!(store.mark_owned("host-a", &[delivered], later).await.unwrap(), (0, vec![0]), "even delivered");
+    let row = world.row(&id).await;
+    assert_eq!((row.status, row.retry_count, row.last_error), (Status::Pending, 0, None));
+
+    let seen_by_b = read(store, "host-b", &b).await;
+    let (changed, fenced) = store.mark_owned("host-b", &[retry(&seen_by_b[0].row, later)], later).await.unwrap();
+    assert_eq!((changed, fenced), (1, vec![]));
+    let row = world.row(&id).await;
+    assert_eq!((row.status, row.retry_count, row.last_error.as_deref()), (Status::Retryable, 1, Some("stale")));
+    // b's fence under a's name is no lease at all.
+    assert_eq!(store.mark_owned("host-a", &[retry(&seen_by_b[0].row, later)], later).await.unwrap().1, vec![0]);
+}
+
+/// Waits until the sink has received `n` attempts in all.
+async fn wait_attempts(world: &World, n: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while world.collector.reports().len() < n {
+        assert!(tokio::time::Instant::now() < deadline, "the sink never received {n} attempts");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Real processes: the owner is SIGSTOPped with four deliveries in flight, past its
+/// partition lease; a second host takes the partitions over and starts delivering; the first
+/// is SIGCONTed while the second's deliveries are in flight, its four deliveries time out,
+/// and their `retryable` outcomes are fenced off. Unfenced, they would land on the rows the
+/// second host holds (still `pending`) and leave an attempt and an error on them.
+async fn a_stopped_owner_is_taken_over_and_its_late_outcomes_are_fenced(world: World) {
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        ids.push(world.produce("RoomGiftSent", &format!("room-{i}"), Status::Pending).await);
+    }
+    let worker = "publish_timeout: 1s\nconcurrency: 4\npartition_lease: 4s";
+    let first = spawn_host(&world, &world.yaml(worker, "default: loop"));
+    wait_attempts(&world, 4).await;
+    signal(&first, "STOP");
+    let mut second = Running::start(world.config(worker, "default: sleep:500")).await;
+    wait_attempts(&world, 8).await;
+    signal(&first, "CONT");
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    second.wait_status(&world, &refs, Status::Delivered).await;
+    signal(&first, "TERM");
+    let out = wait_exit(first).await;
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("lost partitions to another host"), "{log}");
+    let fenced = log.matches("outcome not written: this host no longer owns the row's partition").count();
+    assert!(fenced >= 4, "the four late outcomes were not all fenced ({fenced}):\n{log}");
+    second.stop().await;
+    for id in &ids {
+        let row = world.row(id).await;
+        assert_eq!((row.status, row.retry_count, row.last_error), (Status::Delivered, 0, None), "{id}");
+    }
+}
+
+/// A SIGKILLed owner leaves its rooms to its partition leases: another host delivers them
+/// once the leases have run out, not before, and every event is delivered.
+async fn a_killed_owners_rooms_wait_for_its_partition_leases_then_go_on(world: World) {
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        ids.push(world.produce("RoomGiftSent", &format!("room-{i}"), Status::Pending).await);
+    }
+    let worker = "publish_timeout: 1s\nconcurrency: 4\npartition_lease: 4s";
+    let mut first = spawn_host(&world, &world.yaml(worker, "default: sleep:700"));
+    wait_attempts(&world, 1).await;
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let owners = world.producer.partition_owners(now_ms()).await.unwrap();
+    assert_eq!(owners.len(), 1, "the killed host's heartbeat is still live: {owners:?}");
+    let lease_end = owners[0].lease_until_ms;
+
+    let mut second = Running::start(world.config(worker, "default: ok")).await;
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    second.wait_status(&world, &refs, Status::Delivered).await;
+    second.stop().await;
+    for id in &ids {
+        let delivered_at = world.row(id).await.delivered_at_ms.unwrap();
+        assert!(delivered_at >= lease_end, "{id} was delivered before the dead owner's lease ran out");
+    }
+}
+
+/// A clean shutdown with a full buffer: the delivery in flight finishes, nothing was ever
+/// claimed (no row is `delivering`), and every partition is given up at once, so the next
+/// host goes on without waiting for a lease.
+async fn a_clean_shutdown_gives_up_every_partition_and_claims_nothing(world: World) {
+    let mut ids = Vec::new();
+    for i in 0..100 {
+        ids.push(world.produce("RoomGiftSent", &format!("room-{i}"), Status::Pending).await);
+    }
+    let config = world.config("batch_size: 50\nconcurrency: 1\npublish_timeout: 5s", "default: sleep:300");
+    let mut host = Running::start(config).await;
+    host.wait_for("a delivery in flight", || async { !world.collector.reports().is_empty() }).await;
+    let owners = world.producer.partition_owners(now_ms()).await.unwrap();
+    assert_eq!(owners.iter().map(|o| o.partitions.len()).collect::<Vec<_>>(), vec![64], "one owner of every partition");
+    host.stop().await;
+    world.assert_handed_back(&ids, 100, 90).await;
+    assert!(world.producer.partition_owners(now_ms()).await.unwrap().is_empty(), "a partition is still leased");
+
+    let mut next = Running::start(world.config("concurrency: 8", "")).await;
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    next.wait_status(&world, &refs, Status::Delivered).await;
+    next.stop().await;
+}
