@@ -206,6 +206,10 @@ impl Store for Counting {
         self.count();
         self.inner.partition_owners(now).await
     }
+    async fn set_partitions(&self, total: u32, now: i64) -> Result<Result<u32, Vec<String>>, StoreError> {
+        self.count();
+        self.inner.set_partitions(total, now).await
+    }
 }
 
 /// Statements per second a worker with the default config sends while the table is empty,

@@ -113,6 +113,16 @@ enum Command {
         #[arg(long)]
         sdk: Option<PathBuf>,
     },
+    /// Change how many partitions a sink's rooms hash to (per-room order), with every host
+    /// of the sink stopped; without --set, show each sink's partitions and owners.
+    Partitions {
+        /// The new count, 1 to 4096.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+        set: Option<u32>,
+        /// Only this sink (default: every sink).
+        #[arg(long)]
+        sink: Option<String>,
+    },
     /// Delete delivered rows older than DURATION (e.g. 7d), in bounded batches.
     Purge {
         /// Age of the delivered rows to delete, e.g. 7d or 72h.
@@ -359,6 +369,13 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Partitions { set, sink } => {
+            let store = app::open_store(&config).await?;
+            let done = partitions(store.clone(), set, sink.as_deref()).await;
+            store.close().await;
+            say(&done?);
+            Ok(())
+        }
         Command::TrySink(_) | Command::NewSink { .. } => unreachable!("handled before the config is read"),
         Command::CheckConfig => {
             let sinks = config.require_sinks("deliver")?;
@@ -513,4 +530,41 @@ fn confirm(question: &str) -> anyhow::Result<bool> {
     let mut answer = String::new();
     std::io::stdin().lock().read_line(&mut answer)?;
     Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
+}
+
+/// `partitions`: each sink's partition owners, or (`--set`) a new count for every sink, or
+/// `only` one, refused while a host holds one of its partitions.
+async fn partitions(
+    store: std::sync::Arc<dyn outbox_host::store::Store>,
+    set: Option<u32>,
+    only: Option<&str>,
+) -> anyhow::Result<String> {
+    let sinks = store.sinks().await?;
+    if let Some(name) = only.filter(|n| !sinks.iter().any(|s| s.name == *n)) {
+        let known: Vec<&str> = sinks.iter().map(|s| s.name.as_str()).collect();
+        anyhow::bail!("no sink {name:?} on this table; its sinks: {}", known.join(", "));
+    }
+    let now = store.clock_ms().await?;
+    let mut out = String::new();
+    for sink in sinks.iter().filter(|s| only.is_none_or(|n| n == s.name)) {
+        let own = store.clone().sink_store(sink).await?;
+        match set {
+            None => {
+                out.push_str(&format!("sink {}: ", sink.name));
+                out.push_str(&outbox_host::ops::report::owners(&own.partition_owners(now).await?));
+            }
+            Some(total) => match own.set_partitions(total, now).await? {
+                Ok(before) => {
+                    out.push_str(&format!("sink {}: {before} partition(s) made {total}\n", sink.name));
+                }
+                Err(owners) => anyhow::bail!(
+                    "sink {}: hosts hold its partitions ({}): stop every host of the sink first (or wait {} for a killed host's leases to run out); nothing changed",
+                    sink.name,
+                    owners.join(", "),
+                    "partition_lease"
+                ),
+            },
+        }
+    }
+    Ok(out)
 }

@@ -13,7 +13,9 @@ use crate::support::{Running, World, per_backend};
 per_backend!(
     an_outcome_from_a_lost_partition_is_not_written,
     a_killed_owners_rooms_wait_for_its_partition_leases_then_go_on,
-    a_clean_shutdown_gives_up_every_partition_and_claims_nothing;
+    a_clean_shutdown_gives_up_every_partition_and_claims_nothing,
+    the_partition_count_changes_only_by_command_with_the_hosts_stopped,
+    a_go_workers_live_lease_holds_its_room_until_it_ends;
     servers: a_stopped_owner_is_taken_over_and_its_late_outcomes_are_fenced
 );
 
@@ -175,4 +177,63 @@ async fn a_clean_shutdown_gives_up_every_partition_and_claims_nothing(world: Wor
     let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
     next.wait_status(&world, &refs, Status::Delivered).await;
     next.stop().await;
+}
+
+/// The partition count is the table's: a host configured otherwise uses it, and
+/// `partitions --set` changes it only while no host holds a partition.
+async fn the_partition_count_changes_only_by_command_with_the_hosts_stopped(world: World) {
+    let setup = world.setup("", "");
+    crate::binary::write_config(&world, &setup.yaml());
+    let mut host = Running::start(setup.parse()).await;
+    host.wait_for("the host to own every partition", || async {
+        world.producer.partition_owners(now_ms()).await.unwrap().first().is_some_and(|o| o.partitions.len() == 64)
+    })
+    .await;
+    let refused = crate::binary::run_cli_beside(&world, &["partitions", "--set", "16"]).await;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(stderr.contains("hosts hold its partitions (test-node-") && stderr.contains("nothing changed"), "{stderr}");
+    let shown = crate::binary::run_cli_beside(&world, &["partitions"]).await;
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.contains("sink fake: partition owners") && shown.contains("64 partition(s) 0-63"), "{shown}");
+    host.stop().await;
+
+    let changed = crate::binary::run_cli_beside(&world, &["partitions", "--set", "16"]).await;
+    assert!(changed.status.success(), "{}", String::from_utf8_lossy(&changed.stderr));
+    assert_eq!(String::from_utf8_lossy(&changed.stdout), "sink fake: 64 partition(s) made 16\n");
+    let mut host = Running::start(world.config("partitions: 32", "")).await;
+    host.wait_for("the host to own the table's 16 partitions", || async {
+        world.producer.partition_owners(now_ms()).await.unwrap().first().is_some_and(|o| o.partitions.len() == 16)
+    })
+    .await;
+    let id = world.produce("RoomGiftSent", "room-1", Status::Pending).await;
+    host.wait_status(&world, &[&id], Status::Delivered).await;
+    host.stop().await;
+}
+
+/// During a cutover: a row room-service's Go worker holds (`delivering`, its lease live) is
+/// not started, nor is anything after it in its room, while other rooms go on; once the
+/// lease has ended the owner delivers the room in order.
+async fn a_go_workers_live_lease_holds_its_room_until_it_ends(world: World) {
+    let held = world.produce("RoomGiftSent", "room-x", Status::Pending).await;
+    let behind = world.produce("RoomGiftSent", "room-x", Status::Pending).await;
+    let other = world.produce("RoomGiftSent", "room-y", Status::Pending).await;
+    let until = now_ms() + 3_000;
+    world
+        .db
+        .execute(&format!(
+            "UPDATE room_outbox SET status = 'delivering', worker_id = 'go-worker-1', lock_until_ms = {until} \
+             WHERE event_id = '{held}'"
+        ))
+        .await
+        .unwrap();
+    let mut host = Running::start(world.config("", "")).await;
+    host.wait_status(&world, &[&other], Status::Delivered).await;
+    assert!(world.collector.attempts_of(&behind).is_empty(), "the room went on behind the Go worker's lease");
+    assert!(world.collector.attempts_of(&held).is_empty(), "a live lease was taken");
+    host.wait_status(&world, &[&held, &behind], Status::Delivered).await;
+    host.stop().await;
+    let order: Vec<String> = world.collector.reports().into_iter().map(|r| r.event_id).collect();
+    assert_eq!(order, vec![other, held.clone(), behind], "room-x out of order");
+    assert!(world.row(&held).await.delivered_at_ms.unwrap() >= until, "delivered before the lease ended");
 }

@@ -338,13 +338,23 @@ async fn a_replayed_range_reaches_that_sink_only(world: World) {
     let status = String::from_utf8(crate::binary::run_cli_beside(&world, &["status"]).await.stdout).unwrap();
     assert!(status.starts_with("room_outbox (sink fake): 80 rows\n"), "{status}");
     assert!(status.contains("\nroom_outbox__audit (sink audit): 80 rows\n"), "{status}");
+    // Each sink's partitions are leased on their own: both sinks list this host's worker as
+    // the owner of all 64, and what it has in flight (the table shows those rows pending).
+    let owners = status.matches("partition owners (per-room order; rows in flight stay pending in the table):\n  test-node-").count();
+    assert_eq!(owners, 2, "{status}");
+    assert_eq!(status.matches(" 64 partition(s) 0-63  ").count(), 2, "{status}");
     let api: serde_json::Value =
         serde_json::from_str(&reqwest::get(format!("{base}/api/status")).await.unwrap().text().await.unwrap()).unwrap();
     let names: Vec<&str> = api["sinks"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["fake", "audit"]);
     assert_eq!(api["sinks"][1]["counts"]["delivered"], 80);
+    let owner = &api["sinks"][1]["owners"][0];
+    assert_eq!(owner["partitions"].as_array().map(Vec::len), Some(64), "{api}");
+    assert!(owner["in_flight"].as_i64().is_some_and(|n| n >= 0), "{api}");
+    assert!(owner["owner"].as_str().unwrap().starts_with("test-node-"), "{api}");
     let page = reqwest::get(format!("{base}/")).await.unwrap().text().await.unwrap();
     assert!(page.contains("<tr data-sink=\"audit\">") && page.contains("id=\"replay\""), "{page}");
+    assert_eq!(page.matches(": 64 (0-63), ").count(), 2, "{page}");
     host.stop().await;
 }
 

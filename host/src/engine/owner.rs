@@ -266,6 +266,7 @@ impl Worker {
         let every = self.config.partition_lease / 3;
         let wake = self.store.inserted();
         let mut backoff = Duration::from_millis(100);
+        let mut told = false;
         while !shutdown.is_cancelled() {
             self.clock.sync(self.store.as_ref()).await;
             let release = tracker.release_drained();
@@ -283,6 +284,9 @@ impl Worker {
                     backoff = Duration::from_millis(100);
                     self.metrics.db_ok("partitions");
                     let (owned, share) = (holding.owned.len(), holding.share);
+                    if holding.total != self.config.partitions && !std::mem::replace(&mut told, true) {
+                        tracing::warn!(worker = "room_outbox", node_id = %self.node_id, table_partitions = holding.total, configured = self.config.partitions, "the sink's partitions were made with another count, which stands: `outbox-host partitions --set N` changes it, with every host of the sink stopped");
+                    }
                     let (gained, lost) = tracker.hold(holding);
                     if !lost.is_empty() {
                         tracing::warn!(worker = "room_outbox", node_id = %self.node_id, worker_id = %self.worker_id, partitions = ?lost, "lost partitions to another host (this host's lease ran out); their outcomes in flight are not written");

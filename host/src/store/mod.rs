@@ -602,6 +602,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// The live owners of this sink's partitions.
     async fn partition_owners(&self, now_ms: i64) -> Result<Vec<OwnerView>, StoreError>;
+
+    /// Makes this sink's partitions `total` anew (an operator's command, with every host of
+    /// the sink stopped): `Err` names the hosts that hold one under a live lease, and nothing
+    /// changes. Returns the count it had (0: none made yet).
+    async fn set_partitions(&self, total: u32, now_ms: i64) -> Result<Result<u32, Vec<String>>, StoreError>;
 }
 
 

@@ -322,6 +322,39 @@ where
         }
     }
 
+    /// Makes this sink's partitions `total` anew, unless a host holds one under a live lease
+    /// (then its owners are the error). Returns the count it had (0: none made yet).
+    pub(super) async fn set_partition_count(&self, total: u32, now_ms: i64) -> Result<Result<u32, Vec<String>>, StoreError> {
+        let (parts, _) = self.lease_tables();
+        let t = &self.table;
+        let mut tx =
+            if D::BACKEND == Backend::Sqlite { self.pool.begin_with("BEGIN IMMEDIATE").await? } else { self.pool.begin().await? };
+        let rows = sqlx::query(&format!(
+            "SELECT part, owner, lease_until_ms FROM {parts} WHERE sink_table = '{t}'{}",
+            if D::BACKEND == Backend::Sqlite { "" } else { " FOR UPDATE" }
+        ))
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut live = Vec::new();
+        for r in &rows {
+            if let Some(owner) = D::opt_text(r, 1)?.filter(|_| D::int(r, 2).is_ok_and(|until| until > now_ms)) {
+                live.push(owner);
+            }
+        }
+        live.sort();
+        live.dedup();
+        if !live.is_empty() {
+            return Ok(Err(live));
+        }
+        sqlx::query(&format!("DELETE FROM {parts} WHERE sink_table = '{t}'")).execute(&mut *tx).await?;
+        let values: Vec<String> = (0..total).map(|i| format!("('{t}', {i})")).collect();
+        sqlx::query(&format!("INSERT INTO {parts} (sink_table, part) VALUES {}", values.join(", ")))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Ok(rows.len() as u32))
+    }
+
     /// Gives up every partition `owner` holds and its heartbeat (a clean shutdown).
     pub(super) async fn leave(&self, owner: &str) -> Result<(), StoreError> {
         let (parts, owners) = self.lease_tables();

@@ -1105,4 +1105,8 @@ where
     async fn partition_owners(&self, now_ms: i64) -> Result<Vec<super::OwnerView>, StoreError> {
         self.owners(now_ms).await
     }
+
+    async fn set_partitions(&self, total: u32, now_ms: i64) -> Result<Result<u32, Vec<String>>, StoreError> {
+        self.set_partition_count(total, now_ms).await
+    }
 }
