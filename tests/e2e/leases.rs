@@ -35,9 +35,7 @@ async fn a_host_whose_clock_runs_ahead_takes_no_live_lease(world: World) {
     let setup = world.setup("publish_timeout: 5s\nbatch_size: 10\nconcurrency: 4", "default: sleep:2500");
     let mut first = Running::start(setup.parse()).await;
     first
-        .wait_for("the first host to have four deliveries in flight", || async {
-            world.collector.reports().len() >= 4
-        })
+        .wait_for("the first host to have four deliveries in flight", || async { world.collector.reports().len() >= 4 })
         .await;
     let config = crate::binary::write_config(&world, &setup.yaml());
     // libfaketime preloaded into the host itself (the `faketime` wrapper would stand between

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use outbox_host::store::{Fence, Heartbeat, Mark, OwnedRead, Outcome, Status, Store, now_ms};
+use outbox_host::store::{Fence, Heartbeat, Mark, Outcome, OwnedRead, Status, Store, now_ms};
 
 use crate::binary::{signal, spawn_host, wait_exit};
 use crate::support::{Running, World, per_backend};
@@ -21,15 +21,8 @@ per_backend!(
 
 /// One heartbeat of `owner` at `now` on a 4-partition sink, with a one-second lease.
 async fn beat(store: &dyn Store, owner: &str, now: i64) -> Vec<Fence> {
-    let beat = Heartbeat {
-        owner,
-        partitions: 4,
-        in_flight: 0,
-        now_ms: now,
-        lease_ms: 1_000,
-        release: &[],
-        take_none: false,
-    };
+    let beat =
+        Heartbeat { owner, partitions: 4, in_flight: 0, now_ms: now, lease_ms: 1_000, release: &[], take_none: false };
     store.keep_partitions(&beat).await.unwrap().owned
 }
 

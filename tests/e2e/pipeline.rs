@@ -58,7 +58,8 @@ async fn shutdown_hands_back_every_buffered_row() {
     for i in 0..100 {
         ids.push(world.produce("RoomGiftSent", &format!("room-{i}"), Status::Pending).await);
     }
-    let config = world.config("ordering: none\nbatch_size: 50\nconcurrency: 1\npublish_timeout: 5s", "default: sleep:300");
+    let config =
+        world.config("ordering: none\nbatch_size: 50\nconcurrency: 1\npublish_timeout: 5s", "default: sleep:300");
     let mut host = Running::start(config).await;
     host.wait_for("a full buffer and a delivery in flight", || async {
         let stats = world.producer.stats().await.unwrap();

@@ -340,7 +340,9 @@ async fn a_replayed_range_reaches_that_sink_only(world: World) {
     assert!(status.contains("\nroom_outbox__audit (sink audit): 80 rows\n"), "{status}");
     // Each sink's partitions are leased on their own: both sinks list this host's worker as
     // the owner of all 64, and what it has in flight (the table shows those rows pending).
-    let owners = status.matches("partition owners (per-room order; rows in flight stay pending in the table):\n  test-node-").count();
+    let owners = status
+        .matches("partition owners (per-room order; rows in flight stay pending in the table):\n  test-node-")
+        .count();
     assert_eq!(owners, 2, "{status}");
     assert_eq!(status.matches(" 64 partition(s) 0-63  ").count(), 2, "{status}");
     let api: serde_json::Value =

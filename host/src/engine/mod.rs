@@ -357,8 +357,10 @@ impl Worker {
                 match &self.tracker {
                     Some(tracker) => self.read_ready(tracker, wanted).await,
                     None => {
-                        let rows =
-                            self.store.claim_in_order(&self.worker_id, now, now + lease_ms, wanted as u32, order).await?;
+                        let rows = self
+                            .store
+                            .claim_in_order(&self.worker_id, now, now + lease_ms, wanted as u32, order)
+                            .await?;
                         let at_end = rows.len() < wanted;
                         Ok((0, rows, at_end))
                     }
@@ -484,7 +486,11 @@ impl Worker {
             };
             let Some(row) = buffer.start_next() else { break };
             let key = room_of(&row);
-            if self.tracker.as_ref().is_some_and(|t| !t.may_start(row.lease.fence, self.clock.now_ms(), timeout_ms + START_MARGIN_MS)) {
+            if self
+                .tracker
+                .as_ref()
+                .is_some_and(|t| !t.may_start(row.lease.fence, self.clock.now_ms(), timeout_ms + START_MARGIN_MS))
+            {
                 // Its partition was lost, or its lease was not renewed in time: the row is
                 // read again under a renewed lease, or by the partition's next owner, and the
                 // rest of its room with it, so that none of it overtakes the row.

@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::buffer::{RoomKey, room_of};
 use super::Worker;
+use super::buffer::{RoomKey, room_of};
 use crate::store::{Claimed, Fence, Heartbeat, Holding, KeyValue, Mark, OwnedRead, Page};
 
 /// The most pages one read walks before it hands over what it found.
@@ -140,15 +140,17 @@ impl Tracker {
                 continue;
             }
             let hold = match s.known.get(&waiting.row.event_id).map(|(k, _)| *k) {
-                Some(Known::Started) | Some(Known::Finished { holds: false }) | Some(Known::Written { holds: false, .. }) => {
+                Some(Known::Started)
+                | Some(Known::Finished { holds: false })
+                | Some(Known::Written { holds: false, .. }) => {
                     continue;
                 }
                 Some(Known::Finished { holds: true }) | Some(Known::Written { holds: true, .. }) => true,
                 None => {
                     !waiting.due(now_ms)
-                        || failed.iter().any(|(app, r, at)| {
-                            (app, r) == (&room.0, &room.1) && *at <= waiting.row.created_at_ms
-                        })
+                        || failed
+                            .iter()
+                            .any(|(app, r, at)| (app, r) == (&room.0, &room.1) && *at <= waiting.row.created_at_ms)
                 }
             };
             if hold {
@@ -362,9 +364,12 @@ impl Worker {
     pub(super) async fn leave_partitions(&self) {
         let left = tokio::time::timeout(self.config.shutdown_grace, self.store.leave_partitions(&self.worker_id)).await;
         match left {
-            Ok(Ok(())) => tracing::info!(worker = "room_outbox", node_id = %self.node_id, worker_id = %self.worker_id, "gave up this host's partitions"),
-            _ => tracing::warn!(worker = "room_outbox", node_id = %self.node_id, "could not give up this host's partitions; others take them when their leases run out"),
+            Ok(Ok(())) => {
+                tracing::info!(worker = "room_outbox", node_id = %self.node_id, worker_id = %self.worker_id, "gave up this host's partitions")
+            }
+            _ => {
+                tracing::warn!(worker = "room_outbox", node_id = %self.node_id, "could not give up this host's partitions; others take them when their leases run out")
+            }
         }
     }
 }
-

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 pub use mysql::MysqlStore;
-pub use postgres::PostgresStore;
 pub use partitions::{Fence, Heartbeat, Holding, OwnedRead, OwnerView, Page, Waiting};
+pub use postgres::PostgresStore;
 pub use sinks::{KeyValue, RegisteredSink, Step};
 pub use sql::{Dialect, SqlStore};
 pub use sqlite::SqliteStore;
@@ -608,7 +608,6 @@ pub trait Store: Send + Sync + 'static {
     /// changes. Returns the count it had (0: none made yet).
     async fn set_partitions(&self, total: u32, now_ms: i64) -> Result<Result<u32, Vec<String>>, StoreError>;
 }
-
 
 /// Which events a replay delivers again to one sink: created in `[from_ms, to_ms)`, and of
 /// one type or room if given.

@@ -232,7 +232,8 @@ where
         }
         live.sort();
         let share = share_of(beat.owner, &live, total);
-        let mut mine: Vec<u32> = table.parts.iter().filter(|r| r.owner.as_deref() == Some(beat.owner)).map(|r| r.part).collect();
+        let mut mine: Vec<u32> =
+            table.parts.iter().filter(|r| r.owner.as_deref() == Some(beat.owner)).map(|r| r.part).collect();
         if !beat.take_none && mine.len() < share {
             // Free first (never held, or given up), then expired; in partition order.
             let mut free: Vec<&LeaseRow> =
@@ -324,11 +325,18 @@ where
 
     /// Makes this sink's partitions `total` anew, unless a host holds one under a live lease
     /// (then its owners are the error). Returns the count it had (0: none made yet).
-    pub(super) async fn set_partition_count(&self, total: u32, now_ms: i64) -> Result<Result<u32, Vec<String>>, StoreError> {
+    pub(super) async fn set_partition_count(
+        &self,
+        total: u32,
+        now_ms: i64,
+    ) -> Result<Result<u32, Vec<String>>, StoreError> {
         let (parts, _) = self.lease_tables();
         let t = &self.table;
-        let mut tx =
-            if D::BACKEND == Backend::Sqlite { self.pool.begin_with("BEGIN IMMEDIATE").await? } else { self.pool.begin().await? };
+        let mut tx = if D::BACKEND == Backend::Sqlite {
+            self.pool.begin_with("BEGIN IMMEDIATE").await?
+        } else {
+            self.pool.begin().await?
+        };
         let rows = sqlx::query(&format!(
             "SELECT part, owner, lease_until_ms FROM {parts} WHERE sink_table = '{t}'{}",
             if D::BACKEND == Backend::Sqlite { "" } else { " FOR UPDATE" }
@@ -431,13 +439,11 @@ where
             D::param(4),
             t = self.table,
         );
-        let (after_at, after_key) =
-            read.after.clone().unwrap_or((i64::MIN, KeyValue::first(self.profile.key)));
+        let (after_at, after_key) = read.after.clone().unwrap_or((i64::MIN, KeyValue::first(self.profile.key)));
         let q = sqlx::query(&sql).bind(after_at).bind(after_at);
         let rows = bind_key::<D>(q, &after_key).bind(i64::from(read.limit)).fetch_all(&self.pool).await?;
         let at_end = rows.len() < read.limit as usize;
-        let epochs: std::collections::HashMap<u32, i64> =
-            read.owned.iter().map(|f| (f.partition, f.epoch)).collect();
+        let epochs: std::collections::HashMap<u32, i64> = read.owned.iter().map(|f| (f.partition, f.epoch)).collect();
         let mut waiting = Vec::with_capacity(rows.len());
         let mut last = None;
         for r in &rows {
@@ -446,7 +452,11 @@ where
                 Some(_) => D::int(r, 11)? as u32,
                 None => partition_of(&app_code, &room_id, read.total),
             };
-            let key = if self.profile.key.is_text() { KeyValue::Text(D::text(r, 12)?) } else { KeyValue::Int(D::int(r, 12)?) };
+            let key = if self.profile.key.is_text() {
+                KeyValue::Text(D::text(r, 12)?)
+            } else {
+                KeyValue::Int(D::int(r, 12)?)
+            };
             let status = D::text(r, 8)?;
             last = Some((D::int(r, 6)?, key.clone()));
             let Some(&epoch) = epochs.get(&partition) else {
@@ -518,8 +528,11 @@ where
     {
         let (parts, _) = self.lease_tables();
         let _writing = self.writing().await;
-        let mut tx =
-            if D::BACKEND == Backend::Sqlite { self.pool.begin_with("BEGIN IMMEDIATE").await? } else { self.pool.begin().await? };
+        let mut tx = if D::BACKEND == Backend::Sqlite {
+            self.pool.begin_with("BEGIN IMMEDIATE").await?
+        } else {
+            self.pool.begin().await?
+        };
         let check = format!(
             "SELECT part, epoch FROM {parts} WHERE sink_table = {} AND owner = {} AND lease_until_ms > {}{}",
             D::param(1),
@@ -527,7 +540,12 @@ where
             D::param(3),
             share_lock(D::BACKEND)
         );
-        let held = sqlx::query(&check).bind(self.table.clone()).bind(owner.to_string()).bind(now_ms).fetch_all(&mut *tx).await?;
+        let held = sqlx::query(&check)
+            .bind(self.table.clone())
+            .bind(owner.to_string())
+            .bind(now_ms)
+            .fetch_all(&mut *tx)
+            .await?;
         let held = held
             .iter()
             .map(|r| Ok(Fence { partition: D::int(r, 0)? as u32, epoch: D::int(r, 1)? }))
@@ -636,7 +654,8 @@ mod tests {
     #[test]
     fn a_room_keeps_its_partition_and_rooms_spread() {
         assert_eq!(partition_of("app", "room-1", 64), partition_of("app", "room-1", 64));
-        let used: std::collections::HashSet<u32> = (0..1_000).map(|i| partition_of("app", &format!("room-{i}"), 64)).collect();
+        let used: std::collections::HashSet<u32> =
+            (0..1_000).map(|i| partition_of("app", &format!("room-{i}"), 64)).collect();
         assert_eq!(used.len(), 64, "1,000 rooms reach every one of 64 partitions");
     }
 }
