@@ -1,7 +1,7 @@
-//! Claimed rows waiting to start, queued per room. A room's events start one at a time, in
-//! claim order, across claims: its next event becomes ready only when the one in flight is
-//! done. Rooms take turns in the order they became ready, so one busy room never holds up
-//! the others.
+//! Claimed rows waiting to start, queued per room. A room's events start in claim order,
+//! across claims, one at a time (or up to the sink's room pipeline): its next event becomes
+//! ready only when fewer than that are in flight. Rooms take turns in the order they became
+//! ready, so one busy room never holds up the others.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -15,16 +15,45 @@ pub fn room_of(row: &Claimed) -> RoomKey {
     (row.app_code.clone(), row.room_id.clone())
 }
 
-/// Rows claimed and not yet started, and which rooms have a delivery in flight.
-#[derive(Default)]
+/// Rows claimed and not yet started, and how many deliveries each room has in flight.
 pub struct Buffer {
     queued: HashMap<RoomKey, VecDeque<Claimed>>,
     ready: VecDeque<RoomKey>,
-    busy: HashSet<RoomKey>,
+    /// The rooms in `ready`.
+    waiting: HashSet<RoomKey>,
+    busy: HashMap<RoomKey, u32>,
+    /// Deliveries of one room in flight at most.
+    depth: u32,
     len: usize,
 }
 
+impl Default for Buffer {
+    fn default() -> Self {
+        Buffer::new(1)
+    }
+}
+
 impl Buffer {
+    /// A buffer that lets `depth` events of one room be in flight at once (at least 1).
+    pub fn new(depth: u32) -> Buffer {
+        Buffer {
+            queued: HashMap::new(),
+            ready: VecDeque::new(),
+            waiting: HashSet::new(),
+            busy: HashMap::new(),
+            depth: depth.max(1),
+            len: 0,
+        }
+    }
+
+    /// Puts the room in line if it has rows and room for another delivery.
+    fn line_up(&mut self, room: &RoomKey) {
+        let free = self.busy.get(room).copied().unwrap_or(0) < self.depth;
+        if free && self.queued.contains_key(room) && self.waiting.insert(room.clone()) {
+            self.ready.push_back(room.clone());
+        }
+    }
+
     /// Rows waiting to start.
     pub fn len(&self) -> usize {
         self.len
@@ -34,12 +63,9 @@ impl Buffer {
     pub fn push(&mut self, rows: Vec<Claimed>) {
         for row in rows {
             let room = room_of(&row);
-            let queue = self.queued.entry(room.clone()).or_default();
-            if queue.is_empty() && !self.busy.contains(&room) {
-                self.ready.push_back(room);
-            }
-            queue.push_back(row);
+            self.queued.entry(room.clone()).or_default().push_back(row);
             self.len += 1;
+            self.line_up(&room);
         }
     }
 
@@ -48,26 +74,32 @@ impl Buffer {
         !self.ready.is_empty()
     }
 
-    /// The next row that may start: the head of the room that has waited longest. Its room
-    /// is busy until [`Buffer::done`].
+    /// The next row that may start: the head of the room that has waited longest. It counts
+    /// as in flight until [`Buffer::done`].
     pub fn start_next(&mut self) -> Option<Claimed> {
         let room = self.ready.pop_front()?;
+        self.waiting.remove(&room);
         let queue = self.queued.get_mut(&room).expect("a ready room has rows");
         let row = queue.pop_front().expect("a ready room has rows");
         if queue.is_empty() {
             self.queued.remove(&room);
         }
-        self.busy.insert(room);
+        *self.busy.entry(room.clone()).or_default() += 1;
         self.len -= 1;
+        self.line_up(&room);
         Some(row)
     }
 
-    /// The room's delivery finished (or its row was handed back): its next row may start.
+    /// One of the room's deliveries finished (or its row was handed back): its next row may
+    /// start.
     pub fn done(&mut self, room: &RoomKey) {
-        self.busy.remove(room);
-        if self.queued.contains_key(room) {
-            self.ready.push_back(room.clone());
+        if let Some(n) = self.busy.get_mut(room) {
+            *n -= 1;
+            if *n == 0 {
+                self.busy.remove(room);
+            }
         }
+        self.line_up(room);
     }
 
     /// Takes the room's rows that have not started (its delivery in flight failed, so they
@@ -75,16 +107,58 @@ impl Buffer {
     pub fn take_room(&mut self, room: &RoomKey) -> Vec<Claimed> {
         let rows: Vec<Claimed> = self.queued.remove(room).map(Vec::from).unwrap_or_default();
         self.len -= rows.len();
+        if self.waiting.remove(room) {
+            self.ready.retain(|r| r != room);
+        }
         rows
     }
 
     /// Takes every row that has not started, for handing back.
     pub fn drain(&mut self) -> Vec<Claimed> {
         self.ready.clear();
+        self.waiting.clear();
         self.len = 0;
         let mut rows: Vec<Claimed> = self.queued.drain().flat_map(|(_, q)| q).collect();
         rows.sort_by_key(|r| (r.created_at_ms, r.id));
         rows
+    }
+}
+
+/// The outcomes of each room's deliveries in flight, released in the order the deliveries
+/// started: with a room pipeline, a later event's outcome waits for the earlier ones, so that
+/// what the table records of a room is always in its order.
+pub struct InOrder<T> {
+    rooms: HashMap<RoomKey, VecDeque<(String, Option<T>)>>,
+}
+
+impl<T> Default for InOrder<T> {
+    fn default() -> Self {
+        InOrder { rooms: HashMap::new() }
+    }
+}
+
+impl<T> InOrder<T> {
+    /// A delivery of `event_id` in `room` started.
+    pub fn started(&mut self, room: &RoomKey, event_id: &str) {
+        self.rooms.entry(room.clone()).or_default().push_back((event_id.to_string(), None));
+    }
+
+    /// A delivery finished with `outcome`: the outcomes now due, in order (none while an
+    /// earlier delivery of the room is still in flight).
+    pub fn finished(&mut self, room: &RoomKey, event_id: &str, outcome: T) -> Vec<T> {
+        let Some(queue) = self.rooms.get_mut(room) else { return vec![outcome] };
+        let Some(slot) = queue.iter_mut().find(|(id, done)| id == event_id && done.is_none()) else {
+            return vec![outcome];
+        };
+        slot.1 = Some(outcome);
+        let mut due = Vec::new();
+        while queue.front().is_some_and(|(_, done)| done.is_some()) {
+            due.extend(queue.pop_front().and_then(|(_, done)| done));
+        }
+        if queue.is_empty() {
+            self.rooms.remove(room);
+        }
+        due
     }
 }
 
@@ -123,6 +197,30 @@ mod tests {
         b.done(&room_of(&first));
         assert_eq!(b.start_next().unwrap().id, 4, "the next claim's event follows in order");
         assert_eq!((b.len(), b.busy.len()), (0, 3));
+    }
+
+    #[test]
+    fn outcomes_are_released_in_the_order_their_deliveries_started() {
+        let mut acks = InOrder::default();
+        let room = ("app".to_string(), "a".to_string());
+        for id in ["e1", "e2", "e3"] {
+            acks.started(&room, id);
+        }
+        assert!(acks.finished(&room, "e2", 2).is_empty(), "e2 waits for e1");
+        assert_eq!(acks.finished(&room, "e1", 1), vec![1, 2]);
+        assert_eq!(acks.finished(&room, "e3", 3), vec![3]);
+        assert!(acks.rooms.is_empty());
+    }
+
+    #[test]
+    fn a_pipelined_room_has_up_to_its_depth_in_flight_in_order() {
+        let mut b = Buffer::new(2);
+        b.push(vec![row(1, "a"), row(2, "a"), row(3, "a"), row(4, "b")]);
+        let started: Vec<i64> = std::iter::from_fn(|| b.start_next()).map(|r| r.id).collect();
+        assert_eq!(started, vec![1, 4, 2], "two of room a, in order, and room b");
+        b.done(&("app".to_string(), "a".to_string()));
+        assert_eq!(b.start_next().unwrap().id, 3);
+        assert!(b.start_next().is_none());
     }
 
     #[test]

@@ -27,7 +27,7 @@ mod retry;
 mod sizing;
 
 use breaker::{Admit, Breaker, Transition, Verdict};
-use buffer::{Buffer, RoomKey, room_of};
+use buffer::{Buffer, InOrder, RoomKey, room_of};
 
 use crate::sandbox::{Deliver, FailureClass};
 use crate::store::{Claimed, Held, Mark, Outcome, Store, now_ms};
@@ -196,7 +196,9 @@ impl Worker {
             (tokio::spawn(self.clone().keep_partitions(tracker, stop.clone())), stop)
         });
         let claimer = tokio::spawn(self.clone().claim_ahead(outstanding.clone(), claims, gate_rx, shutdown.clone()));
-        let mut buffer = Buffer::default();
+        // A sink that keeps order across deliveries in flight may have several of a room's.
+        let mut buffer = Buffer::new(self.sink.get().room_pipeline());
+        let mut acks = InOrder::default();
         let mut running: JoinSet<(RoomKey, Pending)> = JoinSet::new();
         let mut claiming = true;
         let mut bucket = self.config.rate_limit.map(|limit| TokenBucket::new(limit, std::time::Instant::now()));
@@ -213,8 +215,9 @@ impl Worker {
                 self.release(&unstarted).await;
             }
             if !shutdown.is_cancelled() {
-                next_token =
-                    self.start_ready(&mut buffer, &mut running, &outstanding, bucket.as_mut(), &mut breaker).await;
+                next_token = self
+                    .start_ready(&mut buffer, (&mut running, &mut acks), &outstanding, bucket.as_mut(), &mut breaker)
+                    .await;
             }
             if !claiming && running.is_empty() {
                 break;
@@ -230,24 +233,27 @@ impl Worker {
                 },
                 Some(done) = running.join_next() => {
                     let (key, pending) = done.expect("delivery tasks catch their panics");
-                    // The breaker first, so that the claimer woken by the freed slot sees
-                    // where it went.
-                    if let Some(moved) = breaker.record(&pending.verdict, pending.probe, std::time::Instant::now()) {
-                        self.breaker_moved(&moved, &gate);
+                    let event_id = pending.mark.event_id.clone();
+                    for pending in acks.finished(&key, &event_id, pending) {
+                        // The breaker first, so that the claimer woken by the freed slot sees
+                        // where it went.
+                        if let Some(moved) = breaker.record(&pending.verdict, pending.probe, std::time::Instant::now()) {
+                            self.breaker_moved(&moved, &gate);
+                        }
+                        let holds = self.holds_room_back(&pending.mark.outcome);
+                        if let Some(tracker) = &self.tracker {
+                            tracker.finished(&pending.mark.event_id, &key, holds);
+                        }
+                        if holds {
+                            // The rest of the room's run must not overtake the event that failed.
+                            let rest = buffer.take_room(&key);
+                            outstanding.freed(rest.len());
+                            self.release(&rest).await;
+                        }
+                        buffer.done(&key);
+                        outstanding.finished();
+                        let _ = marks.send(pending);
                     }
-                    let holds = self.holds_room_back(&pending.mark.outcome);
-                    if let Some(tracker) = &self.tracker {
-                        tracker.finished(&pending.mark.event_id, &key, holds);
-                    }
-                    if holds {
-                        // The rest of the room's run must not overtake the event that failed.
-                        let rest = buffer.take_room(&key);
-                        outstanding.freed(rest.len());
-                        self.release(&rest).await;
-                    }
-                    buffer.done(&key);
-                    outstanding.finished();
-                    let _ = marks.send(pending);
                 }
                 () = shutdown.cancelled(), if buffer.len() > 0 => {
                     let unstarted = buffer.drain();
@@ -463,7 +469,7 @@ impl Worker {
     async fn start_ready(
         self: &Arc<Self>,
         buffer: &mut Buffer,
-        running: &mut JoinSet<(RoomKey, Pending)>,
+        (running, acks): (&mut JoinSet<(RoomKey, Pending)>, &mut InOrder<Pending>),
         outstanding: &Outstanding,
         mut bucket: Option<&mut TokenBucket>,
         breaker: &mut Breaker,
@@ -516,6 +522,7 @@ impl Worker {
             }
             let this = self.clone();
             let sink = self.sink.get();
+            acks.started(&key, &row.event_id);
             running.spawn(async move {
                 let (outcome, verdict) = match AssertUnwindSafe(this.deliver_one(&*sink, &row)).catch_unwind().await {
                     Ok(done) => done,

@@ -58,6 +58,13 @@ pub trait Deliver: Send + Sync + 'static {
     fn digest(&self) -> Option<Arc<str>> {
         None
     }
+    /// How many events of one room may be in flight at once under per-room order: 1, unless
+    /// the sink keeps order across deliveries in flight (a publisher on one connection to a
+    /// broker that acknowledges in order, and fails every later one when one fails). The
+    /// engine still starts a room's events in order and records their outcomes in order.
+    fn room_pipeline(&self) -> u32 {
+        1
+    }
 }
 
 #[async_trait::async_trait]
