@@ -231,6 +231,11 @@ impl Tracker {
         fence.is_some_and(|f| s.holding.owned.contains(&f)) && s.holding.lease_until_ms - now_ms >= needed_ms
     }
 
+    /// The partitions held now.
+    pub fn held(&self) -> Vec<u32> {
+        self.state().holding.owned.iter().map(|f| f.partition).collect()
+    }
+
     /// Surplus partitions with nothing read and unrecorded, to give up: from now on nothing
     /// of theirs starts here (a read under way may still bring rows of them).
     pub fn release_drained(&self) -> Vec<u32> {
@@ -272,12 +277,14 @@ impl Worker {
         while !shutdown.is_cancelled() {
             self.clock.sync(self.store.as_ref()).await;
             let release = tracker.release_drained();
+            let renew = tracker.held();
             let beat = Heartbeat {
                 owner: &self.worker_id,
                 partitions: self.config.partitions,
                 in_flight: tracker.in_flight() as i64,
                 now_ms: self.clock.now_ms(),
                 lease_ms,
+                renew: &renew,
                 release: &release,
                 take_none: false,
             };
@@ -332,7 +339,10 @@ impl Worker {
             if start.owned.is_empty() {
                 return Ok((seq, ready, true));
             }
-            let limit = (wanted + tracker.in_flight()).clamp(wanted, super::settings::MAX_BATCH_SIZE as usize);
+            // A sweep's first page meets the rows in flight again (they are still unfinished
+            // in the table); after that the sweep is past them.
+            let known = if start.after.is_none() { tracker.in_flight() } else { 0 };
+            let limit = (wanted - ready.len() + known).min(super::settings::MAX_BATCH_SIZE as usize).max(1);
             let read = OwnedRead {
                 owner: &self.worker_id,
                 total: start.total,

@@ -17,6 +17,9 @@ use super::{Backend, Claimed, Lease, Mark, Outcome, Status, StoreError};
 /// (its leases live beside the outbox).
 pub const PARTITIONS_VERSION: i64 = 19;
 
+/// How many times one heartbeat tries to take free partitions that other hosts took first.
+const TAKE_ROUNDS: usize = 3;
+
 /// A partition held under a lease: outcome writes for its rows land only while the writer
 /// still holds it under this epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -40,6 +43,8 @@ pub struct Heartbeat<'a> {
     pub now_ms: i64,
     /// How long a lease lasts from now.
     pub lease_ms: i64,
+    /// Partitions this owner holds, to renew.
+    pub renew: &'a [u32],
     /// Partitions this owner has drained and gives up.
     pub release: &'a [u32],
     /// Take no partition (shutting down, or paused).
@@ -150,6 +155,11 @@ fn share_lock(backend: Backend) -> &'static str {
     }
 }
 
+/// Partition numbers as an SQL list: `3, 5, 8`.
+fn list(parts: &[u32]) -> String {
+    parts.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+}
+
 /// Each owner's share of `total` partitions among `owners` (sorted): `total / N`, and one
 /// more for the first `total % N`.
 pub fn share_of(owner: &str, owners: &[String], total: u32) -> usize {
@@ -203,9 +213,17 @@ where
                 .execute(&self.pool)
                 .await?;
         }
-        let renew =
-            format!("UPDATE {parts} SET lease_until_ms = {} WHERE sink_table = {} AND owner = {}", p(1), p(2), p(3));
-        sqlx::query(&renew).bind(until).bind(t.clone()).bind(beat.owner.to_string()).execute(&self.pool).await?;
+        // By primary key, so that InnoDB locks these rows only, not every row it scans.
+        if !beat.renew.is_empty() {
+            let renew = format!(
+                "UPDATE {parts} SET lease_until_ms = {} WHERE sink_table = {} AND part IN ({}) AND owner = {}",
+                p(1),
+                p(2),
+                list(beat.renew),
+                p(3)
+            );
+            sqlx::query(&renew).bind(until).bind(t.clone()).bind(beat.owner.to_string()).execute(&self.pool).await?;
+        }
         for part in beat.release {
             let give_up = format!(
                 "UPDATE {parts} SET owner = NULL, lease_until_ms = 0 WHERE sink_table = {} AND part = {} AND owner = {}",
@@ -234,20 +252,31 @@ where
         let share = share_of(beat.owner, &live, total);
         let mut mine: Vec<u32> =
             table.parts.iter().filter(|r| r.owner.as_deref() == Some(beat.owner)).map(|r| r.part).collect();
-        if !beat.take_none && mine.len() < share {
-            // Free first (never held, or given up), then expired; in partition order.
+        // Hosts that start together each begin at their own place (the i-th of N at partition
+        // i·P/N), so that they do not all race for the same free partitions; a host that lost
+        // races tries the partitions still free again, a few rounds, rather than a heartbeat
+        // later.
+        let place = live.iter().position(|o| o == beat.owner).unwrap_or(0) as u32 * total / live.len().max(1) as u32;
+        let take = format!(
+            "UPDATE {parts} SET owner = {}, epoch = epoch + 1, lease_until_ms = {} \
+             WHERE sink_table = {} AND part = {} AND (owner IS NULL OR lease_until_ms <= {})",
+            p(1),
+            p(2),
+            p(3),
+            p(4),
+            p(5)
+        );
+        for _ in 0..TAKE_ROUNDS {
+            if beat.take_none || mine.len() >= share {
+                break;
+            }
+            // Free first (never held, or given up), then expired.
             let mut free: Vec<&LeaseRow> =
                 table.parts.iter().filter(|r| r.owner.is_none() || r.lease_until_ms <= beat.now_ms).collect();
-            free.sort_by_key(|r| (r.owner.is_some(), r.part));
-            let take = format!(
-                "UPDATE {parts} SET owner = {}, epoch = epoch + 1, lease_until_ms = {} \
-                 WHERE sink_table = {} AND part = {} AND (owner IS NULL OR lease_until_ms <= {})",
-                p(1),
-                p(2),
-                p(3),
-                p(4),
-                p(5)
-            );
+            if free.is_empty() {
+                break;
+            }
+            free.sort_by_key(|r| (r.owner.is_some(), (r.part + total - place % total.max(1)) % total.max(1)));
             for row in free.into_iter().take(share - mine.len()) {
                 let taken = sqlx::query(&take)
                     .bind(beat.owner.to_string())
@@ -422,8 +451,8 @@ where
         let everything = read.owned.len() as u32 >= read.total;
         let only = match (&expr, everything) {
             (Some(expr), false) => {
-                let list: Vec<String> = read.owned.iter().map(|f| f.partition.to_string()).collect();
-                format!(" AND {expr} IN ({})", list.join(", "))
+                let parts: Vec<u32> = read.owned.iter().map(|f| f.partition).collect();
+                format!(" AND {expr} IN ({})", list(&parts))
             }
             _ => String::new(),
         };
@@ -431,7 +460,7 @@ where
             "SELECT {id}, app_code, event_id, event_type, room_id, envelope, created_at_ms, retry_count, \
              status, next_retry_at_ms, lock_until_ms, {part}, {key} FROM {t} \
              WHERE status IN ('pending', 'retryable', 'delivering') \
-             AND (created_at_ms > {} OR (created_at_ms = {} AND {key} > {})){only} \
+             AND created_at_ms >= {} AND (created_at_ms > {} OR {key} > {}){only} \
              ORDER BY created_at_ms, {key} LIMIT {}",
             D::param(1),
             D::param(2),
@@ -533,23 +562,24 @@ where
         } else {
             self.pool.begin().await?
         };
-        let check = format!(
-            "SELECT part, epoch FROM {parts} WHERE sink_table = {} AND owner = {} AND lease_until_ms > {}{}",
-            D::param(1),
-            D::param(2),
-            D::param(3),
-            share_lock(D::BACKEND)
-        );
-        let held = sqlx::query(&check)
-            .bind(self.table.clone())
-            .bind(owner.to_string())
-            .bind(now_ms)
-            .fetch_all(&mut *tx)
-            .await?;
-        let held = held
-            .iter()
-            .map(|r| Ok(Fence { partition: D::int(r, 0)? as u32, epoch: D::int(r, 1)? }))
-            .collect::<Result<std::collections::HashSet<Fence>, sqlx::Error>>()?;
+        // The marks' partitions only, by primary key: a share lock on exactly those rows.
+        let mut parts_of: Vec<u32> = marks.iter().filter_map(|m| m.lease.fence).map(|f| f.partition).collect();
+        parts_of.sort_unstable();
+        parts_of.dedup();
+        let mut held = std::collections::HashSet::new();
+        if !parts_of.is_empty() {
+            let check = format!(
+                "SELECT part, epoch, owner, lease_until_ms FROM {parts} WHERE sink_table = {} AND part IN ({}){}",
+                D::param(1),
+                list(&parts_of),
+                share_lock(D::BACKEND)
+            );
+            for r in sqlx::query(&check).bind(self.table.clone()).fetch_all(&mut *tx).await? {
+                if D::opt_text(&r, 2)?.as_deref() == Some(owner) && D::int(&r, 3)? > now_ms {
+                    held.insert(Fence { partition: D::int(&r, 0)? as u32, epoch: D::int(&r, 1)? });
+                }
+            }
+        }
         let mut fenced = Vec::new();
         let mut changed = 0;
         let mut delivered: Vec<&Mark> = Vec::new();
