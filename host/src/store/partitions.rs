@@ -456,21 +456,52 @@ where
             }
             _ => String::new(),
         };
-        let sql = format!(
-            "SELECT {id}, app_code, event_id, event_type, room_id, envelope, created_at_ms, retry_count, \
-             status, next_retry_at_ms, lock_until_ms, {part}, {key} FROM {t} \
-             WHERE status IN ('pending', 'retryable', 'delivering') \
-             AND created_at_ms >= {} AND (created_at_ms > {} OR {key} > {}){only} \
-             ORDER BY created_at_ms, {key} LIMIT {}",
-            D::param(1),
-            D::param(2),
-            D::param(3),
-            D::param(4),
-            t = self.table,
-        );
+        // One ordered range of an index per read, never a sort: PostgreSQL's partial claim
+        // index, SQLite's partial pick index (named, as its planner prefers a status-first
+        // one and sorts), and on MySQL, whose claim index starts with the status, one range
+        // per status merged.
+        let select = |status: &str, from: &str, first: usize| {
+            format!(
+                "SELECT {id}, app_code, event_id, event_type, room_id, envelope, created_at_ms, retry_count, \
+                 status, next_retry_at_ms, lock_until_ms, {part} AS part_no, {key} AS sort_key FROM {from} \
+                 WHERE {status} AND created_at_ms >= {} AND (created_at_ms > {} OR {key} > {}){only} \
+                 ORDER BY created_at_ms, {key} LIMIT {}",
+                D::param(first),
+                D::param(first + 1),
+                D::param(first + 2),
+                D::param(first + 3),
+            )
+        };
+        let t = &self.table;
+        let statuses: &[&str] = match D::BACKEND {
+            Backend::Mysql => &["status = 'pending'", "status = 'retryable'", "status = 'delivering'"],
+            _ => &["status IN ('pending', 'retryable', 'delivering')"],
+        };
+        let from = match D::BACKEND {
+            Backend::Sqlite => format!("{t} INDEXED BY {t}_pick_idx"),
+            _ => t.clone(),
+        };
+        let sql = match statuses {
+            [one] => select(one, &from, 1),
+            many => format!(
+                "SELECT * FROM ({}) AS waiting ORDER BY created_at_ms, sort_key LIMIT {}",
+                many.iter()
+                    .enumerate()
+                    .map(|(i, status)| format!("({})", select(status, &from, 1 + 4 * i)))
+                    .collect::<Vec<_>>()
+                    .join(" UNION ALL "),
+                D::param(1 + 4 * many.len())
+            ),
+        };
         let (after_at, after_key) = read.after.clone().unwrap_or((i64::MIN, KeyValue::first(self.profile.key)));
-        let q = sqlx::query(&sql).bind(after_at).bind(after_at);
-        let rows = bind_key::<D>(q, &after_key).bind(i64::from(read.limit)).fetch_all(&self.pool).await?;
+        let mut q = sqlx::query(&sql);
+        for _ in statuses {
+            q = bind_key::<D>(q.bind(after_at).bind(after_at), &after_key).bind(i64::from(read.limit));
+        }
+        if statuses.len() > 1 {
+            q = q.bind(i64::from(read.limit));
+        }
+        let rows = q.fetch_all(&self.pool).await?;
         let at_end = rows.len() < read.limit as usize;
         let epochs: std::collections::HashMap<u32, i64> = read.owned.iter().map(|f| (f.partition, f.epoch)).collect();
         let mut waiting = Vec::with_capacity(rows.len());
