@@ -356,6 +356,17 @@ impl Worker {
                 }
                 continue;
             }
+            // Outcomes the writer has not caught up with are rows still unfinished in the
+            // table: read no more until it has (memory stays bounded by the writer's pace).
+            if let Some(tracker) = &self.tracker
+                && tracker.unrecorded() > wanted + 2 * MAX_MARKS_PER_WRITE
+            {
+                tokio::select! {
+                    () = tracker.recorded.notified() => {}
+                    () = shutdown.cancelled() => break,
+                }
+                continue;
+            }
             let asked_at = (std::time::Instant::now(), outstanding.finished_total());
             self.clock.sync(self.store.as_ref()).await;
             let now = self.clock.now_ms();

@@ -83,6 +83,8 @@ impl State {
 #[derive(Default)]
 pub(super) struct Tracker {
     state: Mutex<State>,
+    /// Notified when outcomes have been written.
+    pub recorded: tokio::sync::Notify,
 }
 
 /// One read's start: its clock, where it goes on from, and what it may read.
@@ -208,6 +210,11 @@ impl Tracker {
     /// These outcomes are in the table (or were fenced off: then the partition's new owner
     /// has the row).
     pub fn written(&self, marks: &[Mark]) {
+        self.written_now(marks);
+        self.recorded.notify_one();
+    }
+
+    fn written_now(&self, marks: &[Mark]) {
         let mut s = self.state();
         for m in marks {
             let at = s.tick();
@@ -216,6 +223,11 @@ impl Tracker {
                 *known = Known::Written { at, holds };
             }
         }
+    }
+
+    /// Rows whose outcome is decided and not yet written.
+    pub fn unrecorded(&self) -> usize {
+        self.state().known.values().filter(|(k, _)| matches!(k, Known::Finished { .. })).count()
     }
 
     /// Rows read and not yet recorded.
