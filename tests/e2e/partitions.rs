@@ -21,16 +21,7 @@ per_backend!(
 
 /// One heartbeat of `owner` at `now` on a 4-partition sink, with a one-second lease.
 async fn beat(store: &dyn Store, owner: &str, now: i64) -> Vec<Fence> {
-    let beat = Heartbeat {
-        owner,
-        partitions: 4,
-        in_flight: 0,
-        now_ms: now,
-        lease_ms: 1_000,
-        renew: &[],
-        release: &[],
-        take_none: false,
-    };
+    let beat = Heartbeat { owner, partitions: 4, in_flight: 0, now_ms: now, lease_ms: 1_000, renew: &[], release: &[] };
     store.keep_partitions(&beat).await.unwrap().owned
 }
 

@@ -112,7 +112,7 @@ impl Tracker {
         ReadStart { seq, sweep: s.sweep, after: s.after.clone(), owned, total: s.holding.total }
     }
 
-    /// Up to `room` rows of `page` that may start now, in order, marked started; moves the
+    /// Up to `wanted` rows of `page` that may start now, in order, marked started; moves the
     /// sweep on to the last row it looked at. `failed`: rooms with a `failed` row and its
     /// creation time, which block the room's later rows (`failed_blocks_room`). Returns the
     /// rows and whether the sweep ended. A page of an earlier `sweep` (partitions were
@@ -121,19 +121,19 @@ impl Tracker {
         &self,
         page: Page,
         sweep: u64,
-        room: usize,
+        wanted: usize,
         now_ms: i64,
         failed: &[(String, String, i64)],
     ) -> (Vec<Claimed>, bool) {
         let mut s = self.state();
         let mut ready = Vec::new();
-        if s.sweep != sweep {
+        if s.sweep != sweep || wanted == 0 {
             return (ready, false);
         }
         for waiting in page.waiting {
-            if ready.len() >= room {
+            if ready.len() >= wanted {
                 // Full: the sweep goes on from the last row taken.
-                let last: &Claimed = ready.last().expect("room is at least 1");
+                let last: &Claimed = ready.last().expect("at least one row is wanted");
                 s.after = Some((last.created_at_ms, s.last_key.take().expect("set with each row taken")));
                 return (ready, false);
             }
@@ -298,7 +298,6 @@ impl Worker {
                 lease_ms,
                 renew: &renew,
                 release: &release,
-                take_none: false,
             };
             let wait = match self.store.keep_partitions(&beat).await {
                 Ok(holding) => {

@@ -47,8 +47,6 @@ pub struct Heartbeat<'a> {
     pub renew: &'a [u32],
     /// Partitions this owner has drained and gives up.
     pub release: &'a [u32],
-    /// Take no partition (shutting down, or paused).
-    pub take_none: bool,
 }
 
 /// What a heartbeat left this owner with.
@@ -267,7 +265,7 @@ where
             p(5)
         );
         for _ in 0..TAKE_ROUNDS {
-            if beat.take_none || mine.len() >= share {
+            if mine.len() >= share {
                 break;
             }
             // Free first (never held, or given up), then expired.
