@@ -339,9 +339,7 @@ where
     /// them already: its count stands). The table's name is the host's own identifier.
     async fn make_partitions(&self, total: u32) -> Result<(), StoreError> {
         let (parts, _) = self.lease_tables();
-        let values: Vec<String> = (0..total).map(|i| format!("('{}', {i})", self.table)).collect();
-        let sql = format!("INSERT INTO {parts} (sink_table, part) VALUES {}", values.join(", "));
-        match sqlx::query(&sql).execute(&self.pool).await {
+        match sqlx::query(&self.insert_partitions(&parts, total)).execute(&self.pool).await {
             Ok(_) => Ok(()),
             Err(e) => match StoreError::from(e) {
                 StoreError::Duplicate(_) => Ok(()),
@@ -382,12 +380,16 @@ where
             return Ok(Err(live));
         }
         sqlx::query(&format!("DELETE FROM {parts} WHERE sink_table = '{t}'")).execute(&mut *tx).await?;
-        let values: Vec<String> = (0..total).map(|i| format!("('{t}', {i})")).collect();
-        sqlx::query(&format!("INSERT INTO {parts} (sink_table, part) VALUES {}", values.join(", ")))
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(&self.insert_partitions(&parts, total)).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(Ok(rows.len() as u32))
+    }
+
+    /// The `INSERT` of this sink's `total` unowned partition rows into `parts` (the table's
+    /// name is the host's own identifier).
+    fn insert_partitions(&self, parts: &str, total: u32) -> String {
+        let values: Vec<String> = (0..total).map(|i| format!("('{}', {i})", self.table)).collect();
+        format!("INSERT INTO {parts} (sink_table, part) VALUES {}", values.join(", "))
     }
 
     /// Gives up every partition `owner` holds and its heartbeat (a clean shutdown).
