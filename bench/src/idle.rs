@@ -13,7 +13,7 @@ use outbox_host::sandbox::Deliver;
 use outbox_host::store::schema::TableInfo;
 use outbox_host::store::{
     Backend, Claimed, Heartbeat, Held, Holding, KeyValue, Mark, Migrated, Minute, NewEvent, OwnedRead, OwnerView, Page,
-    RegisteredSink, ReplayFilter, RetryFilter, RoomOrder, Row, Stats, Step, Store, StoreError,
+    RegisteredSink, ReplayFilter, RetryFilter, Row, Stats, Step, Store, StoreError,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -51,16 +51,9 @@ impl Store for Counting {
         self.count();
         self.inner.describe().await
     }
-    async fn claim_in_order(
-        &self,
-        w: &str,
-        now: i64,
-        until: i64,
-        limit: u32,
-        order: RoomOrder,
-    ) -> Result<Vec<Claimed>, StoreError> {
+    async fn claim(&self, w: &str, now: i64, until: i64, limit: u32) -> Result<Vec<Claimed>, StoreError> {
         self.count();
-        self.inner.claim_in_order(w, now, until, limit, order).await
+        self.inner.claim(w, now, until, limit).await
     }
     async fn mark(&self, marks: &[Mark], now: i64) -> Result<u64, StoreError> {
         self.count();
@@ -197,6 +190,10 @@ impl Store for Counting {
     async fn mark_owned(&self, owner: &str, marks: &[Mark], now: i64) -> Result<(u64, Vec<usize>), StoreError> {
         self.count();
         self.inner.mark_owned(owner, marks, now).await
+    }
+    async fn index_partitions(&self, total: u32) -> Result<bool, StoreError> {
+        self.count();
+        self.inner.index_partitions(total).await
     }
     async fn leave_partitions(&self, owner: &str) -> Result<(), StoreError> {
         self.count_n(2);

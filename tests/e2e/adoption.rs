@@ -3,7 +3,7 @@
 //! delivers exactly the claimable rows, and a column that cannot work is refused with the
 //! statement that would fix it, before anything changes.
 
-use outbox_host::store::{Held, NewEvent, RoomOrder, Status, now_ms};
+use outbox_host::store::{Held, NewEvent, Status, now_ms};
 
 use crate::support::{Running, World, per_backend};
 
@@ -13,8 +13,10 @@ per_backend!(
     the_producer_crate_works_on_an_adopted_table,
     readiness_tells_the_truth_on_an_adopted_table,
     run_lists_every_problem_of_a_table_changed_after_migrate,
-    per_room_runs_on_an_adopted_table_follow_each_rooms_order,
-    a_second_sink_on_an_adopted_table_gets_every_event_once_in_each_rooms_order
+    an_adopted_table_is_claimed_and_delivered_in_each_rooms_order,
+    a_second_sink_on_an_adopted_table_gets_every_event_once_in_each_rooms_order,
+    a_table_of_the_development_versions_is_adopted_in_place,
+    an_applied_migration_that_changed_is_refused_by_name
 );
 
 const TABLE: &str = "go_outbox";
@@ -337,11 +339,11 @@ async fn postgres_migrate_rebuilds_an_index_left_invalid() {
     assert!(valid().await, "migrate kept the invalid index");
 }
 
-/// Per-room order on a table keyed by `event_id`: the claim routines adapted to it take each
-/// room's run in `(created_at_ms, event_id)` order (two events of one millisecond included),
-/// stop a run at an event that waits for its retry time, and the host delivers each room in
-/// that order.
-async fn per_room_runs_on_an_adopted_table_follow_each_rooms_order(world: World) {
+/// A table keyed by `event_id`: the claim routine rendered for it takes rows in
+/// `(created_at_ms, event_id)` order (two events of one millisecond included) and skips an
+/// event that waits for its retry time; under per-room order the host delivers each room in
+/// that order and holds a room back behind its waiting retry.
+async fn an_adopted_table_is_claimed_and_delivered_in_each_rooms_order(world: World) {
     let url = world.db_url();
     world.db.execute(&go_ddl(&url, "VARCHAR(16)")).await.unwrap();
     let now = now_ms();
@@ -363,10 +365,9 @@ async fn per_room_runs_on_an_adopted_table_follow_each_rooms_order(world: World)
     store.migrate().await.unwrap();
     let store = outbox_host::store::open(&url, 2, TABLE).await.unwrap();
 
-    let order = RoomOrder::PerRoom { failed_blocks: false, run: 3 };
-    let claimed = store.claim_in_order("w", now, now + 60_000, 10, order).await.unwrap();
+    let claimed = store.claim("w", now, now + 60_000, 10).await.unwrap();
     let ids: Vec<&str> = claimed.iter().map(|c| c.event_id.as_str()).collect();
-    assert_eq!(ids, ["evt-z-first", "evt-b-same", "evt-c-same", "evt-b0"], "room-a's run of 3, room-b's head");
+    assert_eq!(ids, ["evt-z-first", "evt-b-same", "evt-c-same", "evt-a-last", "evt-b0", "evt-b2"], "claim order");
     let held: Vec<Held> = claimed.iter().map(Held::from).collect();
     store.release(&held, now).await.unwrap();
 
@@ -433,4 +434,162 @@ async fn a_second_sink_on_an_adopted_table_gets_every_event_once_in_each_rooms_o
         assert_eq!(reports.len(), 200, "{name} got each event once");
         assert_eq!(got, expected, "{name}: each room in the outbox's order");
     }
+}
+
+/// The table and bookkeeping a development version of the host (migrations 1 to 19, kept
+/// under `tests/fixtures/dev-migrations/`) left behind, with the room order index its schema
+/// review added, for `table`.
+async fn build_with_development_versions(world: &World, table: &str) {
+    let url = world.db_url();
+    let dialect = match () {
+        () if url.starts_with("postgres") => "postgres",
+        () if url.starts_with("mysql") => "mysql",
+        () => "sqlite",
+    };
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let dir = repo.join("tests/fixtures/dev-migrations").join(dialect);
+    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|f| f.unwrap().path()).collect();
+    files.sort();
+    assert_eq!(files.len(), 19, "{dir:?}");
+    world
+        .db
+        .execute(&format!(
+            "CREATE TABLE {table}_migrations \
+             (version BIGINT PRIMARY KEY, description VARCHAR(255) NOT NULL, applied_at_ms BIGINT NOT NULL)"
+        ))
+        .await
+        .unwrap();
+    for (i, file) in files.iter().enumerate() {
+        let sql = std::fs::read_to_string(file).unwrap().replace("room_outbox", table);
+        world.db.execute(&sql).await.unwrap_or_else(|e| panic!("{file:?}: {e}"));
+        let version = i + 1;
+        world
+            .db
+            .execute(&format!("INSERT INTO {table}_migrations VALUES ({version}, 'development version {version}', 0)"))
+            .await
+            .unwrap();
+    }
+    let room_order = match dialect {
+        "postgres" => format!(
+            "CREATE INDEX {table}_room_order_idx ON {table} (room_id, app_code, created_at_ms, id) \
+             WHERE status IN ('pending', 'delivering', 'retryable', 'failed')"
+        ),
+        _ => format!("CREATE INDEX {table}_room_order_idx ON {table} (status, room_id, app_code, created_at_ms, id)"),
+    };
+    world.db.execute(&room_order).await.unwrap();
+}
+
+/// A database made by the development versions (0.1.0 never shipped; they had 19
+/// migrations and ordered claim routines): `migrate` adopts it in place. Every row keeps its
+/// state; the bookkeeping becomes one baseline with its checksum; the old claim routines and
+/// the room order index are gone and the current routines installed; the host then delivers
+/// each room in order; and a second `migrate` changes nothing.
+async fn a_table_of_the_development_versions_is_adopted_in_place(world: World) {
+    const DEV: &str = "dev_outbox";
+    build_with_development_versions(&world, DEV).await;
+    let url = world.db_url();
+    let old = outbox_host::store::open(&url, 2, DEV).await.unwrap();
+    let events: Vec<NewEvent> =
+        (0..30).map(|i| world.event("RoomGiftSent", &format!("room-{}", i % 3), Status::Pending)).collect();
+    old.insert(&events).await.unwrap();
+    let delivered = world.event("RoomGiftSent", "room-9", Status::Delivered);
+    old.insert(std::slice::from_ref(&delivered)).await.unwrap();
+
+    old.migrate().await.unwrap();
+    let store = outbox_host::store::open(&url, 2, DEV).await.unwrap();
+    let scalar = |sql: String| {
+        let db = &world.db;
+        async move {
+            let rows = crate::support::query_strings(db, &sql).await;
+            rows.join(",")
+        }
+    };
+    let recorded = scalar(format!("SELECT description FROM {DEV}_migrations ORDER BY version")).await;
+    assert_eq!(recorded, "baseline, adopting a table of development versions 1-19");
+    let checksum = scalar(format!("SELECT checksum FROM {DEV}_migrations")).await;
+    assert_eq!(checksum.len(), 96, "a SHA-384 in hex: {checksum}");
+    let routines = scalar(format!("SELECT name FROM {DEV}_routines ORDER BY name")).await;
+    let dialect = store.backend();
+    let leftovers = match dialect {
+        outbox_host::store::Backend::Postgres => {
+            assert_eq!(routines, "claim,notify_insert");
+            scalar(format!(
+                "SELECT p.oid::regprocedure::TEXT FROM pg_proc p WHERE p.proname LIKE '{DEV}_claim%' \
+                 AND p.pronamespace = current_schema()::regnamespace ORDER BY 1"
+            ))
+            .await
+        }
+        outbox_host::store::Backend::Mysql => {
+            assert_eq!(routines, "claim");
+            scalar(format!(
+                "SELECT CONCAT(routine_name, '/', (SELECT COUNT(*) FROM information_schema.parameters p \
+                   WHERE p.specific_schema = r.routine_schema AND p.specific_name = r.routine_name)) \
+                 FROM information_schema.routines r WHERE r.routine_schema = DATABASE() AND r.routine_name LIKE '{DEV}%'"
+            ))
+            .await
+        }
+        outbox_host::store::Backend::Sqlite => {
+            assert_eq!(routines, "");
+            String::new()
+        }
+    };
+    let expected_routines = match dialect {
+        outbox_host::store::Backend::Postgres => {
+            format!("{DEV}_claim(text,bigint,bigint,integer)")
+        }
+        outbox_host::store::Backend::Mysql => format!("{DEV}_claim/4"),
+        outbox_host::store::Backend::Sqlite => String::new(),
+    };
+    assert_eq!(leftovers, expected_routines, "only the current claim routine is left");
+    let indexes: Vec<String> = store.describe().await.unwrap().unwrap().indexes.into_iter().map(|i| i.name).collect();
+    assert!(!indexes.iter().any(|i| i.contains("room_order")), "{indexes:?}");
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.count(Status::Pending), stats.count(Status::Delivered)), (30, 1), "every row kept its state");
+
+    // The current claim routine works on it (one row, handed back).
+    let now = now_ms();
+    let claimed = store.claim("w", now, now + 60_000, 1).await.unwrap();
+    assert_eq!(claimed.iter().map(|c| c.event_id.as_str()).collect::<Vec<_>>(), [events[0].event_id.as_str()]);
+    store.release(&claimed.iter().map(Held::from).collect::<Vec<_>>(), now).await.unwrap();
+
+    let config = world.setup("poll_interval: 100ms", "").set(&["outbox", "table"], DEV).parse();
+    let mut host = Running::start(config).await;
+    let ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
+    host.wait_status_in(store.as_ref(), &ids, Status::Delivered).await;
+    host.stop().await;
+    let got: Vec<String> = world.collector.reports().into_iter().map(|r| r.event_id).collect();
+    for room in 0..3 {
+        let want: Vec<&str> = events.iter().skip(room).step_by(3).map(|e| e.event_id.as_str()).collect();
+        let seen: Vec<&str> = got.iter().map(String::as_str).filter(|id| want.contains(id)).collect();
+        assert_eq!(seen, want, "room-{room} in order, each once");
+    }
+
+    let applied_at = scalar(format!("SELECT applied_at_ms FROM {DEV}_migrations")).await;
+    assert!(!store.migrate().await.unwrap().created);
+    assert_eq!(
+        scalar(format!("SELECT applied_at_ms FROM {DEV}_migrations")).await,
+        applied_at,
+        "nothing applied again"
+    );
+}
+
+/// A migration file changed after it was applied is refused by name, and nothing changes:
+/// here the recorded checksum of the baseline no longer matches the file's.
+async fn an_applied_migration_that_changed_is_refused_by_name(world: World) {
+    world.db.execute("UPDATE room_outbox_migrations SET checksum = 'edited' WHERE version = 1").await.unwrap();
+    let store = outbox_host::store::open(&world.db_url(), 2, "room_outbox").await.unwrap();
+    let refused = store.migrate().await.expect_err("an edited migration was accepted").to_string();
+    let dialect = match store.backend() {
+        outbox_host::store::Backend::Postgres => "postgres",
+        outbox_host::store::Backend::Mysql => "mysql",
+        outbox_host::store::Backend::Sqlite => "sqlite",
+    };
+    assert!(
+        refused.contains(&format!(
+            "migrations/{dialect}/0001_baseline.sql was applied to room_outbox with checksum edited"
+        )),
+        "{refused}"
+    );
+    let still = crate::support::query_strings(&world.db, "SELECT checksum FROM room_outbox_migrations").await;
+    assert_eq!(still, ["edited"], "nothing was changed");
 }

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use outbox_host::store::{Held, Lease, Mark, Outcome, RetryFilter, RoomOrder, Status, Store, StoreError, now_ms};
+use outbox_host::store::{Held, Lease, Mark, Outcome, RetryFilter, Status, Store, StoreError, now_ms};
 
 use crate::support::{World, per_backend};
 
@@ -28,9 +28,6 @@ per_backend!(
     operator_retry_moves_failed_rows_back_by_each_filter,
     purge_deletes_old_delivered_rows_in_bounded_batches,
     history_and_recent_failures_describe_the_last_hour,
-    per_room_claims_take_each_rooms_run_and_nothing_that_could_overtake,
-    per_room_claims_on_a_mixed_backlog_agree_with_the_model,
-    per_room_claims_behind_fewer_rooms_than_the_batch_take_whole_runs,
 );
 
 async fn claims_follow_creation_order_and_batch_size(world: World) {
@@ -455,194 +452,6 @@ async fn history_and_recent_failures_describe_the_last_hour(world: World) {
 }
 
 /// Marks every claimed row with the outcome `outcome_of` picks by room.
-/// Under per-room order a claim takes each room's head and, after it, the room's next
-/// events while each is claimable, up to the run length; a later claim takes nothing of a
-/// room whose run is held; and a claim cut short by its limit keeps each room's prefix.
-async fn per_room_claims_take_each_rooms_run_and_nothing_that_could_overtake(world: World) {
-    let mut a = Vec::new();
-    for _ in 0..5 {
-        a.push(world.produce("RoomGiftSent", "room-a", Status::Pending).await);
-    }
-    let mut b = Vec::new();
-    for _ in 0..3 {
-        b.push(world.produce("RoomGiftSent", "room-b", Status::Pending).await);
-    }
-    let now = now_ms();
-    // room-b's second event waits for its retry time: room-b's run stops before it.
-    let later = now + 3_600_000;
-    world
-        .db
-        .execute(&format!(
-            "UPDATE room_outbox SET status = 'retryable', retry_count = 1, next_retry_at_ms = {later} WHERE event_id = '{}'",
-            b[1]
-        ))
-        .await
-        .unwrap();
-    let store = &world.producer;
-    let order = RoomOrder::PerRoom { failed_blocks: false, run: 3 };
-    let ids = |rows: &[outbox_host::store::Claimed]| rows.iter().map(|c| c.event_id.clone()).collect::<Vec<_>>();
-
-    let first = store.claim_in_order("w1", now, now + 60_000, 10, order).await.unwrap();
-    assert_eq!(ids(&first), [&a[0], &a[1], &a[2], &b[0]].map(String::clone), "room-a's run of 3 and room-b's head");
-    let second = store.claim_in_order("w2", now, now + 60_000, 10, order).await.unwrap();
-    assert!(second.is_empty(), "another claim took events a held run could be overtaken by: {:?}", ids(&second));
-
-    let held: Vec<Held> = first.iter().map(Held::from).collect();
-    store.release(&held, now).await.unwrap();
-    let cut = store.claim_in_order("w3", now, now + 60_000, 2, order).await.unwrap();
-    assert_eq!(ids(&cut), [&a[0], &a[1]].map(String::clone), "cut to the limit in creation order");
-    let unordered_run = store.claim_in_order("w4", now, now + 60_000, 10, RoomOrder::Unordered).await.unwrap();
-    assert_eq!(ids(&unordered_run), [&a[2], &a[3], &a[4], &b[0], &b[2]].map(String::clone));
-}
-
-/// Three rooms taking turns, ten events each, claimed 10 at a time with runs of 4: fewer
-/// heads than the claim takes, so it takes whole runs, oldest head first (room-0's four,
-/// room-1's four, room-2's first two), not every room's oldest events (four, three, three),
-/// which would leave every room busy until all its events are written. A second claim takes
-/// nothing: every room's head is held.
-async fn per_room_claims_behind_fewer_rooms_than_the_batch_take_whole_runs(world: World) {
-    let (mut rooms, mut produced): ([Vec<String>; 3], Vec<String>) = Default::default();
-    for _ in 0..10 {
-        for (r, ids) in rooms.iter_mut().enumerate() {
-            ids.push(world.produce("RoomGiftSent", &format!("room-{r}"), Status::Pending).await);
-            produced.push(ids.last().unwrap().clone());
-        }
-    }
-    let now = now_ms();
-    let order = RoomOrder::PerRoom { failed_blocks: false, run: 4 };
-    let claimed = world.producer.claim_in_order("w", now, now + 60_000, 10, order).await.unwrap();
-    let got: Vec<&str> = claimed.iter().map(|c| c.event_id.as_str()).collect();
-    // Each room's first `counts[r]` events, in creation order (as a claim returns them).
-    let taken = |counts: [usize; 3]| -> Vec<&str> {
-        let first = |id: &String| rooms.iter().zip(counts).any(|(ids, n)| ids[..n].contains(id));
-        produced.iter().filter(|id| first(id)).map(String::as_str).collect()
-    };
-    assert_eq!(got, taken([4, 4, 2]), "whole runs, oldest head first");
-    let rows: Vec<String> = claimed.iter().map(|c| c.event_id.clone()).collect();
-    for id in &rows {
-        assert_eq!(world.row(id).await.status, Status::Delivering);
-    }
-    assert!(
-        world.producer.claim_in_order("w2", now, now + 60_000, 10, order).await.unwrap().is_empty(),
-        "every room's head is held: nothing else may be taken"
-    );
-}
-
-/// One row of [`per_room_claims_on_a_mixed_backlog_agree_with_the_model`]'s table.
-#[derive(Clone, Copy, PartialEq, Debug)]
-enum Kind {
-    Pending,
-    Delivered,
-    RetryDue,
-    RetryLater,
-    LeaseLive,
-    LeaseExpired,
-    Failed,
-}
-
-/// A backlog of 150 events over 6 rooms and a seventh that starts late (found only past the
-/// heads walk's end), three to a millisecond, in every state a row can be in, claimed with
-/// several limits and run lengths: each claim is what the model says. The
-/// model: the first `limit` rooms' heads (a room's first unfinished event, if claimable), each
-/// followed by its room's next unfinished events while each is claimable, up to `run`, all
-/// cut to `limit`: in creation order, or, when there are fewer heads than `limit`, whole runs
-/// oldest head first. On MySQL a run holds pending events only: a retryable event that is
-/// due, or one whose lease ran out, ends it there (and heads a later claim).
-async fn per_room_claims_on_a_mixed_backlog_agree_with_the_model(world: World) {
-    let mysql = world.db.url.starts_with("mysql:");
-    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
-    for (limit, run, failed_blocks) in [(10, 3, false), (40, 8, true), (7, 8, false), (100, 8, false)] {
-        world.db.execute("DELETE FROM room_outbox").await.unwrap();
-        let now = now_ms();
-        let base = now - 3_600_000;
-        let mut rows = Vec::new();
-        for i in 0..150 {
-            let kind = match next() % 100 {
-                0..=59 => Kind::Pending,
-                60..=69 => Kind::Delivered,
-                70..=74 => Kind::RetryDue,
-                75..=79 => Kind::RetryLater,
-                80..=84 => Kind::LeaseLive,
-                85..=89 => Kind::LeaseExpired,
-                90..=94 => Kind::Failed,
-                _ => Kind::Pending,
-            };
-            // A seventh room starts late: its head comes after more claimable events than
-            // a claim of 10 walks, so only asking the rooms finds it.
-            let room = match next() % 8 {
-                0 if i >= 120 => "room-late".to_string(),
-                _ => format!("room-{}", next() % 6),
-            };
-            let mut event = world.event("RoomGiftSent", &room, Status::Pending);
-            event.created_at_ms = base + i / 3;
-            world.producer.insert(std::slice::from_ref(&event)).await.unwrap();
-            let set = match kind {
-                Kind::Pending => None,
-                Kind::Delivered => Some(format!("status = 'delivered', delivered_at_ms = {now}")),
-                Kind::RetryDue => {
-                    Some(format!("status = 'retryable', retry_count = 1, next_retry_at_ms = {}", now - 1))
-                }
-                Kind::RetryLater => {
-                    Some(format!("status = 'retryable', retry_count = 1, next_retry_at_ms = {}", now + 3_600_000))
-                }
-                Kind::LeaseLive => {
-                    Some(format!("status = 'delivering', worker_id = 'other', lock_until_ms = {}", now + 3_600_000))
-                }
-                Kind::LeaseExpired => {
-                    Some(format!("status = 'delivering', worker_id = 'gone', lock_until_ms = {}", now - 1))
-                }
-                Kind::Failed => Some("status = 'failed', retry_count = 5, last_error = 'gave up'".to_string()),
-            };
-            if let Some(set) = set {
-                let sql = format!("UPDATE room_outbox SET {set} WHERE event_id = '{}'", event.event_id);
-                world.db.execute(&sql).await.unwrap();
-            }
-            rows.push((event.event_id, room, kind));
-        }
-
-        // The model, in creation order (rows were inserted in it).
-        let unfinished = |k: Kind| !matches!(k, Kind::Delivered) && (k != Kind::Failed || failed_blocks);
-        let claimable = |k: Kind| matches!(k, Kind::Pending | Kind::RetryDue | Kind::LeaseExpired);
-        let in_run = |k: Kind| if mysql { k == Kind::Pending } else { claimable(k) };
-        let mut runs: Vec<(usize, Vec<usize>)> = Vec::new(); // (head, the run after it), by head
-        let mut seen_rooms = HashSet::new();
-        for (i, (_, room, kind)) in rows.iter().enumerate() {
-            if !unfinished(*kind) || !seen_rooms.insert(room.clone()) || !claimable(*kind) {
-                continue;
-            }
-            let after: Vec<usize> = (i + 1..rows.len())
-                .filter(|&j| rows[j].1 == *room && unfinished(rows[j].2))
-                .take_while(|&j| in_run(rows[j].2))
-                .take(run - 1)
-                .collect();
-            runs.push((i, after));
-        }
-        // Fewer heads than the limit: whole runs, oldest head first, then the cut.
-        let few_rooms = runs.len() < limit;
-        runs.truncate(limit);
-        let mut model: Vec<usize> =
-            runs.iter().flat_map(|(h, after)| std::iter::once(*h).chain(after.clone())).collect();
-        if !few_rooms {
-            model.sort_unstable();
-        }
-        model.truncate(limit);
-        model.sort_unstable();
-
-        let order = RoomOrder::PerRoom { failed_blocks, run: run as u32 };
-        let claimed = world.producer.claim_in_order("w", now, now + 60_000, limit as u32, order).await.unwrap();
-        let position = |id: &str| rows.iter().position(|r| r.0 == id).expect("a claimed row is one of ours");
-        let got: Vec<usize> = claimed.iter().map(|c| position(&c.event_id)).collect();
-        let case = format!("limit {limit}, run {run}, failed blocks {failed_blocks}");
-        assert_eq!(got, model, "{case}");
-    }
-}
-
 async fn settle(world: &World, outcome_of: impl Fn(&str) -> Outcome) {
     let now = now_ms();
     let claimed = world.producer.claim("w", now, now + 60_000, 100).await.unwrap();

@@ -371,7 +371,7 @@ async fn a_config_mistake_at_run_time_pauses_the_sink_and_fails_no_row() {
 /// behind it; once the transaction ends, the column is added.
 async fn a_schema_change_waits_without_holding_up_inserts(world: World) {
     use sqlx::Connection as _;
-    world.undo_version_7().await;
+    world.as_before_several_sinks().await;
     let url = world.db_url();
     let postgres = url.starts_with("postgres");
     let long_insert = format!(

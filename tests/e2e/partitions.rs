@@ -16,7 +16,8 @@ per_backend!(
     a_clean_shutdown_gives_up_every_partition_and_claims_nothing,
     the_partition_count_changes_only_by_command_with_the_hosts_stopped,
     a_go_workers_live_lease_holds_its_room_until_it_ends;
-    servers: a_stopped_owner_is_taken_over_and_its_late_outcomes_are_fenced
+    servers: a_stopped_owner_is_taken_over_and_its_late_outcomes_are_fenced,
+    an_owner_of_some_partitions_reads_only_their_rows
 );
 
 /// One heartbeat of `owner` at `now` on a 4-partition sink, with a one-second lease.
@@ -228,4 +229,93 @@ async fn a_go_workers_live_lease_holds_its_room_until_it_ends(world: World) {
     let order: Vec<String> = world.collector.reports().into_iter().map(|r| r.event_id).collect();
     assert_eq!(order, vec![other, held.clone(), behind], "room-x out of order");
     assert!(world.row(&held).await.delivered_at_ms.unwrap() >= until, "delivered before the lease ended");
+}
+
+/// Every page `owner` reads of `owned` (of 8 partitions), from the oldest row to the end:
+/// each page's event ids.
+async fn sweep(store: &dyn Store, owned: &[Fence]) -> Vec<Vec<String>> {
+    let mut pages = Vec::new();
+    let mut after = None;
+    loop {
+        let read = OwnedRead { owner: "host-a", total: 8, owned, after: after.clone(), limit: 100 };
+        let page = store.read_owned(&read).await.unwrap();
+        for w in &page.waiting {
+            let partition = w.row.lease.fence.unwrap().partition;
+            assert!(owned.iter().any(|f| f.partition == partition), "a row of partition {partition}");
+        }
+        pages.push(page.waiting.iter().map(|w| w.row.event_id.clone()).collect());
+        if page.at_end {
+            return pages;
+        }
+        after = page.last;
+    }
+}
+
+/// How many entries of `index` the server has read so far (PostgreSQL: its statistics,
+/// waiting for a count past `after`; MariaDB: `INDEX_STATISTICS`, with `userstat` on).
+async fn index_reads(world: &World, index: &str, after: Option<i64>) -> i64 {
+    use sqlx::Connection as _;
+    let url = world.db_url();
+    if url.starts_with("postgres") {
+        let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+        return crate::support::entries_read(&mut conn, index, after).await;
+    }
+    let mut conn = sqlx::MySqlConnection::connect(&url).await.unwrap();
+    sqlx::query("SET GLOBAL userstat = 1").execute(&mut conn).await.unwrap();
+    sqlx::query_scalar::<_, i64>(
+        "SELECT CAST(COALESCE(SUM(rows_read), 0) AS SIGNED) FROM information_schema.index_statistics \
+         WHERE table_schema = DATABASE() AND table_name = 'room_outbox' AND index_name = ?",
+    )
+    .bind(index)
+    .fetch_one(&mut conn)
+    .await
+    .unwrap()
+}
+
+/// The partition index (PostgreSQL: an expression index; MariaDB: a virtual column's): an
+/// owner of half the partitions reads, page by page, the same rows in the same order as
+/// without the index, none of the claim index, and fewer index entries than the table has
+/// waiting rows; the two halves make up every row once.
+async fn an_owner_of_some_partitions_reads_only_their_rows(world: World) {
+    let mysql = world.db_url().starts_with("mysql");
+    let userstat =
+        if mysql { crate::support::query_strings(&world.db, "SELECT @@GLOBAL.userstat").await } else { vec![] };
+    index_reads(&world, "room_outbox_claim_idx", None).await;
+    let events: Vec<_> =
+        (0..2_000).map(|i| world.event("RoomGiftSent", &format!("room-{}", i % 200), Status::Pending)).collect();
+    for chunk in events.chunks(500) {
+        world.producer.insert(chunk).await.unwrap();
+    }
+    let fences = |parts: std::ops::Range<u32>| parts.map(|partition| Fence { partition, epoch: 1 }).collect::<Vec<_>>();
+    let (first, second) = (fences(0..4), fences(4..8));
+    // One connection, so that its reads reach PostgreSQL's counters in one flush (an idle
+    // backend's come within about ten seconds).
+    let indexed = outbox_host::store::open(&world.db_url(), 1, "room_outbox").await.unwrap();
+    assert!(indexed.index_partitions(8).await.unwrap(), "the server has a partition index");
+    let claim_before = index_reads(&world, "room_outbox_claim_idx", None).await;
+    let part_before = index_reads(&world, "room_outbox_p8_idx", None).await;
+    let with = sweep(indexed.as_ref(), &first).await;
+    let part_read = index_reads(&world, "room_outbox_p8_idx", Some(part_before)).await - part_before;
+    let claim_read = index_reads(&world, "room_outbox_claim_idx", None).await - claim_before;
+    // Without the index (a store that has not looked for it): the claim index, filtered.
+    let without = sweep(world.producer.as_ref(), &first).await;
+
+    let flat = |pages: &[Vec<String>]| pages.concat();
+    assert_eq!(flat(&with), flat(&without), "the same rows in the same order");
+    let owned_rows = flat(&with).len();
+    assert!(owned_rows > 500 && owned_rows < 1_500, "half the partitions hold {owned_rows} of 2,000 rows");
+    assert_eq!(claim_read, 0, "the read went through the claim index");
+    assert!(part_read >= owned_rows as i64, "{part_read} entries read for {owned_rows} rows");
+    assert!(part_read < 2_000, "{part_read} partition index entries read for {owned_rows} of 2,000 waiting rows");
+
+    let mut every = flat(&with);
+    every.extend(flat(&sweep(indexed.as_ref(), &second).await));
+    every.sort();
+    let mut all: Vec<String> = events.iter().map(|e| e.event_id.clone()).collect();
+    all.sort();
+    assert_eq!(every, all, "the two halves make up every row once");
+    if let [was] = userstat.as_slice() {
+        // The statistics cost every statement something: back as the server had them.
+        world.db.execute(&format!("SET GLOBAL userstat = {was}")).await.unwrap();
+    }
 }

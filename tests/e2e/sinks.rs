@@ -185,7 +185,7 @@ async fn a_sink_added_later_starts_from_the_beginning_or_from_now(world: World) 
 /// delivers nothing twice to the first.
 async fn a_single_sink_table_upgrades_in_place_keeping_every_state(world: World) {
     let url = world.db_url();
-    world.undo_version_7().await;
+    world.as_before_several_sinks().await;
     let delivered = world.produce("RoomGiftSent", "room-1", Status::Delivered).await;
     let retryable = world.produce("RoomGiftSent", "room-2", Status::Pending).await;
     let failed = world.produce("RoomGiftSent", "room-3", Status::Pending).await;

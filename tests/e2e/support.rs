@@ -156,13 +156,19 @@ impl World {
         self.producer.get(event_id).await.unwrap().unwrap_or_else(|| panic!("no row {event_id}"))
     }
 
-    /// The table as the host left it before several sinks (migration 6): migration 7's
-    /// column, registry and record removed.
-    pub async fn undo_version_7(&self) {
+    /// The table as a development version of the host left it before several sinks
+    /// (versions 1 to 6): no registry, no `fanned_out_at_ms`, and its bookkeeping without
+    /// checksums or routines.
+    pub async fn as_before_several_sinks(&self) {
         for statement in [
             "DROP TABLE room_outbox_sinks",
             "ALTER TABLE room_outbox DROP COLUMN fanned_out_at_ms",
-            "DELETE FROM room_outbox_migrations WHERE version = 7",
+            "DROP TABLE room_outbox_migrations",
+            "DROP TABLE room_outbox_routines",
+            "CREATE TABLE room_outbox_migrations \
+             (version BIGINT PRIMARY KEY, description VARCHAR(255) NOT NULL, applied_at_ms BIGINT NOT NULL)",
+            "INSERT INTO room_outbox_migrations VALUES (1, 'create room outbox', 0), (2, 'wake up and claim', 0), \
+             (3, 'claim procedure', 0), (4, 'room order', 0), (5, 'room runs', 0), (6, 'pick index', 0)",
         ] {
             self.db.execute(statement).await.unwrap();
         }
@@ -438,3 +444,52 @@ macro_rules! per_backend {
     };
 }
 pub(crate) use per_backend;
+
+/// The first column of every row `sql` returns on `db`, as text (integers printed).
+pub async fn query_strings(db: &TestDb, sql: &str) -> Vec<String> {
+    use sqlx::Connection as _;
+    fn text<R: sqlx::Row>(row: &R) -> String
+    where
+        for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        usize: sqlx::ColumnIndex<R>,
+    {
+        row.try_get::<String, _>(0).or_else(|_| row.try_get::<i64, _>(0).map(|n| n.to_string())).unwrap()
+    }
+    if db.url.starts_with("sqlite:") {
+        let mut c = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
+        sqlx::raw_sql(sql).fetch_all(&mut c).await.unwrap().iter().map(text).collect()
+    } else if db.url.starts_with("postgres") {
+        let mut c = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        sqlx::raw_sql(sql).fetch_all(&mut c).await.unwrap().iter().map(text).collect()
+    } else {
+        let mut c = sqlx::MySqlConnection::connect(&db.url).await.unwrap();
+        sqlx::raw_sql(sql).fetch_all(&mut c).await.unwrap().iter().map(text).collect()
+    }
+}
+
+/// The entries `index` has returned to scans so far, by the server's own counters, with
+/// this connection's own reads flushed to them first. `after`: wait (up to 15 s) until the
+/// count has moved past it, since a flush may land a moment later (another idle backend's
+/// within about 10 s); a claim reads something.
+pub async fn entries_read(conn: &mut sqlx::PgConnection, index: &str, after: Option<i64>) -> i64 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut *conn).await.unwrap();
+        sqlx::query("SELECT pg_stat_clear_snapshot()").execute(&mut *conn).await.unwrap();
+        let read: i64 = sqlx::query_scalar(
+            "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = $1 AND schemaname = current_schema()",
+        )
+        .bind(index)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+        match after {
+            Some(before) if read <= before => {
+                assert!(std::time::Instant::now() < deadline, "{index}: no reads counted after the claim");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            _ => return read,
+        }
+    }
+}

@@ -328,7 +328,6 @@ impl Worker {
         let lease_ms = self.config.lease.as_millis() as i64;
         let mut size =
             ClaimSize::new(self.claim_size(), self.config.claim_growth_on(self.store.backend()), self.config.lease);
-        let order = self.config.room_order();
         let mut backoff = Duration::from_millis(100);
         let wake = self.store.inserted();
         let listening = match self.config.wake_up {
@@ -374,10 +373,7 @@ impl Worker {
                 match &self.tracker {
                     Some(tracker) => self.read_ready(tracker, wanted).await,
                     None => {
-                        let rows = self
-                            .store
-                            .claim_in_order(&self.worker_id, now, now + lease_ms, wanted as u32, order)
-                            .await?;
+                        let rows = self.store.claim(&self.worker_id, now, now + lease_ms, wanted as u32).await?;
                         let at_end = rows.len() < wanted;
                         Ok((0, rows, at_end))
                     }

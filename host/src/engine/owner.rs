@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Worker;
 use super::buffer::{RoomKey, room_of};
-use crate::store::{Claimed, Fence, Heartbeat, Holding, KeyValue, Mark, OwnedRead, Page};
+use crate::store::{Claimed, Fence, Heartbeat, Holding, KeyValue, Mark, OwnedRead, Page, Store};
 
 /// The most pages one read walks before it hands over what it found.
 const MAX_PAGES: usize = 16;
@@ -286,6 +286,7 @@ impl Worker {
         let wake = self.store.inserted();
         let mut backoff = Duration::from_millis(100);
         let mut told = false;
+        let mut indexed = None;
         while !shutdown.is_cancelled() {
             self.clock.sync(self.store.as_ref()).await;
             let release = tracker.release_drained();
@@ -304,6 +305,10 @@ impl Worker {
                     backoff = Duration::from_millis(100);
                     self.metrics.db_ok("partitions");
                     let (owned, share) = (holding.owned.len(), holding.share);
+                    if indexed != Some(holding.total) {
+                        indexed = Some(holding.total);
+                        tokio::spawn(index_partitions(self.store.clone(), holding.total, shutdown.clone()));
+                    }
                     if holding.total != self.config.partitions && !std::mem::replace(&mut told, true) {
                         tracing::warn!(worker = "room_outbox", node_id = %self.node_id, table_partitions = holding.total, configured = self.config.partitions, "the sink's partitions were made with another count, which stands: `outbox-host partitions --set N` changes it, with every host of the sink stopped");
                     }
@@ -391,6 +396,24 @@ impl Worker {
             _ => {
                 tracing::warn!(worker = "room_outbox", node_id = %self.node_id, "could not give up this host's partitions; others take them when their leases run out")
             }
+        }
+    }
+}
+
+/// Finds or builds the partition index for `total` partitions (an owner of some partitions
+/// then reads only their rows), trying again every minute while it cannot (a user without
+/// `CREATE`, or the migration lock held elsewhere); reads go on without it meanwhile.
+async fn index_partitions(store: Arc<dyn Store>, total: u32, shutdown: CancellationToken) {
+    while !shutdown.is_cancelled() {
+        match store.index_partitions(total).await {
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!(worker = "room_outbox", error = %e, partitions = total, "could not build the partition index; owners read every partition's waiting rows until it is there (trying again in a minute)");
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(60)) => {}
+            () = shutdown.cancelled() => {}
         }
     }
 }

@@ -162,26 +162,6 @@ pub struct WorkerConfig {
 }
 
 impl WorkerConfig {
-    /// How claims keep rooms in order.
-    pub fn room_order(&self) -> crate::store::RoomOrder {
-        match self.ordering {
-            RoomOrdering::PerRoom => {
-                crate::store::RoomOrder::PerRoom { failed_blocks: self.failed_blocks_room, run: self.room_run() }
-            }
-            RoomOrdering::None => crate::store::RoomOrder::Unordered,
-        }
-    }
-
-    /// Under per-room order, the most consecutive events of one room a claim takes: as many
-    /// as can run one after another within a lease (less a second) if each took its whole
-    /// `publish_timeout`, less one for the wait for a free slot; at least 1, at most
-    /// `batch_size`. With the defaults, 8.
-    pub fn room_run(&self) -> u32 {
-        let usable = self.lease.saturating_sub(Duration::from_secs(1)).as_millis();
-        let fits = usable / self.publish_timeout.as_millis().max(1);
-        u32::try_from(fits).unwrap_or(u32::MAX).saturating_sub(1).clamp(1, self.batch_size.max(1))
-    }
-
     /// How many times `batch_size` a claim may grow to behind a backlog on `backend`:
     /// `claim_growth`, by default [`DEFAULT_CLAIM_GROWTH`] on the server databases and 1
     /// (never) on SQLite, where larger claims measured slower; 1 under a rate limit, whose

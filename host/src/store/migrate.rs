@@ -1,11 +1,23 @@
-//! Applies the SQL files under `migrations/<dialect>/` to the configured table.
+//! The schema the host keeps, and what it knows of each version.
 //!
-//! The files are embedded with `sqlx::migrate!` (one folder per dialect, the same version
-//! numbers in each) and written for the table `room_outbox`; the runner renames it to the
-//! configured `outbox.table` and keeps its own bookkeeping table `<table>_migrations`, so
-//! two outbox tables can live in one database.
+//! - **Migrations.** The SQL files under `migrations/<dialect>/`, embedded with
+//!   `sqlx::migrate!` (one folder per dialect, the same version numbers in each). Version 1 is
+//!   the baseline. The files are written for the table `room_outbox`; the runner renames it
+//!   to the configured `outbox.table` and keeps its bookkeeping in `<table>_migrations`, with
+//!   each applied file's checksum, so that a file changed after it was applied is refused by
+//!   name.
+//! - **Routines.** PostgreSQL's claim function and insert notification and MySQL's claim
+//!   procedure are rendered from `migrations/routines/` for the table and its key, and
+//!   installed whenever the checksum recorded in `<table>_routines` differs from the
+//!   rendered text's.
+//!
+//! The runner itself is in `sql.rs` (it needs the dialect's connection).
 
+use sha2::Digest as _;
 use sqlx::migrate::Migrator;
+
+use super::Backend;
+use super::schema::Key;
 
 /// The SQLite migrations.
 pub static SQLITE: Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -13,6 +25,13 @@ pub static SQLITE: Migrator = sqlx::migrate!("../migrations/sqlite");
 pub static POSTGRES: Migrator = sqlx::migrate!("../migrations/postgres");
 /// The MySQL / MariaDB migrations.
 pub static MYSQL: Migrator = sqlx::migrate!("../migrations/mysql");
+
+/// The baseline's version.
+pub const BASELINE: i64 = 1;
+
+/// The line in each baseline after which come the outbox's own bookkeeping tables (the sink
+/// registry and the partition leases), which a sink's own table does not get.
+const BOOKKEEPING: &str = "-- outbox-host: the outbox's own bookkeeping follows";
 
 /// A migration with the table name filled in.
 pub struct Step {
@@ -22,6 +41,32 @@ pub struct Step {
     pub description: String,
     /// Statements to run.
     pub sql: String,
+    /// The file's checksum (hex), as recorded once it is applied.
+    pub checksum: String,
+}
+
+impl Step {
+    /// The baseline's two parts: the table itself (with its indexes), then the outbox's own
+    /// bookkeeping. Any other version is all table.
+    pub fn parts(&self) -> (&str, &str) {
+        match self.sql.find(BOOKKEEPING) {
+            Some(at) => self.sql.split_at(at),
+            None => (&self.sql, ""),
+        }
+    }
+
+    /// The file the step comes from, for messages.
+    pub fn file(&self, backend: Backend) -> String {
+        format!("migrations/{}/{:04}_{}.sql", dialect_dir(backend), self.version, self.description.replace(' ', "_"))
+    }
+}
+
+fn dialect_dir(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Sqlite => "sqlite",
+        Backend::Postgres => "postgres",
+        Backend::Mysql => "mysql",
+    }
 }
 
 /// The steps of `migrator` for `table`, in version order.
@@ -33,18 +78,91 @@ pub fn steps(migrator: &Migrator, table: &str) -> Vec<Step> {
             version: m.version,
             description: m.description.to_string(),
             sql: m.sql.replace(crate::store::DEFAULT_TABLE, table),
+            checksum: hex(&m.checksum),
         })
         .collect()
 }
 
-/// Whether every migration of `migrator` is among `applied`.
-pub fn up_to_date(migrator: &Migrator, applied: &[i64]) -> bool {
-    versions(migrator).iter().all(|v| applied.contains(v))
+/// Whether `applied` (version, checksum) is every migration of `migrator`, unchanged.
+pub fn up_to_date(migrator: &Migrator, applied: &[(i64, String)]) -> bool {
+    steps(migrator, crate::store::DEFAULT_TABLE)
+        .iter()
+        .all(|s| applied.iter().any(|(v, sum)| *v == s.version && *sum == s.checksum))
+}
+
+/// The first applied migration whose file has changed since, as an error naming it.
+pub fn changed(migrator: &Migrator, backend: Backend, table: &str, applied: &[(i64, String)]) -> Option<String> {
+    steps(migrator, table).into_iter().find_map(|s| {
+        let (_, recorded) = applied.iter().find(|(v, _)| *v == s.version)?;
+        (*recorded != s.checksum).then(|| {
+            format!(
+                "{} was applied to {table} with checksum {recorded}, and the file now has {}: an applied migration \
+                 must not change (put the change in a new migration); nothing was changed",
+                s.file(backend),
+                s.checksum
+            )
+        })
+    })
 }
 
 /// The version numbers of every dialect's migrations, for the check that they agree.
 pub fn versions(migrator: &Migrator) -> Vec<i64> {
     migrator.iter().filter(|m| m.migration_type.is_up_migration()).map(|m| m.version).collect()
+}
+
+/// One routine the host keeps beside a table, rendered for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Routine {
+    /// Its name in `<table>_routines` (`claim`, `notify_insert`).
+    pub name: &'static str,
+    /// The statements that install it (replacing what was there).
+    pub sql: String,
+    /// The checksum of `sql` (hex).
+    pub checksum: String,
+}
+
+/// The templates under `migrations/routines/`, per backend.
+fn templates(backend: Backend) -> &'static [(&'static str, &'static str)] {
+    match backend {
+        Backend::Postgres => &[
+            ("notify_insert", include_str!("../../../migrations/routines/postgres_notify_insert.sql")),
+            ("claim", include_str!("../../../migrations/routines/postgres_claim.sql")),
+        ],
+        Backend::Mysql => &[("claim", include_str!("../../../migrations/routines/mysql_claim.sql"))],
+        // A claim is a short transaction of plain statements, and idle hosts probe.
+        Backend::Sqlite => &[],
+    }
+}
+
+/// The routines of `backend` for `table`, whose rows are named by `key`. Each template
+/// names the table `{table}` and the key `{key}`; `{id}` is the claimed row's id (0 where
+/// rows are named by `event_id`), `{key_text}` the key as a JSON-safe value and `{key_type}`
+/// its type there (MySQL's `JSON_TABLE`).
+pub fn routines(backend: Backend, table: &str, key: Key) -> Vec<Routine> {
+    let by_event_id = key == Key::EventId;
+    let (id, key_text, key_type) = match (backend, by_event_id) {
+        (Backend::Postgres, false) => ("o.id", "id", "BIGINT"),
+        (Backend::Postgres, true) => ("0::BIGINT", "event_id", "TEXT"),
+        (_, false) => ("o.id", "id", "BIGINT"),
+        (_, true) => ("0", "CONVERT(event_id USING utf8mb4)", "VARCHAR(255)"),
+    };
+    templates(backend)
+        .iter()
+        .map(|(name, template)| {
+            let sql = template
+                .replace("{table}", table)
+                .replace("{key}", key.column())
+                .replace("{key_text}", key_text)
+                .replace("{key_type}", key_type)
+                .replace("{id}", id);
+            let checksum = hex(&sha2::Sha256::digest(sql.as_bytes()));
+            Routine { name, sql, checksum }
+        })
+        .collect()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]
@@ -66,5 +184,41 @@ mod tests {
         assert!(steps[0].sql.contains("CREATE TABLE IF NOT EXISTS events_out ("));
         assert!(steps[0].sql.contains("events_out_claim_idx"));
         assert!(!steps[0].sql.contains("room_outbox"));
+        assert_eq!(steps[0].file(Backend::Sqlite), "migrations/sqlite/0001_baseline.sql");
+    }
+
+    /// Each baseline has its bookkeeping part, and the table part creates no bookkeeping.
+    #[test]
+    fn each_baseline_splits_into_the_table_and_the_bookkeeping() {
+        for migrator in [&SQLITE, &POSTGRES, &MYSQL] {
+            let steps = steps(migrator, "t");
+            let (table, bookkeeping) = steps[0].parts();
+            assert!(table.contains("CREATE TABLE IF NOT EXISTS t ("), "{table}");
+            for own in ["t_sinks", "t_partitions", "t_owners"] {
+                assert!(bookkeeping.contains(&format!("CREATE TABLE IF NOT EXISTS {own} (")), "{own}");
+                assert!(!table.contains(own), "{own} in the table part");
+            }
+        }
+    }
+
+    /// Every placeholder is filled for both keys, and the key decides the text (so the
+    /// checksum tells a table keyed by `event_id` from one keyed by `id`).
+    #[test]
+    fn routines_are_rendered_for_the_table_and_its_key() {
+        for backend in [Backend::Postgres, Backend::Mysql] {
+            let by_id = routines(backend, "events_out", Key::Id);
+            let by_event_id = routines(backend, "events_out", Key::EventId);
+            assert!(by_id.iter().any(|r| r.name == "claim"), "{backend:?} has a claim routine");
+            for r in by_id.iter().chain(&by_event_id) {
+                for placeholder in ["{table}", "{key}", "{key_text}", "{key_type}", "{id}"] {
+                    assert!(!r.sql.contains(placeholder), "{backend:?} {} keeps {placeholder}", r.name);
+                }
+                assert!(r.sql.contains("events_out_") && !r.sql.contains("room_outbox"), "{}", r.name);
+            }
+            let claim = |rs: &[Routine]| rs.iter().find(|r| r.name == "claim").unwrap().clone();
+            assert!(claim(&by_event_id).sql.contains("o.event_id = "), "{backend:?}");
+            assert_ne!(claim(&by_id).checksum, claim(&by_event_id).checksum);
+        }
+        assert!(routines(Backend::Sqlite, "t", Key::RowId).is_empty());
     }
 }

@@ -5,6 +5,7 @@ pub mod migrate;
 mod mysql;
 pub mod partitions;
 mod postgres;
+mod runner;
 pub mod schema;
 pub mod sinks;
 mod sql;
@@ -114,33 +115,6 @@ pub struct NewEvent {
     pub envelope: Vec<u8>,
     /// UTC milliseconds; claim order.
     pub created_at_ms: i64,
-}
-
-/// Whether a claim keeps each room's events in order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RoomOrder {
-    /// Any claimable row, in creation order.
-    Unordered,
-    /// A room's run: its head (every earlier event of the room is `delivered`, or `failed`
-    /// unless `failed_blocks`), and up to `run - 1` of the room's next events as long as each
-    /// is claimable too. The claimer must deliver a run in order and hand back the rest of it
-    /// when one fails.
-    PerRoom {
-        /// A `failed` event holds its room's later events back too.
-        failed_blocks: bool,
-        /// The most consecutive events of one room a claim takes (at least 1).
-        run: u32,
-    },
-}
-
-impl RoomOrder {
-    /// `(ordered, failed_blocks, run)`, as the claim routines take them.
-    pub fn flags(self) -> (bool, bool, u32) {
-        match self {
-            RoomOrder::Unordered => (false, false, 1),
-            RoomOrder::PerRoom { failed_blocks, run } => (true, failed_blocks, run.max(1)),
-        }
-    }
 }
 
 /// Claimed rows in claim order: creation time, then the row key (`id`, or `event_id` where
@@ -440,28 +414,13 @@ pub trait Store: Send + Sync + 'static {
     /// has passed; delivering whose lease expired) in `created_at_ms, id` order, moving
     /// them to `delivering` under `worker_id` until `lock_until_ms`. Two concurrent
     /// claims never return the same row. The result is in claim order. Rooms are not
-    /// considered: see [`Store::claim_in_order`].
+    /// considered (`ordering: none`): per-room order is kept by partition ownership.
     async fn claim(
         &self,
         worker_id: &str,
         now_ms: i64,
         lock_until_ms: i64,
         limit: u32,
-    ) -> Result<Vec<Claimed>, StoreError> {
-        self.claim_in_order(worker_id, now_ms, lock_until_ms, limit, RoomOrder::Unordered).await
-    }
-
-    /// [`Store::claim`], keeping `order`: with [`RoomOrder::PerRoom`], a claim takes each
-    /// room's head (every earlier row of its room, by `created_at_ms` then key, finished) and
-    /// the claimable rows right behind it, up to the run length, so no two hosts ever hold
-    /// events of one room at once.
-    async fn claim_in_order(
-        &self,
-        worker_id: &str,
-        now_ms: i64,
-        lock_until_ms: i64,
-        limit: u32,
-        order: RoomOrder,
     ) -> Result<Vec<Claimed>, StoreError>;
 
     /// Writes outcomes. `Delivered` applies to any row not yet delivered; `Retry` and
@@ -588,6 +547,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// One page of the owned partitions' unfinished rows, in order, due or not.
     async fn read_owned(&self, read: &OwnedRead<'_>) -> Result<Page, StoreError>;
+
+    /// Finds, or builds online, the index of this sink table's unfinished rows by partition
+    /// of `total` (dropping those of other counts), so that an owner of some partitions
+    /// reads their rows only. `false` where the database has none (SQLite: the host
+    /// computes the partition).
+    async fn index_partitions(&self, total: u32) -> Result<bool, StoreError>;
 
     /// Of these rooms, those with a `failed` row, and its earliest creation time.
     async fn failed_rooms(&self, rooms: &[(String, String)]) -> Result<Vec<(String, String, i64)>, StoreError>;

@@ -13,10 +13,6 @@ use super::sinks::{KeyValue, bind_key};
 use super::sql::{Dialect, SqlStore, params};
 use super::{Backend, Claimed, Lease, Mark, Outcome, Status, StoreError};
 
-/// The migration that adds the partition and owner tables: a sink's own table skips it
-/// (its leases live beside the outbox).
-pub const PARTITIONS_VERSION: i64 = 19;
-
 /// How many times one heartbeat tries to take free partitions that other hosts took first.
 const TAKE_ROUNDS: usize = 3;
 
@@ -132,7 +128,7 @@ pub fn partition_of(app_code: &str, room_id: &str, total: u32) -> u32 {
 }
 
 /// The SQL that computes a row's partition of `total`, where the database does.
-fn partition_sql(backend: Backend, total: u32) -> Option<String> {
+pub(super) fn partition_sql(backend: Backend, total: u32) -> Option<String> {
     match backend {
         Backend::Postgres => {
             Some(format!("(((hashtextextended(app_code || ':' || room_id, 0) % {total}) + {total}) % {total})"))
@@ -140,6 +136,30 @@ fn partition_sql(backend: Backend, total: u32) -> Option<String> {
         Backend::Mysql => Some(format!("(CRC32(CONCAT(app_code, ':', room_id)) % {total})")),
         Backend::Sqlite => None,
     }
+}
+
+/// The index of a table's unfinished rows by partition of `total`, then creation order.
+pub(super) fn partition_index_name(table: &str, total: u32) -> String {
+    format!("{table}_p{total}_idx")
+}
+
+/// What the partition index holds a row's partition as: PostgreSQL's expression, MySQL's
+/// virtual column (MariaDB indexes no expression).
+pub(super) fn indexed_partition(backend: Backend, total: u32) -> String {
+    match backend {
+        Backend::Mysql => partition_column(total),
+        _ => partition_sql(backend, total).unwrap_or_default(),
+    }
+}
+
+/// MySQL's virtual column of a row's partition of `total`.
+pub(super) fn partition_column(total: u32) -> String {
+    format!("outbox_part_{total}")
+}
+
+/// The partition count `index` is for, if it is one of `table`'s partition indexes.
+pub(super) fn partition_index_count(table: &str, index: &str) -> Option<u32> {
+    index.strip_prefix(&format!("{table}_p"))?.strip_suffix("_idx")?.parse().ok()
 }
 
 /// How a read locks the partition rows it checks, so that no takeover commits between the
@@ -439,6 +459,31 @@ where
         Ok(views)
     }
 
+    /// Finds or builds the partition index for `total` (see [`Store::index_partitions`]).
+    pub(super) async fn partition_index(&self, total: u32) -> Result<bool, StoreError>
+    where
+        Self: super::Store,
+    {
+        if D::BACKEND == Backend::Sqlite {
+            return Ok(false);
+        }
+        if self.indexed_partitions.load(std::sync::atomic::Ordering::Relaxed) == total {
+            return Ok(true);
+        }
+        // Only valid indexes are described; an invalid one of this count is rebuilt.
+        let indexes = super::Store::describe(self).await?.map(|info| info.indexes).unwrap_or_default();
+        let wanted = partition_index_name(&self.table, total);
+        let ours = |name: &str| partition_index_count(&self.table, name);
+        let done = indexes.iter().any(|i| i.name == wanted)
+            && !indexes.iter().any(|i| ours(&i.name).is_some_and(|n| n != total));
+        if !done {
+            self.holding_migration_lock(super::runner::Job::PartitionIndex(total)).await?;
+            tracing::info!(table = %self.table, index = %wanted, "built the partition index: an owner of some partitions reads their rows only");
+        }
+        self.indexed_partitions.store(total, std::sync::atomic::Ordering::Relaxed);
+        Ok(true)
+    }
+
     /// Up to `read.limit` rows of the owned partitions that are not finished (`pending`,
     /// `retryable`, or `delivering` under someone else's lease), in `(created_at_ms, key)`
     /// order after `read.after`, due or not (a room's earliest such row decides whether the
@@ -449,6 +494,12 @@ where
         let expr = partition_sql(D::BACKEND, read.total);
         let part = expr.as_deref().unwrap_or("0");
         let everything = read.owned.len() as u32 >= read.total;
+        if !everything
+            && expr.is_some()
+            && self.indexed_partitions.load(std::sync::atomic::Ordering::Relaxed) == read.total
+        {
+            return self.read_by_partition(read, &indexed_partition(D::BACKEND, read.total)).await;
+        }
         let only = match (&expr, everything) {
             (Some(expr), false) => {
                 let parts: Vec<u32> = read.owned.iter().map(|f| f.partition).collect();
@@ -503,15 +554,92 @@ where
         }
         let rows = q.fetch_all(&self.pool).await?;
         let at_end = rows.len() < read.limit as usize;
+        self.decode_page(read, expr.is_some(), &rows, at_end)
+    }
+
+    /// [`Self::read_waiting`] through the partition index (PostgreSQL): each owned
+    /// partition's next rows after the cursor, each an ordered range of the index, at most
+    /// `per` of each, merged in order. A partition that returned `per` rows may have more
+    /// before another partition's last: the page ends at the earliest such partition's last
+    /// row, which every partition has been read up to.
+    async fn read_by_partition(&self, read: &OwnedRead<'_>, expr: &str) -> Result<Page, StoreError> {
+        let (t, key) = (&self.table, self.profile.key.column());
+        let id = super::key_as_id(self.profile.key);
+        let limit = read.limit.max(1) as usize;
+        // A little over each partition's share of the page: fewer rows read past the page's end.
+        let per = ((limit + limit / 4).div_ceil(read.owned.len().max(1)) + 1).min(limit);
+        let parts: Vec<u32> = read.owned.iter().map(|f| f.partition).collect();
+        let columns = format!(
+            "{id}, app_code, event_id, event_type, room_id, envelope, created_at_ms, retry_count, \
+             status, next_retry_at_ms, lock_until_ms, {expr} AS part_no, {key} AS sort_key"
+        );
+        let after = |first: usize| {
+            format!(
+                "created_at_ms >= {} AND (created_at_ms > {} OR {key} > {})",
+                D::param(first),
+                D::param(first + 1),
+                D::param(first + 2)
+            )
+        };
+        // PostgreSQL: one range of the partial index per partition. MySQL: one per partition
+        // and status (its index leads with the partition's column, then the status).
+        let ranges: Vec<String> = match D::BACKEND {
+            Backend::Mysql => parts
+                .iter()
+                .flat_map(|p| ["pending", "retryable", "delivering"].map(move |status| (p, status)))
+                .enumerate()
+                .map(|(i, (p, status))| {
+                    format!(
+                        "(SELECT {columns} FROM {t} WHERE {expr} = {p} AND status = '{status}' AND {} \
+                          ORDER BY created_at_ms, {key} LIMIT {per})",
+                        after(1 + 3 * i)
+                    )
+                })
+                .collect(),
+            _ => vec![format!(
+                "SELECT w.* FROM unnest(ARRAY[{}]::INT8[]) AS p(n) CROSS JOIN LATERAL ( \
+                   SELECT {columns} FROM {t} WHERE {expr} = p.n AND status IN ('pending', 'retryable', 'delivering') \
+                      AND {} ORDER BY created_at_ms, {key} LIMIT {per}) AS w",
+                list(&parts),
+                after(1)
+            )],
+        };
+        let sql = format!("SELECT * FROM ({}) AS waiting ORDER BY created_at_ms, sort_key", ranges.join(" UNION ALL "));
+        let (after_at, after_key) = read.after.clone().unwrap_or((i64::MIN, KeyValue::first(self.profile.key)));
+        let mut q = sqlx::query(&sql);
+        for _ in &ranges {
+            q = bind_key::<D>(q.bind(after_at).bind(after_at), &after_key);
+        }
+        let rows = q.fetch_all(&self.pool).await?;
+        // Each range's count and the position of its last row.
+        let mut seen: std::collections::HashMap<(i64, String), (usize, usize)> = std::collections::HashMap::new();
+        for (i, r) in rows.iter().enumerate() {
+            let status = if D::BACKEND == Backend::Mysql { D::text(r, 8)? } else { String::new() };
+            let entry = seen.entry((D::int(r, 11)?, status)).or_default();
+            *entry = (entry.0 + 1, i);
+        }
+        let cut = seen.values().filter(|(n, _)| *n >= per).map(|(_, last)| last + 1).min();
+        let keep = cut.unwrap_or(rows.len()).min(limit);
+        let at_end = cut.is_none() && rows.len() <= limit;
+        self.decode_page(read, true, &rows[..keep], at_end)
+    }
+
+    /// A page of `rows` (in read order) for `read`; `by_database`: the rows carry their
+    /// partition (else the host computes it).
+    fn decode_page(
+        &self,
+        read: &OwnedRead<'_>,
+        by_database: bool,
+        rows: &[<D::Db as Database>::Row],
+        at_end: bool,
+    ) -> Result<Page, StoreError> {
         let epochs: std::collections::HashMap<u32, i64> = read.owned.iter().map(|f| (f.partition, f.epoch)).collect();
         let mut waiting = Vec::with_capacity(rows.len());
         let mut last = None;
-        for r in &rows {
+        for r in rows {
             let (app_code, room_id) = (D::text(r, 1)?, D::text(r, 4)?);
-            let partition = match expr {
-                Some(_) => D::int(r, 11)? as u32,
-                None => partition_of(&app_code, &room_id, read.total),
-            };
+            let partition =
+                if by_database { D::int(r, 11)? as u32 } else { partition_of(&app_code, &room_id, read.total) };
             let key = if self.profile.key.is_text() {
                 KeyValue::Text(D::text(r, 12)?)
             } else {

@@ -1,4 +1,4 @@
-//! PostgreSQL. A claim is one round trip: the function `<table>_claim` (migration 2) runs a
+//! PostgreSQL. A claim is one round trip: the function `<table>_claim` (a routine) runs a
 //! `FOR UPDATE SKIP LOCKED` pick in a CTE and an `UPDATE … RETURNING`, so concurrent
 //! claimers skip each other's rows, with planner settings of its own that keep the pick on
 //! the claim index. Outcomes of a whole batch are
@@ -18,9 +18,9 @@ use tokio_util::sync::CancellationToken;
 use sqlx::postgres::PgRow;
 use sqlx::{Column as _, Row as _, TypeInfo as _};
 
-use super::schema::{Key, Profile};
+use super::schema::Profile;
 use super::sql::{Dialect, MigrationLock, SqlStore, decode_routine_claimed};
-use super::{Backend, CLAIM_COLUMNS, Claimed, Held, Lease, Mark, RoomOrder, StoreError};
+use super::{Backend, CLAIM_COLUMNS, Claimed, Held, Lease, Mark, StoreError};
 
 /// The longest wait between attempts to listen again.
 const MAX_LISTEN_BACKOFF: Duration = Duration::from_secs(5);
@@ -56,7 +56,7 @@ impl Dialect for PostgresDialect {
         let (key, no_worker, no_error) = (profile.key.column(), profile.no_worker, profile.no_error);
         let keys = if profile.key.is_text() { "TEXT[]" } else { "BIGINT[]" };
         Statements {
-            claim: format!("SELECT id, {CLAIM_COLUMNS}, was FROM {t}_claim($1, $2, $3, $4, $5, $6, $7)"),
+            claim: format!("SELECT id, {CLAIM_COLUMNS}, was FROM {t}_claim($1, $2, $3, $4)"),
             delivered: format!(
                 "UPDATE {t} SET status = 'delivered', last_error = {no_error}, worker_id = {no_worker}, lock_until_ms = 0, \
                  updated_at_ms = $1, delivered_at_ms = $1, plugin_digest = $3 \
@@ -93,78 +93,6 @@ impl Dialect for PostgresDialect {
                  WHERE x.indrelid = to_regclass('{table}') AND x.indisvalid ORDER BY i.relname, k.n"
             ),
         ]
-    }
-
-    /// The claim function (versions 2, 4, 5, 9, 10, 11, 14 and 16) of a table without `id` picks,
-    /// orders, leases and returns its rows by `event_id`, and returns 0 for `id`.
-    fn adapt_migration(version: i64, sql: String, key: Key) -> Result<String, String> {
-        if key != Key::EventId {
-            return Ok(sql);
-        }
-        use super::sql::replace_all;
-        // What the heads functions of versions 5, 9 and 10 share: they return and order by key.
-        const HEADS: &[(&str, &str)] = &[
-            ("RETURNS TABLE (id BIGINT, was TEXT", "RETURNS TABLE (id TEXT, was TEXT"),
-            ("SELECT c.id::BIGINT AS id,", "SELECT c.event_id::TEXT AS id,"),
-            ("ORDER BY c.created_at_ms, c.id", "ORDER BY c.created_at_ms, c.event_id"),
-        ];
-        // Version 9's head check, restated by version 10.
-        const HEAD_CHECK: &[(&str, &str)] = &[
-            ("c.id = (\n             SELECT e.id FROM", "c.event_id = (\n             SELECT e.event_id FROM"),
-            ("ORDER BY e.created_at_ms, e.id", "ORDER BY e.created_at_ms, e.event_id"),
-        ];
-        // Version 5's claim around the heads (runs and update), restated by versions 10, 11,
-        // 14 and 16.
-        const RUNS: &[(&str, &str)] = &[
-            ("SELECT x.id, x.status::TEXT AS was", "SELECT x.event_id::TEXT AS id, x.status::TEXT AS was"),
-            ("x.id > h.id", "x.event_id > h.id"),
-            ("ORDER BY x.created_at_ms, x.id", "ORDER BY x.created_at_ms, x.event_id"),
-            ("RETURNING o.id,", "RETURNING 0::BIGINT,"),
-        ];
-        // Versions 5-14's update, joined to the taken rows.
-        const TAKEN_JOIN: &[(&str, &str)] = &[("WHERE o.id = taken.id", "WHERE o.event_id = taken.id")];
-        // Version 16's update: by the taken keys, each row's status before it by its key.
-        const BY_KEY: &[(&str, &str)] = &[
-            ("WHERE o.id = ANY (ARRAY(SELECT k.id", "WHERE o.event_id = ANY (ARRAY(SELECT k.id"),
-            ("WHERE w.id = o.id", "WHERE w.event_id = o.event_id"),
-        ];
-        // Version 10's update by the taken keys, restated by version 11.
-        const TAKEN_KEYS: &[(&str, &str)] =
-            &[("AND o.id = ANY (ARRAY(SELECT k.id", "AND o.event_id = ANY (ARRAY(SELECT k.id")];
-        // Version 10's own: the walk's end, the walk of the rooms.
-        const VERSION_10: &[(&str, &str)] = &[
-            ("SELECT e.id, e.status, e.created_at_ms", "SELECT e.event_id AS id, e.status, e.created_at_ms"),
-            ("WHERE c.id = heads.id", "WHERE c.event_id = heads.id"),
-            ("p_after_id BIGINT", "p_after_id TEXT"),
-            ("reach_id BIGINT;", "reach_id TEXT;"),
-            ("SELECT c.created_at_ms, c.id INTO", "SELECT c.created_at_ms, c.event_id INTO"),
-            ("OR c.id <= reach_id", "OR c.event_id <= reach_id"),
-        ];
-        // Version 14's end of a run: the last head by key.
-        const LAST_HEAD: &[(&str, &str)] =
-            &[("(x.created_at_ms, x.id) < (reach.until_ms", "(x.created_at_ms, x.event_id) < (reach.until_ms")];
-        // Versions 2 and 4's claim in one statement: pick, order, lease, return by key.
-        const PICK: &[(&str, &str)] = &[
-            ("SELECT c.id, c.status AS was FROM", "SELECT c.event_id AS id, c.status AS was FROM"),
-            ("ORDER BY c.created_at_ms, c.id", "ORDER BY c.created_at_ms, c.event_id"),
-            ("WHERE o.id = picked.id", "WHERE o.event_id = picked.id"),
-            ("RETURNING o.id,", "RETURNING 0::BIGINT,"),
-        ];
-        // Versions 4 and 5's head check: no earlier unfinished event of the room.
-        const EARLIER: &[(&str, &str)] = &[("e.id < c.id", "e.event_id < c.event_id")];
-        let steps: &[&[(&str, &str)]] = match version {
-            2 => &[PICK],
-            4 => &[PICK, EARLIER],
-            5 => &[HEADS, EARLIER, RUNS, TAKEN_JOIN],
-            9 => &[HEADS, HEAD_CHECK],
-            10 => &[HEADS, HEAD_CHECK, RUNS, TAKEN_JOIN, TAKEN_KEYS, VERSION_10],
-            11 => &[RUNS, TAKEN_JOIN, TAKEN_KEYS],
-            14 => &[RUNS, TAKEN_JOIN, TAKEN_KEYS, LAST_HEAD],
-            16 => &[RUNS, LAST_HEAD, BY_KEY],
-            // No claim routine in it: nothing to adapt.
-            _ => &[],
-        };
-        steps.iter().try_fold(sql, |sql, pairs| replace_all(sql, pairs))
     }
 
     fn int(row: &PgRow, i: usize) -> Result<i64, sqlx::Error> {
@@ -276,19 +204,14 @@ impl Dialect for PostgresDialect {
         now_ms: i64,
         lock_until_ms: i64,
         limit: u32,
-        order: RoomOrder,
     ) -> Result<Vec<Claimed>, StoreError> {
-        // One round trip: the claim function of migration 5 (its own planner settings keep
-        // the pick on the claim index when statistics are stale).
-        let (ordered, failed_blocks, run) = order.flags();
+        // One round trip: the claim function (migrations/routines/postgres_claim.sql; its
+        // own planner settings keep the pick on the claim index when statistics are stale).
         let rows = sqlx::query(&store.own.claim)
             .bind(worker_id)
             .bind(lock_until_ms)
             .bind(now_ms)
             .bind(i32::try_from(limit).unwrap_or(i32::MAX))
-            .bind(ordered)
-            .bind(failed_blocks)
-            .bind(i32::try_from(run).unwrap_or(i32::MAX))
             .fetch_all(&store.pool)
             .await?;
         let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms, fence: None };

@@ -137,9 +137,10 @@ pub enum Addition {
     },
     /// The claim index `<table>_claim_idx`.
     ClaimIndex,
-    /// `<table>_room_order_idx`, over each room's unfinished rows in order: what a claim
-    /// that keeps room order probes for an earlier unfinished event.
-    RoomOrderIndex,
+    /// SQLite's `<table>_pick_idx`, over the unfinished rows in creation order: what a
+    /// claim and a partition owner's read walk (PostgreSQL's partial claim index is that;
+    /// MySQL's claim index starts with the status).
+    PickIndex,
 }
 
 impl std::fmt::Display for Addition {
@@ -147,7 +148,7 @@ impl std::fmt::Display for Addition {
         match self {
             Addition::Column { name, .. } => write!(f, "column {name}"),
             Addition::ClaimIndex => f.write_str("the claim index"),
-            Addition::RoomOrderIndex => f.write_str("the room order index"),
+            Addition::PickIndex => f.write_str("the pick index"),
         }
     }
 }
@@ -180,7 +181,7 @@ struct Need {
 }
 
 /// Every column but `id`, in the seed's order. `add` is per backend: SQLite, PostgreSQL, MySQL.
-const NEEDS: [Need; 14] = [
+const NEEDS: [Need; 16] = [
     Need {
         name: "app_code",
         role: Role::Text,
@@ -216,6 +217,14 @@ const NEEDS: [Need; 14] = [
         add: Some(["INTEGER NOT NULL DEFAULT 0", "BIGINT NOT NULL DEFAULT 0", "BIGINT NOT NULL DEFAULT 0"]),
     },
     Need { name: "delivered_at_ms", role: Role::Millis, add: Some(["INTEGER", "BIGINT", "BIGINT NULL"]) },
+    // When the fan-out copied the row to the other sinks' tables (0: not yet).
+    Need {
+        name: "fanned_out_at_ms",
+        role: Role::Millis,
+        add: Some(["INTEGER NOT NULL DEFAULT 0", "BIGINT NOT NULL DEFAULT 0", "BIGINT NOT NULL DEFAULT 0"]),
+    },
+    // The build of the sink that wrote the row's last outcome (`sha256:<hex>`).
+    Need { name: "plugin_digest", role: Role::Error, add: Some(["TEXT", "VARCHAR(80)", "VARCHAR(80) NULL"]) },
 ];
 
 /// The shape of a declared type, as far as the host cares.
@@ -393,7 +402,8 @@ pub fn review(backend: Backend, table: &str, info: &TableInfo, worker_id_chars: 
             if key == Key::EventId { " and, without an id column, how the host names a row" } else { "" }
         ));
     }
-    for (suffix, index) in [("claim_idx", Addition::ClaimIndex), ("room_order_idx", Addition::RoomOrderIndex)] {
+    let pick = (backend == Backend::Sqlite).then_some(("pick_idx", Addition::PickIndex));
+    for (suffix, index) in [("claim_idx", Addition::ClaimIndex)].into_iter().chain(pick) {
         let name = format!("{table}_{suffix}");
         if !info.indexes.iter().any(|i| i.name == name) {
             additions.push(index);
@@ -430,7 +440,7 @@ pub fn addition_statements(backend: Backend, table: &str, key: Key, additions: &
         .iter()
         .filter_map(|a| match a {
             Addition::Column { name, definition } => Some((*name, definition.as_str())),
-            Addition::ClaimIndex | Addition::RoomOrderIndex => None,
+            Addition::ClaimIndex | Addition::PickIndex => None,
         })
         .collect();
     let mut out = Vec::new();
@@ -453,22 +463,11 @@ pub fn addition_statements(backend: Backend, table: &str, key: Key, additions: &
             out.push(format!("DROP INDEX CONCURRENTLY IF EXISTS {table}_{name}"));
         }
     };
-    if additions.contains(&Addition::RoomOrderIndex) {
-        rebuild(&mut out, "room_order_idx");
-        out.push(match backend {
-            Backend::Mysql => format!(
-                "ALTER TABLE {table} ADD INDEX {table}_room_order_idx (status, room_id, app_code, created_at_ms{key_last}), \
-                 ALGORITHM=INPLACE, LOCK=NONE"
-            ),
-            Backend::Postgres => format!(
-                "CREATE INDEX CONCURRENTLY IF NOT EXISTS {table}_room_order_idx \
-                 ON {table} (room_id, app_code, created_at_ms{key_last}) \
-                 WHERE status IN ('pending', 'delivering', 'retryable', 'failed')"
-            ),
-            Backend::Sqlite => format!(
-                "CREATE INDEX IF NOT EXISTS {table}_room_order_idx ON {table} (status, room_id, app_code, created_at_ms{key_last})"
-            ),
-        });
+    if additions.contains(&Addition::PickIndex) {
+        out.push(format!(
+            "CREATE INDEX IF NOT EXISTS {table}_pick_idx ON {table} (created_at_ms{key_last}) \
+             WHERE status IN ('pending', 'retryable', 'delivering')"
+        ));
     }
     if additions.contains(&Addition::ClaimIndex) {
         let k = key.column();
@@ -547,10 +546,8 @@ mod tests {
             addition_statements(Backend::Mysql, "room_outbox", review.profile.key, &review.additions),
             vec![
                 "ALTER TABLE room_outbox ADD COLUMN updated_at_ms BIGINT NOT NULL DEFAULT 0, \
-                 ADD COLUMN delivered_at_ms BIGINT NULL, ALGORITHM=INSTANT"
-                    .to_string(),
-                "ALTER TABLE room_outbox ADD INDEX room_outbox_room_order_idx (status, room_id, app_code, created_at_ms, \
-                 event_id), ALGORITHM=INPLACE, LOCK=NONE"
+                 ADD COLUMN delivered_at_ms BIGINT NULL, ADD COLUMN fanned_out_at_ms BIGINT NOT NULL DEFAULT 0, \
+                 ADD COLUMN plugin_digest VARCHAR(80) NULL, ALGORITHM=INSTANT"
                     .to_string(),
                 "ALTER TABLE room_outbox ADD INDEX room_outbox_claim_idx (status, created_at_ms, event_id, next_retry_at_ms, \
                  lock_until_ms), ALGORITHM=INPLACE, LOCK=NONE"
@@ -602,12 +599,13 @@ mod tests {
                 ("next_retry_at_ms", "bigint", false),
                 ("updated_at_ms", "bigint", false),
                 ("delivered_at_ms", "bigint", true),
+                ("fanned_out_at_ms", "bigint", false),
+                ("plugin_digest", "character varying(80)", true),
             ],
             vec![
                 IndexInfo { name: "room_outbox_pkey".into(), unique: true, columns: vec!["id".into()] },
                 IndexInfo { name: "room_outbox_event_id_key".into(), unique: true, columns: vec!["event_id".into()] },
                 IndexInfo { name: "room_outbox_claim_idx".into(), unique: false, columns: vec![] },
-                IndexInfo { name: "room_outbox_room_order_idx".into(), unique: false, columns: vec![] },
             ],
         );
         assert_eq!((pg.problems, pg.additions, pg.profile), (vec![], vec![], Profile::native()));
@@ -640,10 +638,14 @@ mod tests {
         assert_eq!(review.problems, Vec::<String>::new());
         assert_eq!(review.profile.key, Key::RowId);
         let statements = addition_statements(Backend::Sqlite, "room_outbox", Key::RowId, &review.additions);
-        assert_eq!(statements.len(), 10, "eight columns and two indexes: {statements:#?}");
+        assert_eq!(statements.len(), 12, "ten columns and two indexes: {statements:#?}");
         assert_eq!(
-            statements.last().unwrap(),
-            "CREATE INDEX IF NOT EXISTS room_outbox_claim_idx ON room_outbox (status, next_retry_at_ms, created_at_ms)"
+            statements[10..],
+            [
+                "CREATE INDEX IF NOT EXISTS room_outbox_pick_idx ON room_outbox (created_at_ms) \
+                 WHERE status IN ('pending', 'retryable', 'delivering')",
+                "CREATE INDEX IF NOT EXISTS room_outbox_claim_idx ON room_outbox (status, next_retry_at_ms, created_at_ms)"
+            ]
         );
     }
 
@@ -673,19 +675,10 @@ mod tests {
 
     #[test]
     fn postgres_builds_indexes_concurrently_replacing_an_invalid_one() {
-        let statements = addition_statements(
-            Backend::Postgres,
-            "t",
-            Key::EventId,
-            &[Addition::ClaimIndex, Addition::RoomOrderIndex],
-        );
+        let statements = addition_statements(Backend::Postgres, "t", Key::EventId, &[Addition::ClaimIndex]);
         assert_eq!(
             statements,
             vec![
-                "DROP INDEX CONCURRENTLY IF EXISTS t_room_order_idx".to_string(),
-                "CREATE INDEX CONCURRENTLY IF NOT EXISTS t_room_order_idx ON t (room_id, app_code, created_at_ms, event_id) \
-                 WHERE status IN ('pending', 'delivering', 'retryable', 'failed')"
-                    .to_string(),
                 "DROP INDEX CONCURRENTLY IF EXISTS t_claim_idx".to_string(),
                 "CREATE INDEX CONCURRENTLY IF NOT EXISTS t_claim_idx ON t (created_at_ms, event_id) \
                  WHERE status IN ('pending', 'retryable', 'delivering')"

@@ -48,11 +48,8 @@ pub fn sink_table(outbox: &str, sink: &str) -> String {
     format!("{outbox}__{name}")
 }
 
-/// The migration that adds `fanned_out_at_ms` and the registry: a sink's own table skips it.
-pub const REGISTRY_VERSION: i64 = 7;
-
-/// The longest suffix the migrations give a table's own objects (`<table>_room_order_idx`).
-pub const LONGEST_OBJECT_SUFFIX: usize = "_room_order_idx".len();
+/// The longest suffix the host gives a table's own objects (`<table>_notify_insert`).
+pub const LONGEST_OBJECT_SUFFIX: usize = "_notify_insert".len();
 
 /// The columns the fan-out copies, the producer's (the rest take their defaults: `pending`).
 const COPIED: &str = "app_code, event_id, event_type, room_id, envelope, created_at_ms";

@@ -11,10 +11,10 @@ use async_trait::async_trait;
 use sqlx::migrate::Migrator;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
 
-use super::schema::{self, Key, Profile, TableInfo};
+use super::schema::{self, Profile, TableInfo};
 use super::{
-    Backend, Claimed, Held, Lease, Mark, Minute, NewEvent, Outcome, RetryFilter, RoomOrder, Row, Stats, Status, Store,
-    StoreError, now_ms,
+    Backend, Claimed, Held, Lease, Mark, Minute, NewEvent, Outcome, RetryFilter, Row, Stats, Status, Store, StoreError,
+    now_ms,
 };
 
 /// What differs between databases. Everything else is [`SqlStore`]'s.
@@ -36,12 +36,6 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// 0/1) in table order, and its indexes (name, unique as 0/1, column), one row per
     /// indexed column in index order. No rows: no such table.
     fn describe_sql(table: &str) -> [String; 2];
-
-    /// Migration `sql` (version `version`) for a table whose rows are named by `key`: the
-    /// claim routines name rows by `id`, which a table made elsewhere may not have.
-    fn adapt_migration(_version: i64, sql: String, _key: Key) -> Result<String, String> {
-        Ok(sql)
-    }
 
     /// Column `i` of `row` as an integer, whatever its width and signedness.
     fn int(row: &<Self::Db as Database>::Row, i: usize) -> Result<i64, sqlx::Error>;
@@ -103,7 +97,6 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         now_ms: i64,
         lock_until_ms: i64,
         limit: u32,
-        order: RoomOrder,
     ) -> Result<Vec<Claimed>, StoreError>;
 
     /// Writes `delivered` for these rows in one statement of the dialect's own, if it has a
@@ -171,7 +164,6 @@ impl ByCount {
 /// The statements [`SqlStore`] runs the same way on every database, with the dialect's
 /// placeholders, built once per store.
 pub(super) struct SharedStatements {
-    versions: String,
     pub(super) delivered: ByCount,
     insert: ByCount,
     get: String,
@@ -195,7 +187,6 @@ impl SharedStatements {
         let (key, no_worker, no_error) = (profile.key.column(), profile.no_worker, profile.no_error);
         let row_columns = super::row_columns(profile.key);
         SharedStatements {
-            versions: format!("SELECT version FROM {t}_migrations"),
             delivered: ByCount::new({
                 let t = t.clone();
                 move |n| {
@@ -288,6 +279,8 @@ pub struct SqlStore<D: Dialect> {
     writes: std::sync::Arc<tokio::sync::Mutex<()>>,
     /// The outbox this table keeps a sink's copy of (`<outbox>__<sink>`), if it is one.
     pub(super) copy_of: Option<String>,
+    /// The partition count whose index this table is known to have (0: none known).
+    pub(super) indexed_partitions: std::sync::Arc<std::sync::atomic::AtomicU32>,
     dialect: PhantomData<D>,
 }
 
@@ -305,6 +298,7 @@ impl<D: Dialect> SqlStore<D> {
             inserted: Default::default(),
             writes: Default::default(),
             copy_of: None,
+            indexed_partitions: Default::default(),
             dialect: PhantomData,
         }
     }
@@ -322,6 +316,7 @@ impl<D: Dialect> SqlStore<D> {
             inserted: Default::default(),
             writes: self.writes.clone(),
             copy_of: Some(self.table.clone()),
+            indexed_partitions: Default::default(),
             dialect: PhantomData,
         }
     }
@@ -356,7 +351,20 @@ impl<D: Dialect> SqlStore<D> {
         for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
         for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
     {
-        let [columns, indexes] = D::describe_sql(&self.table);
+        self.describe_named(conn, &self.table).await
+    }
+
+    /// The table `table` as the database describes it, read on `conn`.
+    pub(super) async fn describe_named(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+        table: &str,
+    ) -> Result<Option<TableInfo>, StoreError>
+    where
+        for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
+        for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
+    {
+        let [columns, indexes] = D::describe_sql(table);
         let columns = sqlx::query(&columns).fetch_all(&mut *conn).await?;
         if columns.is_empty() {
             return Ok(None);
@@ -382,7 +390,11 @@ impl<D: Dialect> SqlStore<D> {
     }
 
     /// Makes `review`'s additions, each as an online step.
-    async fn add(&self, conn: &mut <D::Db as Database>::Connection, review: &schema::Review) -> Result<(), StoreError>
+    pub(super) async fn add(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+        review: &schema::Review,
+    ) -> Result<(), StoreError>
     where
         for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
     {
@@ -479,14 +491,25 @@ pub(super) fn decode_routine_claimed<D: Dialect>(
     decode_claimed::<D>(r, lease, was == "delivering")
 }
 
+/// Whether a DDL statement gave up waiting for its lock (`lock_timeout`, `lock_wait_timeout`).
+pub(super) fn is_lock_timeout(e: &impl std::fmt::Display) -> bool {
+    let text = e.to_string().to_ascii_lowercase();
+    text.contains("lock timeout") || text.contains("lock wait timeout")
+}
+
 /// Runs one step of adopting a table. MySQL's `ALGORITHM=INSTANT`, where the server cannot
 /// add these columns instantly, falls back to `INPLACE, LOCK=NONE` (inserts still go on).
-async fn add_online<D: Dialect>(conn: &mut <D::Db as Database>::Connection, step: &str) -> Result<(), StoreError>
+pub(super) async fn add_online<D: Dialect>(
+    conn: &mut <D::Db as Database>::Connection,
+    step: &str,
+) -> Result<(), StoreError>
 where
     for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
 {
     let failed = match Executor::execute(&mut *conn, step).await {
         Ok(_) => return Ok(()),
+        // A transaction holds the table: the caller waits and tries again, as it would in place.
+        Err(e) if is_lock_timeout(&e) => return Err(e.into()),
         Err(e) => e,
     };
     if let Some(fallback) = schema::mysql_fallback(step) {
@@ -496,18 +519,6 @@ where
         }
     }
     Err(StoreError::Migration(format!("adopting the table: {step}: {failed}")))
-}
-
-/// `text` with each `(from, to)` replaced; an error names a `from` that is not there (the
-/// migration file changed under an adaptation written for it).
-pub(super) fn replace_all(mut text: String, pairs: &[(&str, &str)]) -> Result<String, String> {
-    for (from, to) in pairs {
-        if !text.contains(from) {
-            return Err(format!("cannot adapt the claim routine to this table: {from:?} not found"));
-        }
-        text = text.replace(from, to);
-    }
-    Ok(text)
 }
 
 /// Placeholders `first..first + count` of dialect `D`, comma-separated: `$3, $4` or `?, ?`.
@@ -531,208 +542,6 @@ fn failed_filter<D: Dialect>(filter: &RetryFilter, first: usize) -> (String, Opt
     }
 }
 
-/// What [`SqlStore::holding_migration_lock`] does while it holds the lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Job {
-    /// Applies the migrations not recorded yet, adopting a table made elsewhere.
-    Migrate,
-    /// Builds the outbox's fan-out index, or rebuilds an invalid one.
-    FanOutIndex,
-}
-
-/// How long one DDL statement on a live table may wait for its lock before it gives up and
-/// lets the inserts queued behind it through (it is tried again after as long).
-const DDL_LOCK_TIMEOUT_MS: u64 = 1_000;
-
-/// How long a schema change keeps retrying a lock that a long transaction holds.
-const DDL_PATIENCE: std::time::Duration = std::time::Duration::from_secs(600);
-
-/// Whether a DDL statement gave up waiting for its lock (`lock_timeout`, `lock_wait_timeout`).
-fn is_lock_timeout(e: &StoreError) -> bool {
-    let text = e.to_string().to_ascii_lowercase();
-    text.contains("lock timeout") || text.contains("lock wait timeout")
-}
-
-impl<D> SqlStore<D>
-where
-    D: Dialect,
-    Self: Store,
-    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
-    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
-    for<'a> &'a str: ColumnIndex<<D::Db as Database>::Row>,
-    usize: ColumnIndex<<D::Db as Database>::Row>,
-    for<'r> i64: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
-    for<'r> String: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
-{
-    /// Runs `job` on one connection that holds the table's migration lock. Each DDL statement
-    /// waits at most [`DDL_LOCK_TIMEOUT_MS`] for its lock, so that a long transaction on the
-    /// table (a producer's) never queues every insert behind a waiting `ALTER`; the job is
-    /// then tried again, saying what holds the table, for up to [`DDL_PATIENCE`].
-    async fn holding_migration_lock(&self, job: Job) -> Result<super::Migrated, StoreError> {
-        let started = std::time::Instant::now();
-        loop {
-            let done = self.locked_once(job).await;
-            match done {
-                Err(e) if is_lock_timeout(&e) && started.elapsed() < DDL_PATIENCE => {
-                    let holders = self.lock_holders().await.unwrap_or_else(|e| format!("(could not tell: {e})"));
-                    tracing::warn!(
-                        table = %self.table,
-                        ?job,
-                        holders = %holders,
-                        "waiting for a lock to change the table's schema: a transaction holds it; inserts go on meanwhile, and the change is tried again in a second"
-                    );
-                    tokio::time::sleep(std::time::Duration::from_millis(DDL_LOCK_TIMEOUT_MS)).await;
-                }
-                other => return other,
-            }
-        }
-    }
-
-    /// One try of [`Self::holding_migration_lock`].
-    async fn locked_once(&self, job: Job) -> Result<super::Migrated, StoreError> {
-        let lock = D::migration_lock(&self.table);
-        let mut conn = self.pool.acquire().await?;
-        if lock.checked {
-            let mut tries = if lock.polled { 1_200 } else { 1 };
-            loop {
-                let got: Option<i64> = sqlx::query_scalar(&lock.take).fetch_one(&mut *conn).await?;
-                if got == Some(1) {
-                    break;
-                }
-                tries -= 1;
-                if tries == 0 {
-                    return Err(StoreError::Migration(format!("could not take the lock {:?}", lock.take)));
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-        } else {
-            Executor::execute(&mut *conn, lock.take.as_str()).await?;
-        }
-        let (limit, unlimit) = match D::BACKEND {
-            Backend::Postgres => {
-                (format!("SET lock_timeout = {DDL_LOCK_TIMEOUT_MS}"), "RESET lock_timeout".to_string())
-            }
-            Backend::Mysql => (
-                format!("SET SESSION lock_wait_timeout = {}", DDL_LOCK_TIMEOUT_MS.div_ceil(1_000)),
-                "SET SESSION lock_wait_timeout = DEFAULT".to_string(),
-            ),
-            // SQLite's one writer waits on its busy timeout.
-            Backend::Sqlite => (String::new(), String::new()),
-        };
-        let done = async {
-            if !limit.is_empty() {
-                Executor::execute(&mut *conn, limit.as_str()).await?;
-            }
-            match job {
-                Job::Migrate => self.apply_migrations(&mut conn).await,
-                Job::FanOutIndex => self.build_fanout_index(&mut conn).await.map(|()| super::Migrated::default()),
-            }
-        }
-        .await;
-        if !unlimit.is_empty() {
-            let _ = Executor::execute(&mut *conn, unlimit.as_str()).await;
-        }
-        let end = if done.is_ok() { &lock.keep } else { &lock.undo };
-        Executor::execute(&mut *conn, end.as_str()).await?;
-        done
-    }
-
-    /// The migrations not recorded yet, applied on `conn` (which holds the migration lock).
-    async fn apply_migrations(
-        &self,
-        conn: &mut <D::Db as Database>::Connection,
-    ) -> Result<super::Migrated, StoreError> {
-        let t = &self.table;
-        let check = format!("SELECT version FROM {t}_migrations WHERE version = {}", D::param(1));
-        let record =
-            format!("INSERT INTO {t}_migrations (version, description, applied_at_ms) VALUES ({})", params::<D>(1, 3));
-        // A table that is already there (room-service's own, or one an older host
-        // recorded as version 1 without checking it) is adopted instead of created.
-        let review = self.review(None).await?;
-        if let Some(review) = review.as_ref().filter(|r| !r.problems.is_empty()) {
-            return Err(StoreError::Migration(format!(
-                "table {t} exists but cannot be adopted as it is; nothing was changed:\n  - {}",
-                review.problems.join("\n  - ")
-            )));
-        }
-        let create = format!(
-            "CREATE TABLE IF NOT EXISTS {t}_migrations \
-             (version BIGINT PRIMARY KEY, description VARCHAR(255) NOT NULL, applied_at_ms BIGINT NOT NULL)"
-        );
-        sqlx::query(&create).execute(&mut *conn).await?;
-        let mut key = Key::Id;
-        let created = review.is_none();
-        let adopted = match review {
-            Some(review) => {
-                key = review.profile.key;
-                self.add(&mut *conn, &review).await?;
-                true
-            }
-            None => false,
-        };
-        for step in super::migrate::steps(D::migrator(), t) {
-            let done: Option<i64> = sqlx::query_scalar(&check).bind(step.version).fetch_optional(&mut *conn).await?;
-            if done.is_some() {
-                continue;
-            }
-            let description = if step.version == 1 && adopted {
-                "adopted an existing table".to_string()
-            } else if [super::sinks::REGISTRY_VERSION, super::partitions::PARTITIONS_VERSION].contains(&step.version)
-                && self.copy_of.is_some()
-            {
-                "not needed by a sink's own table".to_string()
-            } else {
-                let sql = D::adapt_migration(step.version, step.sql, key).map_err(StoreError::Migration)?;
-                Executor::execute(&mut *conn, sql.as_str())
-                    .await
-                    .map_err(|e| StoreError::Migration(format!("{} {}: {e}", step.version, step.description)))?;
-                step.description
-            };
-            sqlx::query(&record).bind(step.version).bind(description).bind(now_ms()).execute(&mut *conn).await?;
-        }
-        // What the versions do not create (indexes built online on a live table), seen
-        // on this connection (SQLite's changes are not committed yet).
-        if let Some(info) = self.describe_on(&mut *conn).await? {
-            let review = schema::review(D::BACKEND, t, &info, None);
-            self.add(&mut *conn, &review).await?;
-        }
-        // The fan-out index, where the table has sinks beside the first (an invalid one,
-        // from a build cut short, is made again).
-        if self.copy_of.is_none() && self.has_other_sinks(&mut *conn).await? {
-            self.build_fanout_index(&mut *conn).await?;
-        }
-        Ok(super::Migrated { created })
-    }
-
-    /// Whether the outbox's registry lists a sink beside the first.
-    async fn has_other_sinks(&self, conn: &mut <D::Db as Database>::Connection) -> Result<bool, StoreError> {
-        let t = &self.table;
-        let sql = format!("SELECT COUNT(*) FROM {t}_sinks WHERE sink_table <> '{t}'");
-        Ok(D::int(&sqlx::query(&sql).fetch_one(&mut *conn).await?, 0)? > 0)
-    }
-
-    /// What holds locks on the table now, for the log: each session's id, age and state.
-    async fn lock_holders(&self) -> Result<String, StoreError> {
-        let t = &self.table;
-        let sql = match D::BACKEND {
-            Backend::Postgres => format!(
-                "SELECT DISTINCT a.pid::TEXT || ' (' || COALESCE(a.state, '?') || ', transaction open ' || \
-                 COALESCE(EXTRACT(EPOCH FROM now() - a.xact_start)::BIGINT::TEXT, '?') || ' s)' \
-                 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
-                 WHERE l.relation = to_regclass('{t}') AND a.pid <> pg_backend_pid()"
-            ),
-            Backend::Mysql => "SELECT CONCAT('thread ', trx_mysql_thread_id, ' (transaction open ', \
-                 TIMESTAMPDIFF(SECOND, trx_started, NOW()), ' s)') FROM information_schema.innodb_trx \
-                 WHERE trx_mysql_thread_id <> CONNECTION_ID()"
-                .to_string(),
-            Backend::Sqlite => return Ok("another writer".into()),
-        };
-        let rows = sqlx::query(&sql).fetch_all(&self.pool).await?;
-        let holders = rows.iter().map(|r| D::text(r, 0)).collect::<Result<Vec<_>, _>>()?;
-        Ok(if holders.is_empty() { "none found by now".into() } else { holders.join(", ") })
-    }
-}
-
 // The bounds below say what the shared statements need of a database: sqlx's executors and
 // argument buffers, and the column types the outbox uses. Every dialect here has them; Rust
 // does not carry such bounds along with `Dialect`, so they are spelled out here.
@@ -752,15 +561,11 @@ where
     for<'r> &'r str: Encode<'r, D::Db> + Type<D::Db>,
 {
     async fn migrate(&self) -> Result<super::Migrated, StoreError> {
-        // Up to date: no DDL, so a host whose user may only read and write rows can start.
-        let applied: Result<Vec<i64>, _> = sqlx::query_scalar(&self.sql.versions).fetch_all(&self.pool).await;
-        if applied.is_ok_and(|v| super::migrate::up_to_date(D::migrator(), &v))
-            && self.review(None).await?.is_some_and(|r| r.additions.is_empty() && r.problems.is_empty())
-        {
+        if self.schema_current().await? {
             return Ok(super::Migrated::default());
         }
         // Apply what is not recorded yet, holding the dialect's migration lock.
-        self.holding_migration_lock(Job::Migrate).await
+        self.holding_migration_lock(super::runner::Job::Migrate).await
     }
 
     fn backend(&self) -> Backend {
@@ -775,16 +580,15 @@ where
         self.describe_on(&mut *self.pool.acquire().await?).await
     }
 
-    async fn claim_in_order(
+    async fn claim(
         &self,
         worker_id: &str,
         now_ms: i64,
         lock_until_ms: i64,
         limit: u32,
-        order: RoomOrder,
     ) -> Result<Vec<Claimed>, StoreError> {
         let _writing = self.writing().await;
-        D::claim_rows(self, worker_id, now_ms, lock_until_ms, limit, order).await
+        D::claim_rows(self, worker_id, now_ms, lock_until_ms, limit).await
     }
 
     async fn mark(&self, marks: &[Mark], now_ms: i64) -> Result<u64, StoreError> {
@@ -981,7 +785,7 @@ where
             self.sink_copy(&sink.table).migrate().await?;
             self.match_copied_types(&sink.table).await?;
             if !self.fanout_index_ok().await? {
-                self.holding_migration_lock(Job::FanOutIndex).await?;
+                self.holding_migration_lock(super::runner::Job::FanOutIndex).await?;
             }
         }
         Ok(sink)
@@ -1088,6 +892,10 @@ where
 
     async fn read_owned(&self, read: &super::OwnedRead<'_>) -> Result<super::Page, StoreError> {
         self.read_waiting(read).await
+    }
+
+    async fn index_partitions(&self, total: u32) -> Result<bool, StoreError> {
+        self.partition_index(total).await
     }
 
     async fn failed_rooms(&self, rooms: &[(String, String)]) -> Result<Vec<(String, String, i64)>, StoreError> {

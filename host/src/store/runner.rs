@@ -1,0 +1,436 @@
+//! The migration runner: applies `migrations/<dialect>/` (see [`super::migrate`]) to a table
+//! under the dialect's migration lock, adopts a table made elsewhere (room-service's own, or
+//! one a development version of the host made), installs the routines whose checksum
+//! differs, and refuses a migration file changed after it was applied.
+
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type};
+
+use super::migrate::{self, BASELINE};
+use super::schema::{self, Key};
+use super::sql::{Dialect, SqlStore, add_online, is_lock_timeout, params};
+use super::{Backend, Store, StoreError, now_ms};
+
+/// What [`SqlStore::holding_migration_lock`] does while it holds the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Job {
+    /// Applies the migrations not recorded yet, adopting a table made elsewhere.
+    Migrate,
+    /// Builds the outbox's fan-out index, or rebuilds an invalid one.
+    FanOutIndex,
+    /// Builds the table's partition index for this many partitions (dropping those of
+    /// other counts, and an invalid one).
+    PartitionIndex(u32),
+}
+
+/// How long one DDL statement on a live table may wait for its lock before it gives up and
+/// lets the inserts queued behind it through (it is tried again after as long).
+const DDL_LOCK_TIMEOUT_MS: u64 = 1_000;
+
+/// How long a schema change keeps retrying a lock that a long transaction holds.
+const DDL_PATIENCE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// What `<table>_migrations` says.
+enum Recorded {
+    /// No bookkeeping yet.
+    Nothing,
+    /// A development version's, without checksums: the versions it applied.
+    Development(Vec<i64>),
+    /// This version's: each applied migration with its file's checksum.
+    Checked(Vec<(i64, String)>),
+}
+
+impl<D> SqlStore<D>
+where
+    D: Dialect,
+    Self: Store,
+    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
+    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
+    for<'a> &'a str: ColumnIndex<<D::Db as Database>::Row>,
+    usize: ColumnIndex<<D::Db as Database>::Row>,
+    for<'r> i64: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
+    for<'r> String: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
+{
+    /// Runs `job` on one connection that holds the table's migration lock. Each DDL statement
+    /// waits at most [`DDL_LOCK_TIMEOUT_MS`] for its lock, so that a long transaction on the
+    /// table (a producer's) never queues every insert behind a waiting `ALTER`; the job is
+    /// then tried again, saying what holds the table, for up to [`DDL_PATIENCE`].
+    pub(super) async fn holding_migration_lock(&self, job: Job) -> Result<super::Migrated, StoreError> {
+        let started = std::time::Instant::now();
+        loop {
+            let done = self.locked_once(job).await;
+            match done {
+                Err(e) if is_lock_timeout(&e) && started.elapsed() < DDL_PATIENCE => {
+                    let holders = self.lock_holders().await.unwrap_or_else(|e| format!("(could not tell: {e})"));
+                    tracing::warn!(
+                        table = %self.table,
+                        ?job,
+                        holders = %holders,
+                        "waiting for a lock to change the table's schema: a transaction holds it; inserts go on meanwhile, and the change is tried again in a second"
+                    );
+                    tokio::time::sleep(std::time::Duration::from_millis(DDL_LOCK_TIMEOUT_MS)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// One try of [`Self::holding_migration_lock`].
+    async fn locked_once(&self, job: Job) -> Result<super::Migrated, StoreError> {
+        let lock = D::migration_lock(&self.table);
+        let mut conn = self.pool.acquire().await?;
+        if lock.checked {
+            let mut tries = if lock.polled { 1_200 } else { 1 };
+            loop {
+                let got: Option<i64> = sqlx::query_scalar(&lock.take).fetch_one(&mut *conn).await?;
+                if got == Some(1) {
+                    break;
+                }
+                tries -= 1;
+                if tries == 0 {
+                    return Err(StoreError::Migration(format!("could not take the lock {:?}", lock.take)));
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        } else {
+            Executor::execute(&mut *conn, lock.take.as_str()).await?;
+        }
+        let (limit, unlimit) = match D::BACKEND {
+            Backend::Postgres => {
+                (format!("SET lock_timeout = {DDL_LOCK_TIMEOUT_MS}"), "RESET lock_timeout".to_string())
+            }
+            Backend::Mysql => (
+                format!("SET SESSION lock_wait_timeout = {}", DDL_LOCK_TIMEOUT_MS.div_ceil(1_000)),
+                "SET SESSION lock_wait_timeout = DEFAULT".to_string(),
+            ),
+            // SQLite's one writer waits on its busy timeout.
+            Backend::Sqlite => (String::new(), String::new()),
+        };
+        let done = async {
+            if !limit.is_empty() {
+                Executor::execute(&mut *conn, limit.as_str()).await?;
+            }
+            match job {
+                Job::Migrate => self.apply_migrations(&mut conn).await,
+                Job::FanOutIndex => self.build_fanout_index(&mut conn).await.map(|()| super::Migrated::default()),
+                Job::PartitionIndex(total) => {
+                    self.build_partition_index(&mut conn, total).await.map(|()| super::Migrated::default())
+                }
+            }
+        }
+        .await;
+        if !unlimit.is_empty() {
+            let _ = Executor::execute(&mut *conn, unlimit.as_str()).await;
+        }
+        let end = if done.is_ok() { &lock.keep } else { &lock.undo };
+        Executor::execute(&mut *conn, end.as_str()).await?;
+        done
+    }
+
+    /// Whether the table is as this build would leave it: every migration applied with its
+    /// file's checksum, nothing to add, and every routine installed as rendered. Then
+    /// `migrate` runs no DDL, so a host whose user may only read and write rows can start.
+    pub(super) async fn schema_current(&self) -> Result<bool, StoreError> {
+        let t = &self.table;
+        let Ok(rows) =
+            sqlx::query(&format!("SELECT version, checksum FROM {t}_migrations")).fetch_all(&self.pool).await
+        else {
+            return Ok(false);
+        };
+        let applied =
+            rows.iter().map(|r| Ok((D::int(r, 0)?, D::text(r, 1)?))).collect::<Result<Vec<_>, sqlx::Error>>()?;
+        if !migrate::up_to_date(D::migrator(), &applied) {
+            return Ok(false);
+        }
+        let Some(review) = self.review(None).await?.filter(|r| r.additions.is_empty() && r.problems.is_empty()) else {
+            return Ok(false);
+        };
+        let Ok(rows) = sqlx::query(&format!("SELECT name, checksum FROM {t}_routines")).fetch_all(&self.pool).await
+        else {
+            return Ok(false);
+        };
+        let installed =
+            rows.iter().map(|r| Ok((D::text(r, 0)?, D::text(r, 1)?))).collect::<Result<Vec<_>, sqlx::Error>>()?;
+        Ok(migrate::routines(D::BACKEND, t, review.profile.key)
+            .iter()
+            .all(|r| installed.iter().any(|(name, sum)| name == r.name && *sum == r.checksum)))
+    }
+
+    /// What `<table>_migrations` says, read on `conn`.
+    async fn recorded(&self, conn: &mut <D::Db as Database>::Connection) -> Result<Recorded, StoreError> {
+        let t = &self.table;
+        let bookkeeping = format!("{t}_migrations");
+        let Some(info) = self.describe_named(&mut *conn, &bookkeeping).await? else { return Ok(Recorded::Nothing) };
+        if info.columns.iter().any(|c| c.name == "checksum") {
+            let rows =
+                sqlx::query(&format!("SELECT version, checksum FROM {bookkeeping}")).fetch_all(&mut *conn).await?;
+            let applied =
+                rows.iter().map(|r| Ok((D::int(r, 0)?, D::text(r, 1)?))).collect::<Result<_, sqlx::Error>>()?;
+            return Ok(Recorded::Checked(applied));
+        }
+        let rows = sqlx::query(&format!("SELECT version FROM {bookkeeping}")).fetch_all(&mut *conn).await?;
+        Ok(Recorded::Development(rows.iter().map(|r| D::int(r, 0)).collect::<Result<_, _>>()?))
+    }
+
+    /// The migrations not recorded yet, applied on `conn` (which holds the migration lock).
+    /// A table that is already there is adopted: room-service's own, or one a development
+    /// version of the host made (its bookkeeping has no checksums). Then the routines are
+    /// installed where their checksum differs.
+    pub(super) async fn apply_migrations(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+    ) -> Result<super::Migrated, StoreError> {
+        let t = &self.table;
+        let review = self.review(None).await?;
+        if let Some(review) = review.as_ref().filter(|r| !r.problems.is_empty()) {
+            return Err(StoreError::Migration(format!(
+                "table {t} exists but cannot be adopted as it is; nothing was changed:\n  - {}",
+                review.problems.join("\n  - ")
+            )));
+        }
+        let recorded = self.recorded(&mut *conn).await?;
+        if let Recorded::Checked(applied) = &recorded
+            && let Some(changed) = migrate::changed(D::migrator(), D::BACKEND, t, applied)
+        {
+            return Err(StoreError::Migration(changed));
+        }
+        let created = review.is_none();
+        let key = review.as_ref().map_or(Key::Id, |r| r.profile.key);
+        if let Some(review) = &review {
+            self.add(&mut *conn, review).await?;
+        }
+        let (applied, development) = match recorded {
+            Recorded::Nothing => (Vec::new(), None),
+            Recorded::Checked(applied) => (applied, None),
+            // A development version's bookkeeping makes way for this one's; its table is
+            // adopted as it is (what it lacks was added above, what it has left over goes below).
+            Recorded::Development(versions) => {
+                Executor::execute(&mut *conn, format!("DROP TABLE {t}_migrations").as_str()).await?;
+                (Vec::new(), Some(versions))
+            }
+        };
+        for create in [
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_migrations (version BIGINT PRIMARY KEY, description VARCHAR(255) NOT NULL, \
+                 applied_at_ms BIGINT NOT NULL, checksum VARCHAR(128) NOT NULL)"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {t}_routines (name VARCHAR(64) PRIMARY KEY, checksum VARCHAR(128) NOT NULL, \
+                 installed_at_ms BIGINT NOT NULL)"
+            ),
+        ] {
+            Executor::execute(&mut *conn, create.as_str()).await?;
+        }
+        let record = format!(
+            "INSERT INTO {t}_migrations (version, description, applied_at_ms, checksum) VALUES ({})",
+            params::<D>(1, 4)
+        );
+        let copy = self.copy_of.is_some();
+        for step in migrate::steps(D::migrator(), t) {
+            if applied.iter().any(|(v, _)| *v == step.version) {
+                continue;
+            }
+            let (sql, description) = if step.version == BASELINE {
+                let (table, bookkeeping) = step.parts();
+                let sql = match (created, copy) {
+                    (true, false) => step.sql.as_str(),
+                    (true, true) => table,
+                    (false, false) => bookkeeping,
+                    (false, true) => "",
+                };
+                let description = match (&development, created) {
+                    (Some(versions), _) => format!(
+                        "{}, adopting a table of development versions {}-{}",
+                        step.description,
+                        versions.iter().min().unwrap_or(&0),
+                        versions.iter().max().unwrap_or(&0)
+                    ),
+                    (None, false) => format!("{}, adopting an existing table", step.description),
+                    (None, true) => step.description.clone(),
+                };
+                (sql, description)
+            } else {
+                (step.sql.as_str(), step.description.clone())
+            };
+            if !sql.trim().is_empty() {
+                Executor::execute(&mut *conn, sql)
+                    .await
+                    .map_err(|e| StoreError::Migration(format!("{}: {e}", step.file(D::BACKEND))))?;
+            }
+            sqlx::query(&record)
+                .bind(step.version)
+                .bind(description)
+                .bind(now_ms())
+                .bind(step.checksum.clone())
+                .execute(&mut *conn)
+                .await?;
+        }
+        // What the versions do not create (indexes built online on a live table), seen
+        // on this connection (SQLite's changes are not committed yet).
+        if let Some(info) = self.describe_on(&mut *conn).await? {
+            let review = schema::review(D::BACKEND, t, &info, None);
+            self.add(&mut *conn, &review).await?;
+            self.retire(&mut *conn, &info).await?;
+        }
+        self.install_routines(&mut *conn, key).await?;
+        // The fan-out index, where the table has sinks beside the first (an invalid one,
+        // from a build cut short, is made again).
+        if !copy && self.has_other_sinks(&mut *conn).await? {
+            self.build_fanout_index(&mut *conn).await?;
+        }
+        Ok(super::Migrated { created })
+    }
+
+    /// Drops what development versions made and this one no longer uses: the room order
+    /// index of the row claims that kept room order (every insert paid for it). Online,
+    /// like the additions. (Their claim routines are replaced by [`Self::install_routines`].)
+    async fn retire(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+        info: &schema::TableInfo,
+    ) -> Result<(), StoreError> {
+        let t = &self.table;
+        let index = format!("{t}_room_order_idx");
+        if !info.indexes.iter().any(|i| i.name.eq_ignore_ascii_case(&index)) {
+            return Ok(());
+        }
+        let drop = match D::BACKEND {
+            Backend::Postgres => format!("DROP INDEX CONCURRENTLY IF EXISTS {index}"),
+            Backend::Mysql => format!("ALTER TABLE {t} DROP INDEX {index}, ALGORITHM=INPLACE, LOCK=NONE"),
+            Backend::Sqlite => format!("DROP INDEX IF EXISTS {index}"),
+        };
+        Executor::execute(&mut *conn, drop.as_str())
+            .await
+            .map_err(|e| StoreError::Migration(format!("dropping {index}, which this version no longer uses: {e}")))?;
+        tracing::info!(table = %t, index, "dropped an index of a development version that this one no longer uses");
+        Ok(())
+    }
+
+    /// Installs each of the dialect's routines, rendered for this table and `key`, whose
+    /// checksum in `<table>_routines` differs (or is not there), and records it.
+    async fn install_routines(&self, conn: &mut <D::Db as Database>::Connection, key: Key) -> Result<(), StoreError> {
+        let t = &self.table;
+        let rows = sqlx::query(&format!("SELECT name, checksum FROM {t}_routines")).fetch_all(&mut *conn).await?;
+        let installed =
+            rows.iter().map(|r| Ok((D::text(r, 0)?, D::text(r, 1)?))).collect::<Result<Vec<_>, sqlx::Error>>()?;
+        let forget = format!("DELETE FROM {t}_routines WHERE name = {}", D::param(1));
+        let record =
+            format!("INSERT INTO {t}_routines (name, checksum, installed_at_ms) VALUES ({})", params::<D>(1, 3));
+        for routine in migrate::routines(D::BACKEND, t, key) {
+            if installed.iter().any(|(name, sum)| name == routine.name && *sum == routine.checksum) {
+                continue;
+            }
+            Executor::execute(&mut *conn, routine.sql.as_str())
+                .await
+                .map_err(|e| StoreError::Migration(format!("installing the routine {} of {t}: {e}", routine.name)))?;
+            sqlx::query(&forget).bind(routine.name.to_string()).execute(&mut *conn).await?;
+            sqlx::query(&record)
+                .bind(routine.name.to_string())
+                .bind(routine.checksum)
+                .bind(now_ms())
+                .execute(&mut *conn)
+                .await?;
+            tracing::info!(table = %t, routine = routine.name, "installed a routine (it was missing or differed)");
+        }
+        Ok(())
+    }
+
+    /// The partition index for `total` partitions, after dropping the table's partition
+    /// indexes of other counts (and an invalid one of this count). PostgreSQL: an expression
+    /// index over the unfinished rows, built `CONCURRENTLY`. MySQL: a virtual column of the
+    /// partition (added instantly) and an index on it and the status, built in place with
+    /// inserts going on.
+    async fn build_partition_index(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+        total: u32,
+    ) -> Result<(), StoreError> {
+        use super::partitions::{partition_column, partition_index_count, partition_index_name, partition_sql};
+        let t = &self.table;
+        let Some(expr) = partition_sql(D::BACKEND, total) else { return Ok(()) };
+        let (wanted, key) = (partition_index_name(t, total), self.profile.key.column());
+        let listed = match D::BACKEND {
+            Backend::Postgres => format!(
+                "SELECT i.relname::TEXT, CASE WHEN x.indisvalid THEN 1 ELSE 0 END::INT8 FROM pg_index x \
+                 JOIN pg_class i ON i.oid = x.indexrelid WHERE x.indrelid = to_regclass('{t}')"
+            ),
+            _ => format!(
+                "SELECT DISTINCT index_name, 1 FROM information_schema.statistics \
+                 WHERE table_schema = DATABASE() AND table_name = '{t}'"
+            ),
+        };
+        let rows = sqlx::query(&listed).fetch_all(&mut *conn).await?;
+        let mut present = false;
+        for r in &rows {
+            let (name, valid) = (D::text(r, 0)?, D::int(r, 1)? == 1);
+            let Some(count) = partition_index_count(t, &name) else { continue };
+            if count == total && valid {
+                present = true;
+                continue;
+            }
+            let drop = match D::BACKEND {
+                Backend::Postgres => format!("DROP INDEX CONCURRENTLY IF EXISTS {name}"),
+                _ => format!(
+                    "ALTER TABLE {t} DROP INDEX {name}, DROP COLUMN {}, ALGORITHM=INPLACE, LOCK=NONE",
+                    partition_column(count)
+                ),
+            };
+            Executor::execute(&mut *conn, drop.as_str())
+                .await
+                .map_err(|e| StoreError::Migration(format!("dropping {name}: {e}")))?;
+            tracing::info!(table = %t, index = %name, "dropped a partition index of another count, or an invalid one");
+        }
+        let steps = match D::BACKEND {
+            Backend::Postgres => vec![format!(
+                "CREATE INDEX CONCURRENTLY IF NOT EXISTS {wanted} ON {t} (({expr}), created_at_ms, {key}) \
+                 WHERE status IN ('pending', 'retryable', 'delivering')"
+            )],
+            _ if present => Vec::new(),
+            _ => {
+                let column = partition_column(total);
+                let has_column = self
+                    .describe_on(&mut *conn)
+                    .await?
+                    .is_some_and(|info| info.columns.iter().any(|c| c.name == column));
+                let add = format!("ALTER TABLE {t} ADD COLUMN {column} INT AS ({expr}) VIRTUAL, ALGORITHM=INSTANT");
+                let index = format!(
+                    "ALTER TABLE {t} ADD INDEX {wanted} ({column}, status, created_at_ms, {key}), ALGORITHM=INPLACE, LOCK=NONE"
+                );
+                if has_column { vec![index] } else { vec![add, index] }
+            }
+        };
+        for step in &steps {
+            add_online::<D>(&mut *conn, step)
+                .await
+                .map_err(|e| StoreError::Migration(format!("building {wanted}: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// Whether the outbox's registry lists a sink beside the first.
+    async fn has_other_sinks(&self, conn: &mut <D::Db as Database>::Connection) -> Result<bool, StoreError> {
+        let t = &self.table;
+        let sql = format!("SELECT COUNT(*) FROM {t}_sinks WHERE sink_table <> '{t}'");
+        Ok(D::int(&sqlx::query(&sql).fetch_one(&mut *conn).await?, 0)? > 0)
+    }
+
+    /// What holds locks on the table now, for the log: each session's id, age and state.
+    async fn lock_holders(&self) -> Result<String, StoreError> {
+        let t = &self.table;
+        let sql = match D::BACKEND {
+            Backend::Postgres => format!(
+                "SELECT DISTINCT a.pid::TEXT || ' (' || COALESCE(a.state, '?') || ', transaction open ' || \
+                 COALESCE(EXTRACT(EPOCH FROM now() - a.xact_start)::BIGINT::TEXT, '?') || ' s)' \
+                 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+                 WHERE l.relation = to_regclass('{t}') AND a.pid <> pg_backend_pid()"
+            ),
+            Backend::Mysql => "SELECT CONCAT('thread ', trx_mysql_thread_id, ' (transaction open ', \
+                 TIMESTAMPDIFF(SECOND, trx_started, NOW()), ' s)') FROM information_schema.innodb_trx \
+                 WHERE trx_mysql_thread_id <> CONNECTION_ID()"
+                .to_string(),
+            Backend::Sqlite => return Ok("another writer".into()),
+        };
+        let rows = sqlx::query(&sql).fetch_all(&self.pool).await?;
+        let holders = rows.iter().map(|r| D::text(r, 0)).collect::<Result<Vec<_>, _>>()?;
+        Ok(if holders.is_empty() { "none found by now".into() } else { holders.join(", ") })
+    }
+}
