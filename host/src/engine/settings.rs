@@ -99,7 +99,7 @@ impl WakeUp {
 /// Default `outbox_worker.partitions`: rooms hash to this many partitions per sink, which
 /// hosts lease. 64 spreads evenly over up to 8 hosts (8 each) and still gives 16 or more
 /// hosts a few each; a partition costs one small row and nothing while idle.
-pub const DEFAULT_PARTITIONS: u32 = 64;
+pub const DEFAULT_PARTITIONS: u32 = crate::store::partitions::DEFAULT_PARTITIONS;
 /// The most partitions a sink may have.
 pub const MAX_PARTITIONS: u32 = 4_096;
 /// Default `outbox_worker.partition_lease`: how long a partition stays with a host that

@@ -13,6 +13,10 @@ use super::sinks::{KeyValue, bind_key};
 use super::sql::{Dialect, SqlStore, params};
 use super::{Backend, Claimed, Lease, Mark, Outcome, Status, StoreError};
 
+/// The partitions of a sink whose count neither its table nor its config says (see
+/// `outbox_worker.partitions`).
+pub const DEFAULT_PARTITIONS: u32 = 64;
+
 /// How many times one heartbeat tries to take free partitions that other hosts took first.
 const TAKE_ROUNDS: usize = 3;
 
@@ -143,20 +147,6 @@ pub(super) fn partition_index_name(table: &str, total: u32) -> String {
     format!("{table}_p{total}_idx")
 }
 
-/// What the partition index holds a row's partition as: PostgreSQL's expression, MySQL's
-/// virtual column (MariaDB indexes no expression).
-pub(super) fn indexed_partition(backend: Backend, total: u32) -> String {
-    match backend {
-        Backend::Mysql => partition_column(total),
-        _ => partition_sql(backend, total).unwrap_or_default(),
-    }
-}
-
-/// MySQL's virtual column of a row's partition of `total`.
-pub(super) fn partition_column(total: u32) -> String {
-    format!("outbox_part_{total}")
-}
-
 /// The partition count `index` is for, if it is one of `table`'s partition indexes.
 pub(super) fn partition_index_count(table: &str, index: &str) -> Option<u32> {
     index.strip_prefix(&format!("{table}_p"))?.strip_suffix("_idx")?.parse().ok()
@@ -198,7 +188,7 @@ where
     for<'r> String: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
 {
     /// The outbox whose tables hold the leases (this table, or the one it is a copy of).
-    fn lease_tables(&self) -> (String, String) {
+    pub(super) fn lease_tables(&self) -> (String, String) {
         let outbox = self.copy_of.as_deref().unwrap_or(&self.table);
         (format!("{outbox}_partitions"), format!("{outbox}_owners"))
     }
@@ -464,7 +454,7 @@ where
     where
         Self: super::Store,
     {
-        if D::BACKEND == Backend::Sqlite {
+        if D::BACKEND != Backend::Postgres {
             return Ok(false);
         }
         if self.indexed_partitions.load(std::sync::atomic::Ordering::Relaxed) == total {
@@ -498,7 +488,7 @@ where
             && expr.is_some()
             && self.indexed_partitions.load(std::sync::atomic::Ordering::Relaxed) == read.total
         {
-            return self.read_by_partition(read, &indexed_partition(D::BACKEND, read.total)).await;
+            return self.read_by_partition(read, expr.as_deref().unwrap_or_default()).await;
         }
         let only = match (&expr, everything) {
             (Some(expr), false) => {
@@ -573,6 +563,8 @@ where
             "{id}, app_code, event_id, event_type, room_id, envelope, created_at_ms, retry_count, \
              status, next_retry_at_ms, lock_until_ms, {expr} AS part_no, {key} AS sort_key"
         );
+        // Everything is bound, so that the statement's text (and its prepared plan) depends
+        // only on how many partitions are read.
         let after = |first: usize| {
             format!(
                 "created_at_ms >= {} AND (created_at_ms > {} OR {key} > {})",
@@ -581,41 +573,21 @@ where
                 D::param(first + 2)
             )
         };
-        // PostgreSQL: one range of the partial index per partition. MySQL: one per partition
-        // and status (its index leads with the partition's column, then the status).
-        let ranges: Vec<String> = match D::BACKEND {
-            Backend::Mysql => parts
-                .iter()
-                .flat_map(|p| ["pending", "retryable", "delivering"].map(move |status| (p, status)))
-                .enumerate()
-                .map(|(i, (p, status))| {
-                    format!(
-                        "(SELECT {columns} FROM {t} WHERE {expr} = {p} AND status = '{status}' AND {} \
-                          ORDER BY created_at_ms, {key} LIMIT {per})",
-                        after(1 + 3 * i)
-                    )
-                })
-                .collect(),
-            _ => vec![format!(
-                "SELECT w.* FROM unnest(ARRAY[{}]::INT8[]) AS p(n) CROSS JOIN LATERAL ( \
-                   SELECT {columns} FROM {t} WHERE {expr} = p.n AND status IN ('pending', 'retryable', 'delivering') \
-                      AND {} ORDER BY created_at_ms, {key} LIMIT {per}) AS w",
-                list(&parts),
-                after(1)
-            )],
-        };
-        let sql = format!("SELECT * FROM ({}) AS waiting ORDER BY created_at_ms, sort_key", ranges.join(" UNION ALL "));
+        // One range of the partial index per partition, merged in order.
+        let sql = format!(
+            "SELECT * FROM (SELECT w.* FROM unnest(string_to_array($4, ',')::INT8[]) AS p(n) CROSS JOIN LATERAL ( \
+               SELECT {columns} FROM {t} WHERE {expr} = p.n AND status IN ('pending', 'retryable', 'delivering') \
+                  AND {} ORDER BY created_at_ms, {key} LIMIT $5) AS w) AS waiting ORDER BY created_at_ms, sort_key",
+            after(1)
+        );
         let (after_at, after_key) = read.after.clone().unwrap_or((i64::MIN, KeyValue::first(self.profile.key)));
-        let mut q = sqlx::query(&sql);
-        for _ in &ranges {
-            q = bind_key::<D>(q.bind(after_at).bind(after_at), &after_key);
-        }
+        let parts = parts.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+        let q = bind_key::<D>(sqlx::query(&sql).bind(after_at).bind(after_at), &after_key).bind(parts).bind(per as i64);
         let rows = q.fetch_all(&self.pool).await?;
-        // Each range's count and the position of its last row.
-        let mut seen: std::collections::HashMap<(i64, String), (usize, usize)> = std::collections::HashMap::new();
+        // Each partition's count and the position of its last row.
+        let mut seen: std::collections::HashMap<i64, (usize, usize)> = std::collections::HashMap::new();
         for (i, r) in rows.iter().enumerate() {
-            let status = if D::BACKEND == Backend::Mysql { D::text(r, 8)? } else { String::new() };
-            let entry = seen.entry((D::int(r, 11)?, status)).or_default();
+            let entry = seen.entry(D::int(r, 11)?).or_default();
             *entry = (entry.0 + 1, i);
         }
         let cut = seen.values().filter(|(n, _)| *n >= per).map(|(_, last)| last + 1).min();

@@ -7,7 +7,7 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type}
 
 use super::migrate::{self, BASELINE};
 use super::schema::{self, Key};
-use super::sql::{Dialect, SqlStore, add_online, is_lock_timeout, params};
+use super::sql::{Dialect, SqlStore, is_lock_timeout, params};
 use super::{Backend, Store, StoreError, now_ms};
 
 /// What [`SqlStore::holding_migration_lock`] does while it holds the lock.
@@ -272,6 +272,14 @@ where
             self.retire(&mut *conn, &info).await?;
         }
         self.install_routines(&mut *conn, key).await?;
+        // The partition index for the sink's partition count (the default where its
+        // partitions are not made yet): built on a new table before it has rows, so that
+        // no host has to build it under load.
+        let (parts, _) = self.lease_tables();
+        let made = format!("SELECT COUNT(*) FROM {parts} WHERE sink_table = '{t}'");
+        let total = D::int(&sqlx::query(&made).fetch_one(&mut *conn).await?, 0)?;
+        let total = if total > 0 { total as u32 } else { super::partitions::DEFAULT_PARTITIONS };
+        self.build_partition_index(&mut *conn, total).await?;
         // The fan-out index, where the table has sinks beside the first (an invalid one,
         // from a build cut short, is made again).
         if !copy && self.has_other_sinks(&mut *conn).await? {
@@ -334,75 +342,44 @@ where
         Ok(())
     }
 
-    /// The partition index for `total` partitions, after dropping the table's partition
-    /// indexes of other counts (and an invalid one of this count). PostgreSQL: an expression
-    /// index over the unfinished rows, built `CONCURRENTLY`. MySQL: a virtual column of the
-    /// partition (added instantly) and an index on it and the status, built in place with
-    /// inserts going on.
+    /// The partition index for `total` partitions (PostgreSQL: an expression index over the
+    /// unfinished rows, built `CONCURRENTLY`), after dropping the table's partition indexes
+    /// of other counts and an invalid one of this count. Other databases have none.
     async fn build_partition_index(
         &self,
         conn: &mut <D::Db as Database>::Connection,
         total: u32,
     ) -> Result<(), StoreError> {
-        use super::partitions::{partition_column, partition_index_count, partition_index_name, partition_sql};
+        use super::partitions::{partition_index_count, partition_index_name, partition_sql};
         let t = &self.table;
-        let Some(expr) = partition_sql(D::BACKEND, total) else { return Ok(()) };
-        let (wanted, key) = (partition_index_name(t, total), self.profile.key.column());
-        let listed = match D::BACKEND {
-            Backend::Postgres => format!(
-                "SELECT i.relname::TEXT, CASE WHEN x.indisvalid THEN 1 ELSE 0 END::INT8 FROM pg_index x \
-                 JOIN pg_class i ON i.oid = x.indexrelid WHERE x.indrelid = to_regclass('{t}')"
-            ),
-            _ => format!(
-                "SELECT DISTINCT index_name, 1 FROM information_schema.statistics \
-                 WHERE table_schema = DATABASE() AND table_name = '{t}'"
-            ),
+        let Some(expr) = partition_sql(D::BACKEND, total).filter(|_| D::BACKEND == Backend::Postgres) else {
+            return Ok(());
         };
-        let rows = sqlx::query(&listed).fetch_all(&mut *conn).await?;
-        let mut present = false;
+        let wanted = partition_index_name(t, total);
+        let rows = sqlx::query(&format!(
+            "SELECT i.relname::TEXT, CASE WHEN x.indisvalid THEN 1 ELSE 0 END::INT8 FROM pg_index x \
+             JOIN pg_class i ON i.oid = x.indexrelid WHERE x.indrelid = to_regclass('{t}')"
+        ))
+        .fetch_all(&mut *conn)
+        .await?;
         for r in &rows {
             let (name, valid) = (D::text(r, 0)?, D::int(r, 1)? == 1);
             let Some(count) = partition_index_count(t, &name) else { continue };
-            if count == total && valid {
-                present = true;
-                continue;
+            if count != total || !valid {
+                Executor::execute(&mut *conn, format!("DROP INDEX CONCURRENTLY IF EXISTS {name}").as_str())
+                    .await
+                    .map_err(|e| StoreError::Migration(format!("dropping {name}: {e}")))?;
+                tracing::info!(table = %t, index = %name, "dropped a partition index of another count, or an invalid one");
             }
-            let drop = match D::BACKEND {
-                Backend::Postgres => format!("DROP INDEX CONCURRENTLY IF EXISTS {name}"),
-                _ => format!(
-                    "ALTER TABLE {t} DROP INDEX {name}, DROP COLUMN {}, ALGORITHM=INPLACE, LOCK=NONE",
-                    partition_column(count)
-                ),
-            };
-            Executor::execute(&mut *conn, drop.as_str())
-                .await
-                .map_err(|e| StoreError::Migration(format!("dropping {name}: {e}")))?;
-            tracing::info!(table = %t, index = %name, "dropped a partition index of another count, or an invalid one");
         }
-        let steps = match D::BACKEND {
-            Backend::Postgres => vec![format!(
-                "CREATE INDEX CONCURRENTLY IF NOT EXISTS {wanted} ON {t} (({expr}), created_at_ms, {key}) \
-                 WHERE status IN ('pending', 'retryable', 'delivering')"
-            )],
-            _ if present => Vec::new(),
-            _ => {
-                let column = partition_column(total);
-                let has_column = self
-                    .describe_on(&mut *conn)
-                    .await?
-                    .is_some_and(|info| info.columns.iter().any(|c| c.name == column));
-                let add = format!("ALTER TABLE {t} ADD COLUMN {column} INT AS ({expr}) VIRTUAL, ALGORITHM=INSTANT");
-                let index = format!(
-                    "ALTER TABLE {t} ADD INDEX {wanted} ({column}, status, created_at_ms, {key}), ALGORITHM=INPLACE, LOCK=NONE"
-                );
-                if has_column { vec![index] } else { vec![add, index] }
-            }
-        };
-        for step in &steps {
-            add_online::<D>(&mut *conn, step)
-                .await
-                .map_err(|e| StoreError::Migration(format!("building {wanted}: {e}")))?;
-        }
+        let key = self.profile.key.column();
+        let create = format!(
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS {wanted} ON {t} (({expr}), created_at_ms, {key}) \
+             WHERE status IN ('pending', 'retryable', 'delivering')"
+        );
+        Executor::execute(&mut *conn, create.as_str())
+            .await
+            .map_err(|e| StoreError::Migration(format!("building {wanted}: {e}")))?;
         Ok(())
     }
 
