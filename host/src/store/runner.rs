@@ -29,6 +29,15 @@ const DDL_LOCK_TIMEOUT_MS: u64 = 1_000;
 /// How long a schema change keeps retrying a lock that a long transaction holds.
 const DDL_PATIENCE: std::time::Duration = std::time::Duration::from_secs(600);
 
+/// Each row's first column, read by `first`, with its checksum (the second column): the
+/// rows of `<table>_migrations` and `<table>_routines`.
+fn with_checksums<D: Dialect, T>(
+    rows: &[<D::Db as Database>::Row],
+    first: fn(&<D::Db as Database>::Row, usize) -> Result<T, sqlx::Error>,
+) -> Result<Vec<(T, String)>, sqlx::Error> {
+    rows.iter().map(|r| Ok((first(r, 0)?, D::text(r, 1)?))).collect()
+}
+
 /// What `<table>_migrations` says.
 enum Recorded {
     /// No bookkeeping yet.
@@ -136,8 +145,7 @@ where
         else {
             return Ok(false);
         };
-        let applied =
-            rows.iter().map(|r| Ok((D::int(r, 0)?, D::text(r, 1)?))).collect::<Result<Vec<_>, sqlx::Error>>()?;
+        let applied = with_checksums::<D, _>(&rows, D::int)?;
         if !migrate::up_to_date(D::migrator(), &applied) {
             return Ok(false);
         }
@@ -148,8 +156,7 @@ where
         else {
             return Ok(false);
         };
-        let installed =
-            rows.iter().map(|r| Ok((D::text(r, 0)?, D::text(r, 1)?))).collect::<Result<Vec<_>, sqlx::Error>>()?;
+        let installed = with_checksums::<D, _>(&rows, D::text)?;
         Ok(migrate::routines(D::BACKEND, t, review.profile.key)
             .iter()
             .all(|r| installed.iter().any(|(name, sum)| name == r.name && *sum == r.checksum)))
@@ -163,8 +170,7 @@ where
         if info.columns.iter().any(|c| c.name == "checksum") {
             let rows =
                 sqlx::query(&format!("SELECT version, checksum FROM {bookkeeping}")).fetch_all(&mut *conn).await?;
-            let applied =
-                rows.iter().map(|r| Ok((D::int(r, 0)?, D::text(r, 1)?))).collect::<Result<_, sqlx::Error>>()?;
+            let applied = with_checksums::<D, _>(&rows, D::int)?;
             return Ok(Recorded::Checked(applied));
         }
         let rows = sqlx::query(&format!("SELECT version FROM {bookkeeping}")).fetch_all(&mut *conn).await?;
@@ -318,8 +324,7 @@ where
     async fn install_routines(&self, conn: &mut <D::Db as Database>::Connection, key: Key) -> Result<(), StoreError> {
         let t = &self.table;
         let rows = sqlx::query(&format!("SELECT name, checksum FROM {t}_routines")).fetch_all(&mut *conn).await?;
-        let installed =
-            rows.iter().map(|r| Ok((D::text(r, 0)?, D::text(r, 1)?))).collect::<Result<Vec<_>, sqlx::Error>>()?;
+        let installed = with_checksums::<D, _>(&rows, D::text)?;
         let forget = format!("DELETE FROM {t}_routines WHERE name = {}", D::param(1));
         let record =
             format!("INSERT INTO {t}_routines (name, checksum, installed_at_ms) VALUES ({})", params::<D>(1, 3));
