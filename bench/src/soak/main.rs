@@ -356,6 +356,12 @@ impl Soak {
         }
         drained?;
         let report = self.report(&producer, &produced, replay_range).await?;
+        if let Some(dir) = &self.args.details {
+            for i in 0..self.hosts.len() {
+                let log = self.dir.path().join(format!("host-{i}.log"));
+                std::fs::copy(&log, dir.join(format!("{}-host-{i}.log", self.backend)))?;
+            }
+        }
         producer.close().await;
         Ok(report)
     }
@@ -430,6 +436,16 @@ impl Soak {
             }
             let order_violations =
                 first_order.values().map(|seqs| seqs.windows(2).filter(|w| w[1] < w[0]).count()).sum();
+            if let Some(dir) = &self.args.details {
+                // Each room whose events first arrived out of order, in the order they arrived.
+                let mut lines = String::from("room\tfirst arrivals (seq)\n");
+                let mut rooms: Vec<_> = first_order.iter().filter(|(_, s)| s.windows(2).any(|w| w[1] < w[0])).collect();
+                rooms.sort();
+                for (room, seqs) in rooms {
+                    lines.push_str(&format!("{room}\t{seqs:?}\n"));
+                }
+                std::fs::write(dir.join(format!("{}-{name}-order.tsv", self.backend)), lines)?;
+            }
             out.push(SinkReport {
                 backend: self.backend.clone(),
                 sink: name,

@@ -28,6 +28,10 @@ use crate::store::{Claimed, Fence, Heartbeat, Holding, KeyValue, Mark, OwnedRead
 
 /// The most pages one read walks before it hands over what it found.
 const MAX_PAGES: usize = 16;
+/// The most short heartbeats in a row while the shares are moving (about a partition
+/// lease's worth at the default eighth of a heartbeat): past them a host whose share stays
+/// out of reach (a live host that never gives up its surplus) beats at the normal pace.
+const QUICK_BEATS: u32 = 24;
 
 /// What the owner knows of a row it read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -280,13 +284,22 @@ impl Worker {
     /// Keeps this host's partition leases: a heartbeat every third of `partition_lease`,
     /// which renews them, gives up drained surplus, and takes free or expired partitions up
     /// to this host's share.
+    ///
+    /// The first heartbeat only says this host is live, and the second comes a short beat
+    /// later, so that hosts starting together each take their share at once rather than the
+    /// first taking everything. While the shares are moving (this host holds surplus, or
+    /// less than its share) it beats every short beat, for at most [`QUICK_BEATS`] in a row,
+    /// so that a joining host has its share within one of the others' heartbeats.
     pub(super) async fn keep_partitions(self: Arc<Self>, tracker: Arc<Tracker>, shutdown: CancellationToken) {
         let lease_ms = self.config.partition_lease.as_millis() as i64;
         let every = self.config.partition_lease / 3;
+        let quick = (every / 8).max(Duration::from_millis(50));
         let wake = self.store.inserted();
         let mut backoff = Duration::from_millis(100);
         let mut told = false;
         let mut indexed = None;
+        let mut take = false;
+        let mut quick_beats = 0;
         while !shutdown.is_cancelled() {
             self.clock.sync(self.store.as_ref()).await;
             let release = tracker.release_drained();
@@ -299,12 +312,14 @@ impl Worker {
                 lease_ms,
                 renew: &renew,
                 release: &release,
+                take,
             };
             let wait = match self.store.keep_partitions(&beat).await {
                 Ok(holding) => {
                     backoff = Duration::from_millis(100);
                     self.metrics.db_ok("partitions");
                     let (owned, share) = (holding.owned.len(), holding.share);
+                    let moving = !holding.surplus.is_empty() || owned < share;
                     if indexed != Some(holding.total) {
                         indexed = Some(holding.total);
                         tokio::spawn(index_partitions(self.store.clone(), holding.total, shutdown.clone()));
@@ -323,7 +338,9 @@ impl Worker {
                     if !release.is_empty() {
                         tracing::info!(worker = "room_outbox", node_id = %self.node_id, worker_id = %self.worker_id, partitions = ?release, "gave up drained partitions to a joining host");
                     }
-                    every
+                    let first = !std::mem::replace(&mut take, true);
+                    quick_beats = if moving { quick_beats + 1 } else { 0 };
+                    if first || (moving && quick_beats <= QUICK_BEATS) { quick } else { every }
                 }
                 Err(e) => {
                     self.metrics.db_error("partitions", &e);
@@ -366,15 +383,13 @@ impl Worker {
                 after: start.after,
                 limit: limit as u32,
             };
-            let page = self.store.read_owned(&read).await?;
-            let failed = if self.config.failed_blocks_room {
-                let mut rooms: Vec<(String, String)> =
-                    page.waiting.iter().map(|w| (w.row.app_code.clone(), w.row.room_id.clone())).collect();
-                rooms.sort();
-                rooms.dedup();
-                self.store.failed_rooms(&rooms).await?
-            } else {
-                Vec::new()
+            let (page, failed) = match self.read_page(&read).await {
+                Ok(read) => read,
+                // The rows taken from earlier pages are marked started and the sweep has
+                // moved past them: they go on (dropped, their rooms' later rows would start
+                // ahead of them); the error comes back at the next read.
+                Err(_) if !ready.is_empty() => return Ok((seq, ready, false)),
+                Err(e) => return Err(e),
             };
             let (taken, at_end) = tracker.select(page, start.sweep, wanted - ready.len(), self.clock.now_ms(), &failed);
             ready.extend(taken);
@@ -383,6 +398,24 @@ impl Worker {
             }
         }
         Ok((first.unwrap_or_default(), ready, false))
+    }
+
+    /// One page of the owned partitions' waiting rows, and (with `failed_blocks_room`) the
+    /// rooms among them that have a `failed` row.
+    async fn read_page(
+        &self,
+        read: &OwnedRead<'_>,
+    ) -> Result<(Page, Vec<(String, String, i64)>), crate::store::StoreError> {
+        let page = self.store.read_owned(read).await?;
+        if !self.config.failed_blocks_room {
+            return Ok((page, Vec::new()));
+        }
+        let mut rooms: Vec<(String, String)> =
+            page.waiting.iter().map(|w| (w.row.app_code.clone(), w.row.room_id.clone())).collect();
+        rooms.sort();
+        rooms.dedup();
+        let failed = self.store.failed_rooms(&rooms).await?;
+        Ok((page, failed))
     }
 
     /// Gives up this host's partitions at a clean shutdown, so that the others take them at

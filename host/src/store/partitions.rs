@@ -47,6 +47,9 @@ pub struct Heartbeat<'a> {
     pub renew: &'a [u32],
     /// Partitions this owner has drained and gives up.
     pub release: &'a [u32],
+    /// Whether to take free or expired partitions up to the share; a host's first heartbeat
+    /// only says it is live, so that hosts starting together see each other before any takes.
+    pub take: bool,
 }
 
 /// What a heartbeat left this owner with.
@@ -275,7 +278,7 @@ where
             p(5)
         );
         for _ in 0..TAKE_ROUNDS {
-            if mine.len() >= share {
+            if !beat.take || mine.len() >= share {
                 break;
             }
             // Free first (never held, or given up), then expired.
