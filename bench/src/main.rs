@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use clap::Parser;
-use outbox_host::config::{RoomOrdering, SinkConfig, SinkSettings, WorkerConfig};
+use outbox_host::config::{PluginConfig, RoomOrdering, SinkSettings, WorkerConfig};
 use outbox_host::engine::{Signal, Worker};
 use outbox_host::ops::metrics::Metrics;
 use outbox_host::sandbox::{AttemptFailure, Deliver, Delivered, Event, SinkRuntime};
@@ -91,22 +91,10 @@ impl Deliver for NativeNoop {
 
 /// The fake sink answering `ok` to everything: the WebAssembly path with a no-op body.
 fn wasm_noop(concurrency: u32, cache: &std::path::Path) -> anyhow::Result<SinkRuntime> {
-    let config = SinkConfig {
-        name: "fake".into(),
-        plugin: outbox_test_support::FAKE_SINK.into(),
-        allowed_hosts: vec![],
-        memory_limit: outbox_host::config::DEFAULT_MEMORY_LIMIT,
-        max_response_bytes: outbox_host::config::DEFAULT_MAX_RESPONSE_BYTES,
+    let config = PluginConfig {
         cache_dir: Some(cache.to_owned()),
-        allow_http: false,
-        proxy: None,
-        budgets: Default::default(),
         config: SinkSettings([("default".to_string(), "ok".to_string())].into()),
-        rate_limit: None,
-        breaker: Default::default(),
-        start_from: Default::default(),
-        watch_plugin: false,
-        worker: Default::default(),
+        ..PluginConfig::with_defaults("fake", outbox_test_support::FAKE_SINK.into())
     };
     SinkRuntime::load(&config, concurrency)
 }

@@ -83,9 +83,9 @@ pub async fn register_sinks(
         let start = if migrated.created { 0 } else { sink.start_from.start_ms(now) };
         registered.push(
             store
-                .register_sink(&sink.name, start, i == 0, now)
+                .register_sink(sink.name(), start, i == 0, now)
                 .await
-                .with_context(|| format!("registering sink {} on {}", sink.name, config.table))?,
+                .with_context(|| format!("registering sink {} on {}", sink.name(), config.table))?,
         );
     }
     Ok(registered)
@@ -100,7 +100,7 @@ impl Host {
         let sink_configs = config.require_sinks("run")?.to_vec();
         let (store, migrated) = migrated_store(&config).await?;
         check_schema(store.as_ref(), &config.node_id).await?;
-        let metrics = Arc::new(Metrics::new(&sink_configs[0].name));
+        let metrics = Arc::new(Metrics::new(sink_configs[0].name()));
         let mut sinks = Vec::new();
         let mut reloader = Reloader::default();
         let registered = register_sinks(&config, store.as_ref(), migrated).await?;
@@ -109,16 +109,16 @@ impl Host {
                 tracing::warn!(sink = %registered.name, table = %registered.table, "this host's first sink is not the one the outbox's own status columns are for (that one was registered first); it keeps its state in its own table");
             }
             let sink_store = store.clone().sink_store(&registered).await?;
-            let sink_metrics = if i == 0 { metrics.clone() } else { Arc::new(metrics.for_sink(&sink_config.name)) };
+            let sink_metrics = if i == 0 { metrics.clone() } else { Arc::new(metrics.for_sink(sink_config.name())) };
             let worker = if config.worker.enabled {
                 let runtime = SinkRuntime::load_checked(
-                    sink_config,
+                    &sink_config.sandbox,
                     sink_config.worker.concurrency,
                     sink_config.worker.publish_timeout,
                     sink_metrics.clone(),
                 )
                 .await
-                .with_context(|| format!("sink {}", sink_config.name))?;
+                .with_context(|| format!("sink {}", sink_config.name()))?;
                 Some(Worker::new(
                     sink_store.clone(),
                     Arc::new(runtime),
@@ -190,7 +190,7 @@ impl Host {
             draining: Default::default(),
             table: self.config.table.clone(),
             node_id: self.config.node_id.clone(),
-            sink: self.config.sinks.first().map(|s| s.name.clone()).unwrap_or_default(),
+            sink: self.config.sinks.first().map(|s| s.name().to_string()).unwrap_or_default(),
             guard: admin::Guard::new(&self.config.admin),
             reloader: self.reloader.clone(),
             unready_after_db_failures: self.config.admin.unready_after_db_failures,

@@ -379,16 +379,16 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
         Command::TrySink(_) | Command::NewSink { .. } => unreachable!("handled before the config is read"),
         Command::CheckConfig => {
             let sinks = config.require_sinks("deliver")?;
-            let metrics = outbox_host::ops::metrics::Metrics::new(&sinks[0].name);
+            let metrics = outbox_host::ops::metrics::Metrics::new(sinks[0].name());
             for sink in sinks {
                 outbox_host::sandbox::SinkRuntime::load_checked(
-                    sink,
+                    &sink.sandbox,
                     sink.worker.concurrency,
                     sink.worker.publish_timeout,
-                    std::sync::Arc::new(metrics.for_sink(&sink.name)),
+                    std::sync::Arc::new(metrics.for_sink(sink.name())),
                 )
                 .await
-                .with_context(|| format!("sink {}", sink.name))?;
+                .with_context(|| format!("sink {}", sink.name()))?;
             }
             for note in &config.notes {
                 say(&format!("note: {note}\n"));
@@ -397,7 +397,7 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
                 let w = &sink.worker;
                 say(&format!(
                     "config OK: sink {} loads; database {}; table {}; batch_size {}{}, publish_timeout {}, concurrency {}, lease {}\n",
-                    sink.name,
+                    sink.name(),
                     outbox_host::text::redact_url(&config.database.url),
                     config.table,
                     w.batch_size,

@@ -67,28 +67,28 @@ impl Reloader {
 
     /// The names of the sinks it can reload.
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.sinks.iter().map(|s| s.config.name.as_str())
+        self.sinks.iter().map(|s| s.config.name())
     }
 
     /// Loads and checks the sink's plugin file anew and, if it is a new build that passes,
     /// swaps it in. `trigger` says why, for the log.
     pub async fn reload(&self, name: &str, trigger: &str) -> Result<Reloaded, ReloadError> {
         let sink =
-            self.sinks.iter().find(|s| s.config.name == name).ok_or_else(|| ReloadError::UnknownSink(name.into()))?;
+            self.sinks.iter().find(|s| s.config.name() == name).ok_or_else(|| ReloadError::UnknownSink(name.into()))?;
         let _one_at_a_time = sink.busy.lock().await;
         let current = sink.slot.get().digest();
         let worker = &sink.config.worker;
-        let loaded = match trusted(&sink.config.plugin) {
+        let loaded = match trusted(&sink.config.sandbox.plugin) {
             Ok(()) => {
                 SinkRuntime::load_checked(
-                    &sink.config,
+                    &sink.config.sandbox,
                     worker.concurrency,
                     worker.publish_timeout,
                     sink.metrics.clone(),
                 )
                 .await
             }
-            Err(why) => Err(anyhow::anyhow!("sink.plugin {}: {why}", sink.config.plugin.display())),
+            Err(why) => Err(anyhow::anyhow!("sink.plugin {}: {why}", sink.config.sandbox.plugin.display())),
         };
         match loaded {
             Ok(runtime) => {
@@ -135,17 +135,17 @@ impl Reloader {
     /// inode or content: a deploy that renames a new file over the old one is seen, and so is
     /// a rewrite in place that keeps the size and the modification time).
     pub async fn watch(self: Arc<Self>, stop: CancellationToken) {
-        let mut seen: Vec<Option<FileStamp>> = self.sinks.iter().map(|s| stamp(&s.config.plugin)).collect();
+        let mut seen: Vec<Option<FileStamp>> = self.sinks.iter().map(|s| stamp(&s.config.sandbox.plugin)).collect();
         loop {
             tokio::select! {
                 () = tokio::time::sleep(WATCH_INTERVAL) => {}
                 () = stop.cancelled() => return,
             }
             for (i, sink) in self.sinks.iter().enumerate().filter(|(_, s)| s.config.watch_plugin) {
-                let now = stamp(&sink.config.plugin);
+                let now = stamp(&sink.config.sandbox.plugin);
                 if now.is_some() && now != seen[i] {
                     seen[i] = now;
-                    let _ = self.reload(&sink.config.name, "plugin file changed").await;
+                    let _ = self.reload(sink.config.name(), "plugin file changed").await;
                 }
             }
         }

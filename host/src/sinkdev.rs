@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
-use crate::sandbox::settings::SinkConfig;
+use crate::sandbox::settings::PluginConfig;
 use crate::sandbox::trial::{ScriptedReply, Step, Trial};
 use crate::sandbox::{Delivered, Event, SinkRuntime};
 
@@ -122,7 +122,7 @@ const MIN_SECRET_CHARS: usize = 4;
 /// Loads the sink as `run` would, checks its config, and delivers one event.
 pub async fn try_sink(options: TryOptions) -> anyhow::Result<TryReport> {
     let body = crate::envelope::body_from_json_text(&options.event_type, options.body.as_deref())?;
-    let mut config = SinkConfig::with_defaults("try", options.plugin.clone());
+    let mut config = PluginConfig::with_defaults("try", options.plugin.clone());
     for host in &options.allowed_hosts {
         crate::sandbox::HostPattern::parse(host).map_err(|why| anyhow::anyhow!("--allow-host {host}: {why}"))?;
     }

@@ -178,7 +178,7 @@ async fn a_pipelined_sink_keeps_several_of_a_rooms_events_in_flight_in_order(wor
     world.producer.insert(&events).await.unwrap();
     let config =
         world.config("concurrency: 8\npublish_timeout: 2s", "default: sleep:100\ntype.RoomMicChanged: sleep:300");
-    let sink = outbox_host::sandbox::SinkRuntime::load(&config.sinks[0], 8).unwrap();
+    let sink = outbox_host::sandbox::SinkRuntime::load(&config.sinks[0].sandbox, 8).unwrap();
     let metrics = std::sync::Arc::new(outbox_host::ops::metrics::Metrics::new("fake"));
     let worker = outbox_host::engine::Worker::new(
         world.producer.clone(),

@@ -147,17 +147,17 @@ async fn the_compiled_sink_is_cached_and_a_corrupt_entry_is_replaced() {
     let sink = config.sinks[0].clone();
     let cached = || cwasm_files(&cache);
 
-    outbox_host::sandbox::SinkRuntime::load(&sink, 4).unwrap();
+    outbox_host::sandbox::SinkRuntime::load(&sink.sandbox, 4).unwrap();
     let files = cached();
     assert_eq!(files.len(), 1, "{files:?}");
     assert_eq!(files[0].extension().unwrap(), "cwasm");
     let written = std::fs::metadata(&files[0]).unwrap().modified().unwrap();
 
-    outbox_host::sandbox::SinkRuntime::load(&sink, 4).unwrap();
+    outbox_host::sandbox::SinkRuntime::load(&sink.sandbox, 4).unwrap();
     assert_eq!(std::fs::metadata(&files[0]).unwrap().modified().unwrap(), written, "recompiled despite the cache");
 
     std::fs::write(&files[0], b"not a compiled component").unwrap();
-    let runtime = outbox_host::sandbox::SinkRuntime::load(&sink, 4).unwrap();
+    let runtime = outbox_host::sandbox::SinkRuntime::load(&sink.sandbox, 4).unwrap();
     assert!(std::fs::metadata(&files[0]).unwrap().len() > 1_000, "the corrupt entry was not replaced");
     let event = sample_event();
     let delivered = runtime.deliver(&event, std::time::Duration::from_secs(2)).await;
@@ -187,13 +187,13 @@ async fn a_planted_cache_entry_is_not_run() {
     let ours = world.dir.path().join("ours");
     let theirs = world.dir.path().join("theirs");
     let sink_of = |plugin: &str, cache: &std::path::Path| config(plugin, cache).parse().sinks.remove(0);
-    SinkRuntime::load(&sink_of(outbox_test_support::FAKE_SINK, &ours), 4).unwrap();
-    SinkRuntime::load(&sink_of(outbox_test_support::TENCENT_IM_SINK, &theirs), 4).unwrap();
+    SinkRuntime::load(&sink_of(outbox_test_support::FAKE_SINK, &ours).sandbox, 4).unwrap();
+    SinkRuntime::load(&sink_of(outbox_test_support::TENCENT_IM_SINK, &theirs).sandbox, 4).unwrap();
     let (entry, planted) = (cwasm_files(&ours).remove(0), cwasm_files(&theirs).remove(0));
     std::fs::copy(&planted, &entry).unwrap();
     let planted_bytes = std::fs::read(&entry).unwrap();
 
-    let runtime = SinkRuntime::load(&sink_of(outbox_test_support::FAKE_SINK, &ours), 4).unwrap();
+    let runtime = SinkRuntime::load(&sink_of(outbox_test_support::FAKE_SINK, &ours).sandbox, 4).unwrap();
     assert_ne!(std::fs::read(&entry).unwrap(), planted_bytes, "the planted entry was kept");
     let event = sample_event();
     let outcome = runtime.deliver(&event, std::time::Duration::from_secs(2)).await;
@@ -213,7 +213,7 @@ async fn no_state_crosses_deliveries() {
 
     let world = World::new().await;
     let sink = world.setup("", "default: remember").parse().sinks.remove(0);
-    let runtime = SinkRuntime::load(&sink, 1).unwrap();
+    let runtime = SinkRuntime::load(&sink.sandbox, 1).unwrap();
     let event = sample_event();
     for _ in 0..50 {
         let outcome = runtime.deliver(&event, std::time::Duration::from_secs(2)).await;
@@ -230,7 +230,7 @@ async fn a_cache_directory_others_can_write_is_refused() {
     std::fs::create_dir(&open).unwrap();
     std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
     let sink = world.setup("", "").set(&["sink", "cache_dir"], &open.display().to_string()).parse().sinks.remove(0);
-    let err = outbox_host::sandbox::SinkRuntime::load(&sink, 4)
+    let err = outbox_host::sandbox::SinkRuntime::load(&sink.sandbox, 4)
         .err()
         .expect("an open cache directory is refused")
         .to_string();
@@ -268,7 +268,8 @@ async fn a_sink_built_for_another_contract_is_refused_naming_both_versions() {
     let config = world.setup("", "").set(&["sink", "plugin"], outbox_test_support::SINK_0_2_0);
     let expected = "was built for outbox:sink@0.2.0, a contract this host does not speak: build the sink against \
                     this host's wit/sink.wit; this host offers outbox:sink@0.1.0 to 0.1.2";
-    let err = outbox_host::sandbox::SinkRuntime::load(&config.parse().sinks.remove(0), 1).err().unwrap().to_string();
+    let err =
+        outbox_host::sandbox::SinkRuntime::load(&config.parse().sinks.remove(0).sandbox, 1).err().unwrap().to_string();
     assert!(err.starts_with("sink.plugin: ") && err.contains(expected), "{err}");
 
     crate::binary::write_config(&world, &config.yaml());
@@ -287,7 +288,7 @@ async fn a_push_back_marks_a_retryable_failure_and_nothing_else() {
     let world = World::new().await;
     let runtime = |behaviour: &str| {
         let sink = world.setup("", &format!("default: \"{behaviour}\"")).parse().sinks.remove(0);
-        SinkRuntime::load(&sink, 1).unwrap()
+        SinkRuntime::load(&sink.sandbox, 1).unwrap()
     };
     let timeout = std::time::Duration::from_secs(2);
     for (name, pressure) in [

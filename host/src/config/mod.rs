@@ -38,6 +38,51 @@ const MYSQL_MAX_IDENTIFIER: usize = 64;
 /// The suffix of the migrations bookkeeping table, `<table>_migrations`.
 pub const MIGRATIONS_SUFFIX: &str = "_migrations";
 
+/// One `sink:`: its plugin as the sandbox loads it, and how the engine delivers through it.
+#[derive(Debug, Clone)]
+pub struct SinkConfig {
+    /// The plugin, its egress rules and budgets.
+    pub sandbox: PluginConfig,
+    /// Which events a sink added to a table that already has events starts from.
+    pub start_from: StartFrom,
+    /// Reload the sink when its plugin file changes (`watch_plugin`, default true).
+    pub watch_plugin: bool,
+    /// `outbox_worker` with this sink's own `concurrency`, `publish_timeout`, retry keys,
+    /// `rate_limit` and `breaker` applied.
+    pub worker: WorkerConfig,
+}
+
+impl SinkConfig {
+    /// The sink's name.
+    pub fn name(&self) -> &str {
+        &self.sandbox.name
+    }
+}
+
+/// `start_from`: where a sink added to a table with events begins. Read once, when the
+/// sink is registered on the table; afterwards it keeps where it started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StartFrom {
+    /// Events created from the moment it is registered (the default).
+    #[default]
+    Now,
+    /// Every event still in the table.
+    Beginning,
+    /// Events created at or after this time, UTC milliseconds.
+    At(i64),
+}
+
+impl StartFrom {
+    /// The earliest `created_at_ms` the sink takes, registering at `now_ms`.
+    pub fn start_ms(self, now_ms: i64) -> i64 {
+        match self {
+            StartFrom::Now => now_ms,
+            StartFrom::Beginning => 0,
+            StartFrom::At(ms) => ms,
+        }
+    }
+}
+
 /// The whole host configuration, validated.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -107,7 +152,7 @@ impl Config {
 
     /// The sink named `name`.
     pub fn sink(&self, name: &str) -> Option<&SinkConfig> {
-        self.sinks.iter().find(|s| s.name == name)
+        self.sinks.iter().find(|s| s.name() == name)
     }
 
     /// Reads and validates a config file, with `${VAR}` and `OUTBOX__…` overrides from the
@@ -251,12 +296,13 @@ fn check_sink_names(
     let key = |i: usize| if listed { format!("sinks[{i}].name") } else { "sink.name".into() };
     let mut problems = Vec::new();
     for (i, sink) in sinks.iter().enumerate() {
-        let own = crate::store::sinks::sink_table(table, &sink.name);
-        if let Some(other) = sinks[..i].iter().find(|o| o.name == sink.name) {
+        let own = crate::store::sinks::sink_table(table, sink.name());
+        if let Some(other) = sinks[..i].iter().find(|o| o.name() == sink.name()) {
             problems
-                .push((key(i), format!("{:?} is used twice: each sink's state is kept under its name", other.name)));
-        } else if let Some(other) = sinks[..i].iter().find(|o| crate::store::sinks::sink_table(table, &o.name) == own) {
-            problems.push((key(i), format!("{:?} and {:?} would share the table {own}", other.name, sink.name)));
+                .push((key(i), format!("{:?} is used twice: each sink's state is kept under its name", other.name())));
+        } else if let Some(other) = sinks[..i].iter().find(|o| crate::store::sinks::sink_table(table, o.name()) == own)
+        {
+            problems.push((key(i), format!("{:?} and {:?} would share the table {own}", other.name(), sink.name())));
         }
         if let Some(limit) = backend.and_then(identifier_limit)
             && own.len() + crate::store::sinks::LONGEST_OBJECT_SUFFIX > limit
@@ -265,7 +311,7 @@ fn check_sink_names(
                 key(i),
                 format!(
                     "{:?} is too long for this table: its own table {own} and its indexes would exceed the database's {limit}-character identifier limit",
-                    sink.name
+                    sink.name()
                 ),
             ));
         }
@@ -666,7 +712,7 @@ fn read_sink(f: &mut Fields<'_>, notes: &mut Vec<String>, global: &WorkerConfig,
     let start_from = read_start_from(f);
     let watch_plugin = f.take::<bool>("watch_plugin").unwrap_or(true);
     let worker = WorkerConfig { rate_limit, breaker, ..read_delivery_overrides(f, notes, global, lease_explicit) };
-    SinkConfig {
+    let sandbox = PluginConfig {
         name,
         plugin,
         allowed_hosts,
@@ -677,12 +723,8 @@ fn read_sink(f: &mut Fields<'_>, notes: &mut Vec<String>, global: &WorkerConfig,
         proxy,
         budgets,
         config,
-        rate_limit,
-        breaker,
-        start_from,
-        watch_plugin,
-        worker,
-    }
+    };
+    SinkConfig { sandbox, start_from, watch_plugin, worker }
 }
 
 /// `sink.breaker`: `failures` (0: only the sink's push-back opens it), `cool_down`,
@@ -752,14 +794,6 @@ fn default_node_id() -> String {
         .map(|h| h.trim().to_string())
         .filter(|h| is_name(h, 64))
         .unwrap_or_else(|| "outbox-host".into())
-}
-
-/// `$XDG_CACHE_HOME/outbox-host`, else `~/.cache/outbox-host`: the default `sink.cache_dir`.
-pub fn default_cache_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("outbox-host"))
 }
 
 fn is_name(text: &str, max: usize) -> bool {

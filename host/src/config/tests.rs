@@ -36,7 +36,7 @@ fn room_services_example_block_is_accepted() {
     );
     let config = parse(&yaml).unwrap();
     assert_eq!(config.worker.batch_size, 100);
-    assert_eq!(config.require_sinks("run").unwrap()[0].name, "fake");
+    assert_eq!(config.require_sinks("run").unwrap()[0].name(), "fake");
 }
 
 #[test]
@@ -165,7 +165,7 @@ fn env_placeholders_fill_values_and_missing_ones_are_named() {
 
     let env = |name: &str| Some(format!("{name}-value"));
     let config = Config::from_yaml(&yaml, std::iter::empty(), &env).unwrap();
-    let settings = &config.sinks[0].config;
+    let settings = &config.sinks[0].sandbox.config;
     assert_eq!(settings.0["secret_key"], "TIM_KEY-value");
     assert_eq!(settings.0["region"], "REGION-value-1");
     assert!(!format!("{settings:?}").contains("value"), "Debug must not print values");
@@ -217,8 +217,8 @@ fn sink_limits_and_hosts_are_checked() {
     assert!(p.iter().any(|p| p.starts_with("sink.allowed_hosts:")), "{p:?}");
     let config = parse(&format!("{SINK}  memory_limit: 32MiB\n  cache_dir: \"\"\n")).unwrap();
     let sink = config.sinks[0].clone();
-    assert_eq!(sink.memory_limit, 32 << 20);
-    assert_eq!(sink.cache_dir, None);
+    assert_eq!(sink.sandbox.memory_limit, 32 << 20);
+    assert_eq!(sink.sandbox.cache_dir, None);
 }
 
 #[test]
@@ -247,10 +247,10 @@ fn a_table_whose_migrations_table_would_be_too_long_is_refused_per_database() {
 #[test]
 fn sink_budgets_and_egress_settings_have_defaults_and_bounds() {
     let sink = parse(SINK).unwrap().sinks[0].clone();
-    assert_eq!(sink.budgets, SinkBudgets::default());
-    assert_eq!(sink.budgets.max_retry_after, Duration::from_secs(3600));
-    assert!(!sink.allow_http, "plain http is opt-in");
-    assert_eq!(sink.proxy, None);
+    assert_eq!(sink.sandbox.budgets, SinkBudgets::default());
+    assert_eq!(sink.sandbox.budgets.max_retry_after, Duration::from_secs(3600));
+    assert!(!sink.sandbox.allow_http, "plain http is opt-in");
+    assert_eq!(sink.sandbox.proxy, None);
 
     let custom = parse(&format!(
         "{SINK}  allow_http: true\n  max_retry_after: 90s\n  max_log_lines: 5\n  max_stdio_bytes: 0\n  proxy: \"http://proxy:3128\"\n"
@@ -258,11 +258,11 @@ fn sink_budgets_and_egress_settings_have_defaults_and_bounds() {
     {
         let config = custom.unwrap();
         let sink = &config.sinks[0];
-        assert_eq!(sink.budgets.max_retry_after, Duration::from_secs(90));
-        assert!(sink.allow_http);
-        assert_eq!(sink.budgets.max_log_lines, 5);
-        assert_eq!(sink.budgets.max_stdio_bytes, 0);
-        assert_eq!(sink.proxy.as_deref(), Some("http://proxy:3128"));
+        assert_eq!(sink.sandbox.budgets.max_retry_after, Duration::from_secs(90));
+        assert!(sink.sandbox.allow_http);
+        assert_eq!(sink.sandbox.budgets.max_log_lines, 5);
+        assert_eq!(sink.sandbox.budgets.max_stdio_bytes, 0);
+        assert_eq!(sink.sandbox.proxy.as_deref(), Some("http://proxy:3128"));
     }
     let bad =
         problems(&format!("{SINK}  max_log_lines: 0\n  max_requests: -1\n  proxy: \"::\"\n  max_retry_after: 1x\n"));
@@ -305,7 +305,7 @@ fn every_non_positive_duration_falls_back_to_its_default_with_a_note() {
             assert_eq!(format!("{:?}", config.worker), format!("{:?}", defaults.worker), "{section}.{key}: {value}");
             assert_eq!(config.admin.stats_interval, defaults.admin.stats_interval);
             let sink = config.sinks[0].clone();
-            assert_eq!(sink.budgets.max_retry_after, defaults.sinks[0].budgets.max_retry_after);
+            assert_eq!(sink.sandbox.budgets.max_retry_after, defaults.sinks[0].sandbox.budgets.max_retry_after);
         }
     }
 }
@@ -357,7 +357,7 @@ fn the_example_configs_are_valid_and_mean_what_they_say() {
     assert_eq!(tencent.worker.ordering, RoomOrdering::PerRoom);
     assert_eq!(tencent.worker.publish_timeout, Duration::from_secs(5));
     let sink = tencent.sinks[0].clone();
-    assert_eq!(sink.config.0.get("secret_key").map(String::as_str), Some("value-of-TIM_SECRET_KEY"));
+    assert_eq!(sink.sandbox.config.0.get("secret_key").map(String::as_str), Some("value-of-TIM_SECRET_KEY"));
     assert_eq!(tencent.sinks[0].worker.breaker, BreakerSettings::default());
 }
 
@@ -383,7 +383,7 @@ fn several_sinks_each_with_their_own_delivery_settings() {
         "outbox_worker:\n  concurrency: 8\n  publish_timeout: 2s\nsinks:\n  - name: tencent-im\n    plugin: im.wasm\n  - name: audit\n    plugin: audit.wasm\n    start_from: beginning\n    concurrency: 2\n    publish_timeout: 10s\n    retry_strategy: exponential\n    max_attempts: 3\n    rate_limit: 50/s\n  - name: activity\n    plugin: activity.wasm\n    start_from: \"2026-11-30T08:00:00Z\"\n",
     )
     .unwrap();
-    let names: Vec<&str> = config.sinks.iter().map(|s| s.name.as_str()).collect();
+    let names: Vec<&str> = config.sinks.iter().map(|s| s.name()).collect();
     assert_eq!(names, ["tencent-im", "audit", "activity"]);
     let (im, audit, activity) = (&config.sinks[0], &config.sinks[1], &config.sinks[2]);
     assert_eq!(im.start_from, StartFrom::Now);

@@ -32,7 +32,7 @@ use bindings::{Outcome, SinkPre};
 use capture::Capture;
 pub use egress::HostPattern;
 use http::{HttpPolicy, PolicySettings};
-use settings::SinkConfig;
+use settings::PluginConfig;
 use state::{DeliveryState, Shared};
 
 use crate::ops::metrics::Metrics;
@@ -186,17 +186,17 @@ impl Drop for SinkRuntime {
 impl SinkRuntime {
     /// Compiles (or loads from cache), links and pre-instantiates the sink's component.
     /// `concurrency` sizes the instance pool. Errors say what is wrong with the plugin.
-    pub fn load(config: &SinkConfig, concurrency: u32) -> anyhow::Result<SinkRuntime> {
+    pub fn load(config: &PluginConfig, concurrency: u32) -> anyhow::Result<SinkRuntime> {
         Self::load_with(config, concurrency, Arc::new(Metrics::new(&config.name)))
     }
 
     /// [`SinkRuntime::load`], counting what the sink exceeds into `metrics`.
-    pub fn load_with(config: &SinkConfig, concurrency: u32, metrics: Arc<Metrics>) -> anyhow::Result<SinkRuntime> {
+    pub fn load_with(config: &PluginConfig, concurrency: u32, metrics: Arc<Metrics>) -> anyhow::Result<SinkRuntime> {
         Self::load_inner(config, concurrency, metrics, None)
     }
 
     fn load_inner(
-        config: &SinkConfig,
+        config: &PluginConfig,
         concurrency: u32,
         metrics: Arc<Metrics>,
         trial: Option<Arc<trial::Trial>>,
@@ -265,7 +265,7 @@ impl SinkRuntime {
     /// Problems it reports are shown under `sink.config.` (so they cannot pose as the host's
     /// own keys), escaped, and bounded in number and length.
     pub async fn load_checked(
-        config: &SinkConfig,
+        config: &PluginConfig,
         concurrency: u32,
         timeout: Duration,
         metrics: Arc<Metrics>,
@@ -276,7 +276,7 @@ impl SinkRuntime {
     /// [`SinkRuntime::load_checked`] for `try-sink`: what the sink does is recorded in
     /// `trial` (and its log lines go there, not to the host's log).
     pub async fn load_trial(
-        config: &SinkConfig,
+        config: &PluginConfig,
         timeout: Duration,
         trial: Arc<trial::Trial>,
     ) -> anyhow::Result<SinkRuntime> {
@@ -284,7 +284,7 @@ impl SinkRuntime {
     }
 
     async fn checked(
-        config: &SinkConfig,
+        config: &PluginConfig,
         concurrency: u32,
         timeout: Duration,
         metrics: Arc<Metrics>,

@@ -1,5 +1,5 @@
-//! `sink:`: one sink's plugin, egress rules and budgets. The config module reads them from
-//! YAML; everything here only describes them.
+//! `sink:`: one sink's plugin, egress rules and budgets, as the sandbox needs them. The
+//! config module reads them from YAML; everything here only describes them.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -27,9 +27,10 @@ pub const DEFAULT_MAX_REQUESTS: u32 = 16;
 /// Default `sink.max_request_bytes`: the largest request body a sink may send.
 pub const DEFAULT_MAX_REQUEST_BYTES: u64 = 1 << 20;
 
-/// `sink:`.
+/// What the sandbox needs of one `sink:`: its plugin, egress rules and budgets. The rest of
+/// a sink's settings (its delivery settings, `start_from`, `watch_plugin`) are the config's.
 #[derive(Debug, Clone)]
-pub struct SinkConfig {
+pub struct PluginConfig {
     /// A short name for logs and metrics.
     pub name: String,
     /// The `.wasm` component.
@@ -50,65 +51,32 @@ pub struct SinkConfig {
     pub budgets: SinkBudgets,
     /// The sink's own settings, read by it through `config.get`.
     pub config: SinkSettings,
-    /// Deliveries per second this host starts through the sink, at most (`rate_limit`).
-    pub rate_limit: Option<crate::engine::settings::RateLimit>,
-    /// The sink's circuit breaker (`breaker:`).
-    pub breaker: crate::engine::breaker::BreakerSettings,
-    /// Which events a sink added to a table that already has events starts from.
-    pub start_from: StartFrom,
-    /// Reload the sink when its plugin file changes (`watch_plugin`, default true).
-    pub watch_plugin: bool,
-    /// `outbox_worker` with this sink's own `concurrency`, `publish_timeout`, retry keys,
-    /// `rate_limit` and `breaker` applied.
-    pub worker: crate::engine::settings::WorkerConfig,
 }
 
-impl SinkConfig {
+impl PluginConfig {
     /// A sink with every default (no hosts allowed, plain http off): `try-sink` starts here.
-    pub fn with_defaults(name: &str, plugin: PathBuf) -> SinkConfig {
-        let worker = crate::engine::settings::WorkerConfig::default();
-        SinkConfig {
+    pub fn with_defaults(name: &str, plugin: PathBuf) -> PluginConfig {
+        PluginConfig {
             name: name.into(),
             plugin,
             allowed_hosts: Vec::new(),
             memory_limit: DEFAULT_MEMORY_LIMIT,
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
-            cache_dir: crate::config::default_cache_dir(),
+            cache_dir: default_cache_dir(),
             allow_http: false,
             proxy: None,
             budgets: SinkBudgets::default(),
             config: SinkSettings::default(),
-            rate_limit: None,
-            breaker: worker.breaker,
-            start_from: StartFrom::Now,
-            watch_plugin: false,
-            worker,
         }
     }
 }
 
-/// `start_from`: where a sink added to a table with events begins. Read once, when the
-/// sink is registered on the table; afterwards it keeps where it started.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum StartFrom {
-    /// Events created from the moment it is registered (the default).
-    #[default]
-    Now,
-    /// Every event still in the table.
-    Beginning,
-    /// Events created at or after this time, UTC milliseconds.
-    At(i64),
-}
-
-impl StartFrom {
-    /// The earliest `created_at_ms` the sink takes, registering at `now_ms`.
-    pub fn start_ms(self, now_ms: i64) -> i64 {
-        match self {
-            StartFrom::Now => now_ms,
-            StartFrom::Beginning => 0,
-            StartFrom::At(ms) => ms,
-        }
-    }
+/// `$XDG_CACHE_HOME/outbox-host`, else `~/.cache/outbox-host`: the default `sink.cache_dir`.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("outbox-host"))
 }
 
 /// Bounds on what one attempt of a sink may emit or ask for; the excess is clamped or dropped
