@@ -32,6 +32,8 @@ const MAX_PAGES: usize = 16;
 /// lease's worth at the default eighth of a heartbeat): past them a host whose share stays
 /// out of reach (a live host that never gives up its surplus) beats at the normal pace.
 const QUICK_BEATS: u32 = 24;
+/// Short heartbeats at a host's start (about two and a half seconds at the default lease).
+const STARTING_BEATS: u32 = 6;
 
 /// What the owner knows of a row it read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -285,11 +287,12 @@ impl Worker {
     /// which renews them, gives up drained surplus, and takes free or expired partitions up
     /// to this host's share.
     ///
-    /// The first heartbeat only says this host is live, and the second comes a short beat
-    /// later, so that hosts starting together each take their share at once rather than the
-    /// first taking everything. While the shares are moving (this host holds surplus, or
-    /// less than its share) it beats every short beat, for at most [`QUICK_BEATS`] in a row,
-    /// so that a joining host has its share within one of the others' heartbeats.
+    /// For its first [`STARTING_BEATS`] heartbeats, and while the shares are moving (this
+    /// host holds surplus, or less than its share; at most [`QUICK_BEATS`] in a row), it
+    /// beats every eighth of a heartbeat: hosts that start together see each other within a
+    /// short beat, and the first, which took every partition, gives the others their share
+    /// a beat or two later instead of two or three heartbeats later. A host alone starts at
+    /// once.
     pub(super) async fn keep_partitions(self: Arc<Self>, tracker: Arc<Tracker>, shutdown: CancellationToken) {
         let lease_ms = self.config.partition_lease.as_millis() as i64;
         let every = self.config.partition_lease / 3;
@@ -298,7 +301,7 @@ impl Worker {
         let mut backoff = Duration::from_millis(100);
         let mut told = false;
         let mut indexed = None;
-        let mut take = false;
+        let mut beats = 0;
         let mut quick_beats = 0;
         while !shutdown.is_cancelled() {
             self.clock.sync(self.store.as_ref()).await;
@@ -312,7 +315,6 @@ impl Worker {
                 lease_ms,
                 renew: &renew,
                 release: &release,
-                take,
             };
             let wait = match self.store.keep_partitions(&beat).await {
                 Ok(holding) => {
@@ -338,9 +340,9 @@ impl Worker {
                     if !release.is_empty() {
                         tracing::info!(worker = "room_outbox", node_id = %self.node_id, worker_id = %self.worker_id, partitions = ?release, "gave up drained partitions to a joining host");
                     }
-                    let first = !std::mem::replace(&mut take, true);
+                    beats += 1;
                     quick_beats = if moving { quick_beats + 1 } else { 0 };
-                    if first || (moving && quick_beats <= QUICK_BEATS) { quick } else { every }
+                    if beats <= STARTING_BEATS || (moving && quick_beats <= QUICK_BEATS) { quick } else { every }
                 }
                 Err(e) => {
                     self.metrics.db_error("partitions", &e);

@@ -47,9 +47,6 @@ pub struct Heartbeat<'a> {
     pub renew: &'a [u32],
     /// Partitions this owner has drained and gives up.
     pub release: &'a [u32],
-    /// Whether to take free or expired partitions up to the share; a host's first heartbeat
-    /// only says it is live, so that hosts starting together see each other before any takes.
-    pub take: bool,
 }
 
 /// What a heartbeat left this owner with.
@@ -278,7 +275,7 @@ where
             p(5)
         );
         for _ in 0..TAKE_ROUNDS {
-            if !beat.take || mine.len() >= share {
+            if mine.len() >= share {
                 break;
             }
             // Free first (never held, or given up), then expired.
@@ -450,31 +447,6 @@ where
             }
         }
         Ok(views)
-    }
-
-    /// Finds or builds the partition index for `total` (see [`Store::index_partitions`]).
-    pub(super) async fn partition_index(&self, total: u32) -> Result<bool, StoreError>
-    where
-        Self: super::Store,
-    {
-        if D::BACKEND != Backend::Postgres {
-            return Ok(false);
-        }
-        if self.indexed_partitions.load(std::sync::atomic::Ordering::Relaxed) == total {
-            return Ok(true);
-        }
-        // Only valid indexes are described; an invalid one of this count is rebuilt.
-        let indexes = super::Store::describe(self).await?.map(|info| info.indexes).unwrap_or_default();
-        let wanted = partition_index_name(&self.table, total);
-        let ours = |name: &str| partition_index_count(&self.table, name);
-        let done = indexes.iter().any(|i| i.name == wanted)
-            && !indexes.iter().any(|i| ours(&i.name).is_some_and(|n| n != total));
-        if !done {
-            self.holding_migration_lock(super::runner::Job::PartitionIndex(total)).await?;
-            tracing::info!(table = %self.table, index = %wanted, "built the partition index: an owner of some partitions reads their rows only");
-        }
-        self.indexed_partitions.store(total, std::sync::atomic::Ordering::Relaxed);
-        Ok(true)
     }
 
     /// Up to `read.limit` rows of the owned partitions that are not finished (`pending`,
