@@ -9,6 +9,7 @@ mod runner;
 pub mod schema;
 pub mod sinks;
 mod sql;
+mod sql_store;
 mod sqlite;
 
 use std::sync::Arc;

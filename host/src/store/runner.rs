@@ -347,6 +347,31 @@ where
         Ok(())
     }
 
+    /// Finds or builds the partition index for `total` (see [`Store::index_partitions`]).
+    pub(super) async fn partition_index(&self, total: u32) -> Result<bool, StoreError>
+    where
+        Self: super::Store,
+    {
+        if D::BACKEND != Backend::Postgres {
+            return Ok(false);
+        }
+        if self.indexed_partitions.load(std::sync::atomic::Ordering::Relaxed) == total {
+            return Ok(true);
+        }
+        // Only valid indexes are described; an invalid one of this count is rebuilt.
+        let indexes = super::Store::describe(self).await?.map(|info| info.indexes).unwrap_or_default();
+        let wanted = super::partitions::partition_index_name(&self.table, total);
+        let ours = |name: &str| super::partitions::partition_index_count(&self.table, name);
+        let done = indexes.iter().any(|i| i.name == wanted)
+            && !indexes.iter().any(|i| ours(&i.name).is_some_and(|n| n != total));
+        if !done {
+            self.holding_migration_lock(Job::PartitionIndex(total)).await?;
+            tracing::info!(table = %self.table, index = %wanted, "built the partition index: an owner of some partitions reads their rows only");
+        }
+        self.indexed_partitions.store(total, std::sync::atomic::Ordering::Relaxed);
+        Ok(true)
+    }
+
     /// The partition index for `total` partitions (PostgreSQL: an expression index over the
     /// unfinished rows, built `CONCURRENTLY`), after dropping the table's partition indexes
     /// of other counts and an invalid one of this count. Other databases have none.

@@ -11,8 +11,7 @@
 
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type};
 
-use super::schema::Profile;
-use super::sql::{ByCount, Dialect, SqlStore, params};
+use super::sql::{Dialect, SqlStore, params};
 use super::{Backend, StoreError};
 
 /// A sink the table knows of.
@@ -77,71 +76,6 @@ pub enum KeyValue {
     Int(i64),
     /// `event_id`, where the table has no `id`.
     Text(String),
-}
-
-/// The registry's and the fan-out's statements, built once per store (the idle probe runs
-/// every `probe_interval`).
-pub(super) struct FanOutStatements {
-    /// The registry, oldest first.
-    registry: String,
-    /// Whether a row some other sink still needs copied exists (lock-free).
-    probe: String,
-    /// Up to `$2` rows not fanned out yet, created at or after `$1`, in creation order.
-    pick: String,
-    /// Marks the picked rows fanned out at `$1`, per count.
-    mark: ByCount,
-    /// Takes the fan-out lock without waiting (returns 1 when taken), and with waiting.
-    try_lock: String,
-    lock: String,
-    /// Releases it (MySQL's is a session lock; PostgreSQL's ends with the transaction).
-    unlock: String,
-}
-
-impl FanOutStatements {
-    pub(super) fn new<D: Dialect>(table: &str, profile: &Profile) -> Self {
-        let t = table.to_string();
-        let key = profile.key.column();
-        let name = format!("{t}_fanout");
-        let (try_lock, lock, unlock) = match D::BACKEND {
-            Backend::Postgres => (
-                format!(
-                    "SELECT CASE WHEN pg_try_advisory_xact_lock(hashtext(current_schema() || '.{name}')) THEN 1 ELSE 0 END"
-                ),
-                format!("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.{name}'))"),
-                String::new(),
-            ),
-            Backend::Mysql => (
-                format!("SELECT GET_LOCK(SHA1(CONCAT(DATABASE(), '.{name}')), 0)"),
-                format!("SELECT GET_LOCK(SHA1(CONCAT(DATABASE(), '.{name}')), 60)"),
-                format!("SELECT RELEASE_LOCK(SHA1(CONCAT(DATABASE(), '.{name}')))"),
-            ),
-            // `BEGIN IMMEDIATE` is SQLite's lock.
-            Backend::Sqlite => (String::new(), String::new(), String::new()),
-        };
-        FanOutStatements {
-            registry: format!(
-                "SELECT name, sink_table, start_from_ms, added_at_ms, backfilled_at_ms FROM {t}_sinks \
-                 ORDER BY added_at_ms, CASE WHEN sink_table = '{t}' THEN 0 ELSE 1 END, name"
-            ),
-            probe: format!(
-                "SELECT 1 FROM {t} WHERE fanned_out_at_ms = 0 AND created_at_ms >= \
-                 (SELECT COALESCE(MIN(start_from_ms), {}) FROM {t}_sinks WHERE sink_table <> '{t}') LIMIT 1",
-                i64::MAX
-            ),
-            pick: format!(
-                "SELECT {key} FROM {t} WHERE fanned_out_at_ms = 0 AND created_at_ms >= {} \
-                 ORDER BY created_at_ms, {key} LIMIT {}",
-                D::param(1),
-                D::param(2)
-            ),
-            mark: ByCount::new(move |n| {
-                format!("UPDATE {t} SET fanned_out_at_ms = {} WHERE {key} IN ({})", D::param(1), params::<D>(2, n))
-            }),
-            try_lock,
-            lock,
-            unlock,
-        }
-    }
 }
 
 impl<D> SqlStore<D>

@@ -1,21 +1,20 @@
-//! The contract between the shared store and each database, and the shared store itself.
+//! The contract between the shared store and each database, and the shared store's state.
 //!
 //! [`Dialect`] is what a database module must provide: its migrations and lock, its claim,
 //! and its way of writing failed outcomes and hand-backs under their leases. [`SqlStore`]
-//! implements [`Store`] once for every dialect: the statements that read the same
+//! holds a pool and the statements built once per table; the statements that read the same
 //! everywhere are written once, with each database's own placeholders ([`Dialect::param`]).
+//! The roles' files build on this one, and `sql_store.rs` implements [`super::Store`] over
+//! them all.
 
 use std::marker::PhantomData;
 
 use async_trait::async_trait;
 use sqlx::migrate::Migrator;
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Type};
+use sqlx::{Database, Executor, IntoArguments, Pool};
 
 use super::schema::{self, Profile, TableInfo};
-use super::{
-    Backend, Claimed, Held, Lease, Mark, Minute, NewEvent, Outcome, RetryFilter, Row, Stats, Status, Store, StoreError,
-    now_ms,
-};
+use super::{Backend, Claimed, Held, Lease, Mark, RetryFilter, Row, Status, Store, StoreError};
 
 /// What differs between databases. Everything else is [`SqlStore`]'s.
 #[async_trait]
@@ -165,17 +164,17 @@ impl ByCount {
 /// placeholders, built once per store.
 pub(super) struct SharedStatements {
     pub(super) delivered: ByCount,
-    insert: ByCount,
-    get: String,
-    stats: [String; 3],
-    last_minute: String,
-    history: String,
-    recent_failures: String,
-    purge_pick: String,
-    purge_delete: ByCount,
-    has_pending: String,
+    pub(super) insert: ByCount,
+    pub(super) get: String,
+    pub(super) stats: [String; 3],
+    pub(super) last_minute: String,
+    pub(super) history: String,
+    pub(super) recent_failures: String,
+    pub(super) purge_pick: String,
+    pub(super) purge_delete: ByCount,
+    pub(super) has_pending: String,
     /// An operator's retry, before its filter.
-    retry_set: String,
+    pub(super) retry_set: String,
 }
 
 impl SharedStatements {
@@ -255,6 +254,71 @@ impl SharedStatements {
 /// ` AND …`: an outbox row no other sink still needs. Each sink beside the first either has
 /// its copy (the row is fanned out, and the sink's back-fill of the rows fanned out before
 /// it came is complete) or started after the row was created.
+/// The registry's and the fan-out's statements, built once per store (the idle probe runs
+/// every `probe_interval`).
+pub(super) struct FanOutStatements {
+    /// The registry, oldest first.
+    pub(super) registry: String,
+    /// Whether a row some other sink still needs copied exists (lock-free).
+    pub(super) probe: String,
+    /// Up to `$2` rows not fanned out yet, created at or after `$1`, in creation order.
+    pub(super) pick: String,
+    /// Marks the picked rows fanned out at `$1`, per count.
+    pub(super) mark: ByCount,
+    /// Takes the fan-out lock without waiting (returns 1 when taken), and with waiting.
+    pub(super) try_lock: String,
+    pub(super) lock: String,
+    /// Releases it (MySQL's is a session lock; PostgreSQL's ends with the transaction).
+    pub(super) unlock: String,
+}
+
+impl FanOutStatements {
+    pub(super) fn new<D: Dialect>(table: &str, profile: &Profile) -> Self {
+        let t = table.to_string();
+        let key = profile.key.column();
+        let name = format!("{t}_fanout");
+        let (try_lock, lock, unlock) = match D::BACKEND {
+            Backend::Postgres => (
+                format!(
+                    "SELECT CASE WHEN pg_try_advisory_xact_lock(hashtext(current_schema() || '.{name}')) THEN 1 ELSE 0 END"
+                ),
+                format!("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.{name}'))"),
+                String::new(),
+            ),
+            Backend::Mysql => (
+                format!("SELECT GET_LOCK(SHA1(CONCAT(DATABASE(), '.{name}')), 0)"),
+                format!("SELECT GET_LOCK(SHA1(CONCAT(DATABASE(), '.{name}')), 60)"),
+                format!("SELECT RELEASE_LOCK(SHA1(CONCAT(DATABASE(), '.{name}')))"),
+            ),
+            // `BEGIN IMMEDIATE` is SQLite's lock.
+            Backend::Sqlite => (String::new(), String::new(), String::new()),
+        };
+        FanOutStatements {
+            registry: format!(
+                "SELECT name, sink_table, start_from_ms, added_at_ms, backfilled_at_ms FROM {t}_sinks \
+                 ORDER BY added_at_ms, CASE WHEN sink_table = '{t}' THEN 0 ELSE 1 END, name"
+            ),
+            probe: format!(
+                "SELECT 1 FROM {t} WHERE fanned_out_at_ms = 0 AND created_at_ms >= \
+                 (SELECT COALESCE(MIN(start_from_ms), {}) FROM {t}_sinks WHERE sink_table <> '{t}') LIMIT 1",
+                i64::MAX
+            ),
+            pick: format!(
+                "SELECT {key} FROM {t} WHERE fanned_out_at_ms = 0 AND created_at_ms >= {} \
+                 ORDER BY created_at_ms, {key} LIMIT {}",
+                D::param(1),
+                D::param(2)
+            ),
+            mark: ByCount::new(move |n| {
+                format!("UPDATE {t} SET fanned_out_at_ms = {} WHERE {key} IN ({})", D::param(1), params::<D>(2, n))
+            }),
+            try_lock,
+            lock,
+            unlock,
+        }
+    }
+}
+
 fn still_needed_elsewhere(t: &str) -> String {
     format!(
         " AND NOT EXISTS (SELECT 1 FROM {t}_sinks s WHERE s.sink_table <> '{t}' AND s.start_from_ms <= {t}.created_at_ms \
@@ -273,15 +337,15 @@ pub struct SqlStore<D: Dialect> {
     /// The dialect's own statements' text, built once.
     pub(super) own: D::Statements,
     /// The registry's and the fan-out's statements, built once.
-    pub(super) fan_out: super::sinks::FanOutStatements,
-    inserted: std::sync::Arc<tokio::sync::Notify>,
+    pub(super) fan_out: FanOutStatements,
+    pub(super) inserted: std::sync::Arc<tokio::sync::Notify>,
     /// Shared with the stores of the sinks' own tables on the same pool.
-    writes: std::sync::Arc<tokio::sync::Mutex<()>>,
+    pub(super) writes: std::sync::Arc<tokio::sync::Mutex<()>>,
     /// The outbox this table keeps a sink's copy of (`<outbox>__<sink>`), if it is one.
     pub(super) copy_of: Option<String>,
     /// The partition count whose index this table is known to have (0: none known).
     pub(super) indexed_partitions: std::sync::Arc<std::sync::atomic::AtomicU32>,
-    dialect: PhantomData<D>,
+    pub(super) dialect: PhantomData<D>,
 }
 
 impl<D: Dialect> SqlStore<D> {
@@ -293,7 +357,7 @@ impl<D: Dialect> SqlStore<D> {
             table: table.to_string(),
             sql: SharedStatements::new::<D>(table, &profile, true),
             own: D::statements(table, &profile),
-            fan_out: super::sinks::FanOutStatements::new::<D>(table, &profile),
+            fan_out: FanOutStatements::new::<D>(table, &profile),
             profile,
             inserted: Default::default(),
             writes: Default::default(),
@@ -311,7 +375,7 @@ impl<D: Dialect> SqlStore<D> {
             table: table.to_string(),
             sql: SharedStatements::new::<D>(table, &profile, false),
             own: D::statements(table, &profile),
-            fan_out: super::sinks::FanOutStatements::new::<D>(table, &profile),
+            fan_out: FanOutStatements::new::<D>(table, &profile),
             profile,
             inserted: Default::default(),
             writes: self.writes.clone(),
@@ -335,7 +399,7 @@ impl<D: Dialect> SqlStore<D> {
         Ok(SqlStore {
             sql: SharedStatements::new::<D>(&self.table, &profile, self.copy_of.is_none()),
             own: D::statements(&self.table, &profile),
-            fan_out: super::sinks::FanOutStatements::new::<D>(&self.table, &profile),
+            fan_out: FanOutStatements::new::<D>(&self.table, &profile),
             profile,
             ..self
         })
@@ -528,7 +592,7 @@ pub(super) fn params<D: Dialect>(first: usize, count: usize) -> String {
 
 /// ` WHERE status = 'failed' AND <filter>` with its parameter (if any) numbered from
 /// `first`, and the value to bind.
-fn failed_filter<D: Dialect>(filter: &RetryFilter, first: usize) -> (String, Option<String>) {
+pub(super) fn failed_filter<D: Dialect>(filter: &RetryFilter, first: usize) -> (String, Option<String>) {
     let p = D::param(first);
     match filter {
         RetryFilter::EventId(id) => (format!(" WHERE status = 'failed' AND event_id = {p}"), Some(id.clone())),
@@ -539,382 +603,5 @@ fn failed_filter<D: Dialect>(filter: &RetryFilter, first: usize) -> (String, Opt
         ),
         RetryFilter::ErrorIs(text) => (format!(" WHERE status = 'failed' AND last_error = {p}"), Some(text.clone())),
         RetryFilter::All => (" WHERE status = 'failed'".into(), None),
-    }
-}
-
-// The bounds below say what the shared statements need of a database: sqlx's executors and
-// argument buffers, and the column types the outbox uses. Every dialect here has them; Rust
-// does not carry such bounds along with `Dialect`, so they are spelled out here.
-
-#[async_trait]
-impl<D> Store for SqlStore<D>
-where
-    D: Dialect,
-    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
-    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
-    for<'a> &'a str: ColumnIndex<<D::Db as Database>::Row>,
-    usize: ColumnIndex<<D::Db as Database>::Row>,
-    for<'r> i64: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
-    for<'r> i32: Decode<'r, D::Db> + Type<D::Db>,
-    for<'r> String: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
-    for<'r> Vec<u8>: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
-    for<'r> &'r str: Encode<'r, D::Db> + Type<D::Db>,
-{
-    async fn migrate(&self) -> Result<super::Migrated, StoreError> {
-        if self.schema_current().await? {
-            return Ok(super::Migrated::default());
-        }
-        // Apply what is not recorded yet, holding the dialect's migration lock.
-        self.holding_migration_lock(super::runner::Job::Migrate).await
-    }
-
-    fn backend(&self) -> Backend {
-        D::BACKEND
-    }
-
-    fn table(&self) -> &str {
-        &self.table
-    }
-
-    async fn describe(&self) -> Result<Option<TableInfo>, StoreError> {
-        self.describe_on(&mut *self.pool.acquire().await?).await
-    }
-
-    async fn claim(
-        &self,
-        worker_id: &str,
-        now_ms: i64,
-        lock_until_ms: i64,
-        limit: u32,
-    ) -> Result<Vec<Claimed>, StoreError> {
-        let _writing = self.writing().await;
-        D::claim_rows(self, worker_id, now_ms, lock_until_ms, limit).await
-    }
-
-    async fn mark(&self, marks: &[Mark], now_ms: i64) -> Result<u64, StoreError> {
-        let _writing = self.writing().await;
-        let mut changed = 0;
-        // One write per build of the sink that produced the outcomes: one, unless a reload
-        // happened between them.
-        let mut digests: Vec<Option<&str>> = marks.iter().map(|m| m.plugin_digest.as_deref()).collect();
-        digests.sort_unstable();
-        digests.dedup();
-        for digest in digests {
-            let ours = |m: &&Mark| m.plugin_digest.as_deref() == digest;
-            let delivered: Vec<&Mark> = marks.iter().filter(|m| m.outcome == Outcome::Delivered).filter(ours).collect();
-            // Delivered wins: any row not yet delivered, whoever holds it.
-            if let Some(n) = D::mark_delivered(self, &delivered, now_ms).await? {
-                changed += n;
-            } else if !delivered.is_empty() {
-                let sql = self.sql.delivered.get(delivered.len());
-                let mut q = sqlx::query(&sql).bind(now_ms).bind(now_ms).bind(digest.unwrap_or("").to_string());
-                for m in &delivered {
-                    q = if self.profile.key.is_text() { q.bind(m.event_id.as_str()) } else { q.bind(m.id) };
-                }
-                changed += D::rows_affected(&q.execute(&self.pool).await?);
-            }
-            let failed: Vec<&Mark> = marks.iter().filter(|m| m.outcome != Outcome::Delivered).filter(ours).collect();
-            if !failed.is_empty() {
-                changed += D::mark_failed(self, &failed, now_ms).await?;
-            }
-        }
-        Ok(changed)
-    }
-
-    async fn release(&self, rows: &[Held], now_ms: i64) -> Result<u64, StoreError> {
-        if rows.is_empty() {
-            return Ok(0);
-        }
-        let _writing = self.writing().await;
-        D::release_rows(self, rows, now_ms).await
-    }
-
-    async fn insert(&self, events: &[NewEvent]) -> Result<(), StoreError> {
-        let _writing = self.writing().await;
-        let mut tx = self.pool.begin().await?;
-        // Several rows per statement; a clash names the event when it can.
-        for chunk in events.chunks(super::INSERT_CHUNK) {
-            let sql = self.sql.insert.get(chunk.len());
-            let mut q = sqlx::query(&sql);
-            for e in chunk {
-                q = q
-                    .bind(e.app_code.clone())
-                    .bind(e.event_id.clone())
-                    .bind(e.event_type.clone())
-                    .bind(e.room_id.clone())
-                    .bind(e.status.as_str().to_string())
-                    .bind(e.envelope.clone())
-                    .bind(e.created_at_ms);
-            }
-            let named = match chunk {
-                [one] => one.event_id.clone(),
-                [first, .., last] => format!("(one of {} … {})", first.event_id, last.event_id),
-                [] => String::new(),
-            };
-            q.execute(&mut *tx).await.map_err(|err| super::name_duplicate(err, &named))?;
-        }
-        tx.commit().await?;
-        self.inserted.notify_one();
-        Ok(())
-    }
-
-    async fn get(&self, event_id: &str) -> Result<Option<Row>, StoreError> {
-        let row = sqlx::query(&self.sql.get).bind(event_id.to_string()).fetch_optional(&self.pool).await?;
-        Ok(row.as_ref().map(decode_row::<D>).transpose()?)
-    }
-
-    async fn stats(&self) -> Result<Stats, StoreError> {
-        let [counts, oldest, errors] = &self.sql.stats;
-        let pairs = |rows: Vec<<D::Db as Database>::Row>| -> Result<Vec<(String, i64)>, sqlx::Error> {
-            rows.iter().map(|r| Ok((D::text(r, 0)?, D::int(r, 1)?))).collect()
-        };
-        let counts = pairs(sqlx::query(counts).fetch_all(&self.pool).await?)?;
-        let oldest = D::opt_int(&sqlx::query(oldest).fetch_one(&self.pool).await?, 0)?;
-        let errors = pairs(sqlx::query(errors).fetch_all(&self.pool).await?)?;
-        let last_minute: i64 =
-            sqlx::query_scalar(&self.sql.last_minute).bind(now_ms() - 60_000).fetch_one(&self.pool).await?;
-        Ok(super::stats_from(counts, oldest, errors, last_minute))
-    }
-
-    async fn history(&self, since_ms: i64) -> Result<Vec<Minute>, StoreError> {
-        let rows = sqlx::query(&self.sql.history).bind(since_ms).bind(since_ms).fetch_all(&self.pool).await?;
-        let minute = |r: &<D::Db as Database>::Row| -> Result<Minute, sqlx::Error> {
-            Ok(Minute { start_ms: D::int(r, 0)?, delivered: D::int(r, 1)?, failed: D::int(r, 2)? })
-        };
-        Ok(rows.iter().map(minute).collect::<Result<_, _>>()?)
-    }
-
-    async fn recent_failures(&self, limit: u32) -> Result<Vec<Row>, StoreError> {
-        let rows = sqlx::query(&self.sql.recent_failures).bind(i64::from(limit)).fetch_all(&self.pool).await?;
-        Ok(rows.iter().map(decode_row::<D>).collect::<Result<_, _>>()?)
-    }
-
-    async fn count_failed(&self, filter: &RetryFilter) -> Result<i64, StoreError> {
-        let (filter, value) = failed_filter::<D>(filter, 1);
-        let sql = format!("SELECT COUNT(*) FROM {}{filter}", self.table);
-        let mut q = sqlx::query_scalar(&sql);
-        if let Some(value) = value {
-            q = q.bind(value);
-        }
-        Ok(q.fetch_one(&self.pool).await?)
-    }
-
-    async fn retry_failed(&self, filter: &RetryFilter, now_ms: i64) -> Result<u64, StoreError> {
-        let (filter, value) = failed_filter::<D>(filter, 2);
-        let sql = format!("{}{filter}", self.sql.retry_set);
-        let mut q = sqlx::query(&sql).bind(now_ms);
-        if let Some(value) = value {
-            q = q.bind(value);
-        }
-        Ok(D::rows_affected(&q.execute(&self.pool).await?))
-    }
-
-    async fn purge_delivered(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
-        let picked = sqlx::query(&self.sql.purge_pick)
-            .bind(before_ms)
-            .bind(before_ms)
-            .bind(i64::from(limit))
-            .fetch_all(&self.pool)
-            .await?;
-        if picked.is_empty() {
-            return Ok(0);
-        }
-        let delete = self.sql.purge_delete.get(picked.len());
-        let mut q = sqlx::query(&delete);
-        for row in &picked {
-            q = if self.profile.key.is_text() { q.bind(D::text(row, 0)?) } else { q.bind(D::int(row, 0)?) };
-        }
-        if self.copy_of.is_some() {
-            return Ok(D::rows_affected(&q.execute(&self.pool).await?));
-        }
-        // The outbox: under the registry's lock, so that a sink registered meanwhile either
-        // is seen by the DELETE's own check or comes after the rows are gone.
-        let _writing = self.writing().await;
-        let mut conn = self.pool.acquire().await?;
-        self.lock_registry(&mut conn).await?;
-        let deleted = q.execute(&mut *conn).await;
-        self.unlock_registry(&mut conn, deleted.is_ok()).await?;
-        Ok(D::rows_affected(&deleted?))
-    }
-
-    async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
-    }
-
-    async fn clock_ms(&self) -> Result<i64, StoreError> {
-        match D::clock_sql() {
-            None => Ok(now_ms()),
-            Some(sql) => Ok(D::int(&sqlx::query(sql).fetch_one(&self.pool).await?, 0)?),
-        }
-    }
-
-    async fn has_pending(&self) -> Result<bool, StoreError> {
-        Ok(sqlx::query(&self.sql.has_pending).fetch_optional(&self.pool).await?.is_some())
-    }
-
-    fn inserted(&self) -> std::sync::Arc<tokio::sync::Notify> {
-        self.inserted.clone()
-    }
-
-    fn listen_for_inserts(
-        &self,
-        wake: std::sync::Arc<tokio::sync::Notify>,
-        stop: tokio_util::sync::CancellationToken,
-    ) -> bool {
-        D::listen_for_inserts(self, wake, stop)
-    }
-
-    async fn close(&self) {
-        self.pool.close().await;
-    }
-
-    async fn sinks(&self) -> Result<Vec<super::RegisteredSink>, StoreError> {
-        self.registered_sinks().await
-    }
-
-    async fn register_sink(
-        &self,
-        name: &str,
-        start_from_ms: i64,
-        may_be_first: bool,
-        now_ms: i64,
-    ) -> Result<super::RegisteredSink, StoreError> {
-        let sink = self.register(name, start_from_ms, may_be_first, now_ms).await?;
-        if !sink.is_first(&self.table) {
-            self.sink_copy(&sink.table).migrate().await?;
-            self.match_copied_types(&sink.table).await?;
-            if !self.fanout_index_ok().await? {
-                self.holding_migration_lock(super::runner::Job::FanOutIndex).await?;
-            }
-        }
-        Ok(sink)
-    }
-
-    async fn sink_store(
-        self: std::sync::Arc<Self>,
-        sink: &super::RegisteredSink,
-    ) -> Result<std::sync::Arc<dyn Store>, StoreError> {
-        if sink.is_first(&self.table) {
-            return Ok(self);
-        }
-        Ok(std::sync::Arc::new(self.sink_copy(&sink.table)))
-    }
-
-    async fn fan_out(&self, limit: u32, now_ms: i64) -> Result<u64, StoreError> {
-        self.fan_out_rows(limit, now_ms).await
-    }
-
-    async fn backfill(
-        &self,
-        sink: &super::RegisteredSink,
-        after: Option<super::KeyValue>,
-        limit: u32,
-    ) -> Result<super::Step, StoreError> {
-        self.backfill_step(sink, after, limit).await
-    }
-
-    async fn finish_backfill(&self, name: &str, now_ms: i64) -> Result<(), StoreError> {
-        SqlStore::finish_backfill(self, name, now_ms).await
-    }
-
-    async fn count_replayable(&self, filter: &super::ReplayFilter) -> Result<i64, StoreError> {
-        let (conditions, values) = filter.conditions("", D::param, 1);
-        let sql = format!("SELECT COUNT(*) FROM {} WHERE status IN ('delivered', 'failed'){conditions}", self.table);
-        let mut q = sqlx::query(&sql).bind(filter.from_ms).bind(filter.to_ms.unwrap_or(i64::MAX));
-        for value in values {
-            q = q.bind(value);
-        }
-        Ok(D::int(&q.fetch_one(&self.pool).await?, 0)?)
-    }
-
-    async fn replay(
-        &self,
-        filter: &super::ReplayFilter,
-        now_ms: i64,
-        after: Option<super::KeyValue>,
-        limit: u32,
-    ) -> Result<super::Step, StoreError> {
-        let key = self.profile.key.column();
-        let (conditions, values) = filter.conditions("", D::param, 1);
-        let next = 3 + values.len();
-        let pick = format!(
-            "SELECT {key} FROM {} WHERE status IN ('delivered', 'failed'){conditions} AND {key} > {} ORDER BY {key} LIMIT {}",
-            self.table,
-            D::param(next),
-            D::param(next + 1)
-        );
-        let mut q = sqlx::query(&pick).bind(filter.from_ms).bind(filter.to_ms.unwrap_or(i64::MAX));
-        for value in values {
-            q = q.bind(value);
-        }
-        let after = after.unwrap_or(super::KeyValue::first(self.profile.key));
-        let picked = super::sinks::bind_key::<D>(q, &after).bind(i64::from(limit)).fetch_all(&self.pool).await?;
-        let keys = picked.iter().map(|r| self.key_of(r)).collect::<Result<Vec<_>, _>>()?;
-        if keys.is_empty() {
-            return Ok(super::Step { rows: 0, next: None });
-        }
-        let _writing = self.writing().await;
-        let update = format!(
-            "{} WHERE status IN ('delivered', 'failed') AND {key} IN ({})",
-            self.sql.retry_set,
-            params::<D>(2, keys.len())
-        );
-        let mut q = sqlx::query(&update).bind(now_ms);
-        for k in &keys {
-            q = super::sinks::bind_key::<D>(q, k);
-        }
-        let rows = D::rows_affected(&q.execute(&self.pool).await?);
-        Ok(super::Step { rows, next: if keys.len() < limit as usize { None } else { keys.last().cloned() } })
-    }
-
-    async fn count_recopy(
-        &self,
-        sink: &super::RegisteredSink,
-        filter: &super::ReplayFilter,
-    ) -> Result<i64, StoreError> {
-        self.count_missing(sink, filter).await
-    }
-
-    async fn recopy(
-        &self,
-        sink: &super::RegisteredSink,
-        filter: &super::ReplayFilter,
-        after: Option<super::KeyValue>,
-        limit: u32,
-    ) -> Result<super::Step, StoreError> {
-        self.recopy_step(sink, filter, after, limit).await
-    }
-
-    async fn keep_partitions(&self, beat: &super::Heartbeat<'_>) -> Result<super::Holding, StoreError> {
-        self.heartbeat(beat).await
-    }
-
-    async fn read_owned(&self, read: &super::OwnedRead<'_>) -> Result<super::Page, StoreError> {
-        self.read_waiting(read).await
-    }
-
-    async fn index_partitions(&self, total: u32) -> Result<bool, StoreError> {
-        self.partition_index(total).await
-    }
-
-    async fn failed_rooms(&self, rooms: &[(String, String)]) -> Result<Vec<(String, String, i64)>, StoreError> {
-        self.failed_in(rooms).await
-    }
-
-    async fn mark_owned(&self, owner: &str, marks: &[Mark], now_ms: i64) -> Result<(u64, Vec<usize>), StoreError> {
-        self.mark_fenced(owner, marks, now_ms).await
-    }
-
-    async fn leave_partitions(&self, owner: &str) -> Result<(), StoreError> {
-        self.leave(owner).await
-    }
-
-    async fn partition_owners(&self, now_ms: i64) -> Result<Vec<super::OwnerView>, StoreError> {
-        self.owners(now_ms).await
-    }
-
-    async fn set_partitions(&self, total: u32, now_ms: i64) -> Result<Result<u32, Vec<String>>, StoreError> {
-        self.set_partition_count(total, now_ms).await
     }
 }
