@@ -1,69 +1,96 @@
-//! The host's imports: the real ones in a component; natively, the [`crate::testing`]
-//! harness of the current thread.
+//! The host's imports, in the contract's own types (the bindings generated from the WIT): in
+//! a component, the real ones; natively, whatever answers were given to
+//! [`native::answer_with`] (the [`crate::testing`] harness does), else none: config keys are
+//! absent, requests fail and log lines are dropped. The SDK's modules turn their own types
+//! into these and back, so this module knows none of them.
 
-#[cfg(target_family = "wasm")]
-use crate::{
-    Pressure,
-    http::{HttpError, Request, Response},
-    log::Level,
-};
-
-#[cfg(target_family = "wasm")]
-mod imports {
-    pub use crate::bindings::outbox::sink::{config, egress, flow, http, log};
-}
+pub(crate) use crate::bindings::outbox::sink::flow::Pressure;
+pub(crate) use crate::bindings::outbox::sink::http::{HttpError, Request, Response};
+pub(crate) use crate::bindings::outbox::sink::log::Level;
 
 #[cfg(target_family = "wasm")]
 pub(crate) fn config_get(key: &str) -> Option<String> {
-    imports::config::get(key)
+    crate::bindings::outbox::sink::config::get(key)
 }
 
 #[cfg(target_family = "wasm")]
 pub(crate) fn send(request: &Request) -> Result<Response, HttpError> {
-    use imports::http::{self, HttpError as E};
-    let request = http::Request {
-        method: request.method.clone(),
-        url: request.url.clone(),
-        headers: request.headers.clone(),
-        body: request.body.clone(),
-    };
-    match http::send(&request) {
-        Ok(r) => Ok(Response { status: r.status, headers: r.headers, body: r.body }),
-        Err(E::Denied(why)) => Err(HttpError::Denied(why)),
-        Err(E::InvalidRequest(why)) => Err(HttpError::InvalidRequest(why)),
-        Err(E::Transport(why)) => Err(HttpError::Transport(why)),
-        Err(E::Timeout) => Err(HttpError::Timeout),
-        Err(E::TooLarge(limit)) => Err(HttpError::TooLarge(limit)),
-    }
+    crate::bindings::outbox::sink::http::send(request)
 }
 
 #[cfg(target_family = "wasm")]
 pub(crate) fn log(level: Level, message: &str) {
-    use imports::log::Level as L;
-    let level = match level {
-        Level::Trace => L::Trace,
-        Level::Debug => L::Debug,
-        Level::Info => L::Info,
-        Level::Warn => L::Warn,
-        Level::Error => L::Error,
-    };
-    imports::log::log(level, message);
+    crate::bindings::outbox::sink::log::log(level, message);
 }
 
 #[cfg(target_family = "wasm")]
 pub(crate) fn push_back(pressure: Pressure) {
-    use imports::flow::Pressure as P;
-    imports::flow::push_back(match pressure {
-        Pressure::RoomThrottled => P::RoomThrottled,
-        Pressure::Throttled => P::Throttled,
-        Pressure::Unavailable => P::Unavailable,
-    });
+    crate::bindings::outbox::sink::flow::push_back(pressure);
 }
 
 #[cfg(target_family = "wasm")]
 pub(crate) fn declare(key: &str, url: &str) {
-    imports::egress::declare(key, url);
+    crate::bindings::outbox::sink::egress::declare(key, url);
 }
 
 #[cfg(not(target_family = "wasm"))]
-pub(crate) use crate::testing::{config_get, declare, log, push_back, send};
+pub(crate) use native::{config_get, declare, log, push_back, send};
+
+/// Outside a component: the answers of the current thread.
+#[cfg(not(target_family = "wasm"))]
+pub(crate) mod native {
+    use std::cell::Cell;
+
+    use super::{HttpError, Level, Pressure, Request, Response};
+
+    /// What answers each import.
+    pub(crate) struct Answers {
+        pub config_get: fn(&str) -> Option<String>,
+        pub send: fn(&Request) -> Result<Response, HttpError>,
+        pub log: fn(Level, &str),
+        pub push_back: fn(Pressure),
+        pub declare: fn(&str, &str),
+    }
+
+    thread_local! {
+        static ANSWERS: Cell<Option<&'static Answers>> = const { Cell::new(None) };
+    }
+
+    /// From now on, on this thread, `answers` answer the imports (`None`: nothing does).
+    pub(crate) fn answer_with(answers: Option<&'static Answers>) {
+        ANSWERS.with(|current| current.set(answers));
+    }
+
+    fn answers() -> Option<&'static Answers> {
+        ANSWERS.with(Cell::get)
+    }
+
+    pub(crate) fn config_get(key: &str) -> Option<String> {
+        answers().and_then(|a| (a.config_get)(key))
+    }
+
+    pub(crate) fn send(request: &Request) -> Result<Response, HttpError> {
+        match answers() {
+            Some(a) => (a.send)(request),
+            None => Err(HttpError::Transport("no testing::Harness is running".into())),
+        }
+    }
+
+    pub(crate) fn log(level: Level, message: &str) {
+        if let Some(a) = answers() {
+            (a.log)(level, message);
+        }
+    }
+
+    pub(crate) fn push_back(pressure: Pressure) {
+        if let Some(a) = answers() {
+            (a.push_back)(pressure);
+        }
+    }
+
+    pub(crate) fn declare(key: &str, url: &str) {
+        if let Some(a) = answers() {
+            (a.declare)(key, url);
+        }
+    }
+}

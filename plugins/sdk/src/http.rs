@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::{Delivery, Failure, Outcome, Pressure};
+use crate::{Delivery, Failure, Outcome, Pressure, host};
 
 /// A request for the host to perform.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,7 +53,55 @@ impl Request {
 
     /// Has the host perform it.
     pub fn send(&self) -> Result<Response, HttpError> {
-        crate::host::send(self)
+        crate::host::send(&self.into()).map(Response::from).map_err(HttpError::from)
+    }
+}
+
+impl From<&Request> for host::Request {
+    fn from(r: &Request) -> Self {
+        host::Request { method: r.method.clone(), url: r.url.clone(), headers: r.headers.clone(), body: r.body.clone() }
+    }
+}
+
+impl From<host::Request> for Request {
+    fn from(r: host::Request) -> Self {
+        Request { method: r.method, url: r.url, headers: r.headers, body: r.body }
+    }
+}
+
+impl From<host::Response> for Response {
+    fn from(r: host::Response) -> Self {
+        Response { status: r.status, headers: r.headers, body: r.body }
+    }
+}
+
+impl From<Response> for host::Response {
+    fn from(r: Response) -> Self {
+        host::Response { status: r.status, headers: r.headers, body: r.body }
+    }
+}
+
+impl From<host::HttpError> for HttpError {
+    fn from(e: host::HttpError) -> Self {
+        match e {
+            host::HttpError::Denied(why) => HttpError::Denied(why),
+            host::HttpError::InvalidRequest(why) => HttpError::InvalidRequest(why),
+            host::HttpError::Transport(why) => HttpError::Transport(why),
+            host::HttpError::Timeout => HttpError::Timeout,
+            host::HttpError::TooLarge(limit) => HttpError::TooLarge(limit),
+        }
+    }
+}
+
+impl From<HttpError> for host::HttpError {
+    fn from(e: HttpError) -> Self {
+        match e {
+            HttpError::Denied(why) => host::HttpError::Denied(why),
+            HttpError::InvalidRequest(why) => host::HttpError::InvalidRequest(why),
+            HttpError::Transport(why) => host::HttpError::Transport(why),
+            HttpError::Timeout => host::HttpError::Timeout,
+            HttpError::TooLarge(limit) => host::HttpError::TooLarge(limit),
+        }
     }
 }
 

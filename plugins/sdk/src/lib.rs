@@ -187,7 +187,7 @@ pub(crate) fn deliver<S: Sink>(event: &Event) -> Delivery {
     }
     let result = sink.deliver(event);
     if let Err(Failure { kind: FailureKind::Retryable, pressure: Some(pressure), .. }) = &result {
-        host::push_back(*pressure);
+        host::push_back((*pressure).into());
     }
     result
 }
@@ -196,7 +196,27 @@ pub(crate) fn deliver<S: Sink>(event: &Event) -> Delivery {
 /// [`Failure`] with a [`Failure::pressure`] does this for you; the host ignores it when the
 /// delivery does not fail retryably.
 pub fn push_back(pressure: Pressure) {
-    host::push_back(pressure);
+    host::push_back(pressure.into());
+}
+
+impl From<Pressure> for host::Pressure {
+    fn from(pressure: Pressure) -> Self {
+        match pressure {
+            Pressure::RoomThrottled => host::Pressure::RoomThrottled,
+            Pressure::Throttled => host::Pressure::Throttled,
+            Pressure::Unavailable => host::Pressure::Unavailable,
+        }
+    }
+}
+
+impl From<host::Pressure> for Pressure {
+    fn from(pressure: host::Pressure) -> Self {
+        match pressure {
+            host::Pressure::RoomThrottled => Pressure::RoomThrottled,
+            host::Pressure::Throttled => Pressure::Throttled,
+            host::Pressure::Unavailable => Pressure::Unavailable,
+        }
+    }
 }
 
 /// `check-config`: the problems [`Sink::configure`] finds (already in WIT terms).

@@ -18,7 +18,33 @@ pub enum Level {
 
 /// Logs `message` at `level`.
 pub fn log(level: Level, message: &str) {
-    crate::host::log(level, message);
+    crate::host::log(level.into(), message);
+}
+
+impl From<Level> for crate::host::Level {
+    fn from(level: Level) -> Self {
+        use crate::host::Level as L;
+        match level {
+            Level::Trace => L::Trace,
+            Level::Debug => L::Debug,
+            Level::Info => L::Info,
+            Level::Warn => L::Warn,
+            Level::Error => L::Error,
+        }
+    }
+}
+
+impl From<crate::host::Level> for Level {
+    fn from(level: crate::host::Level) -> Self {
+        use crate::host::Level as L;
+        match level {
+            L::Trace => Level::Trace,
+            L::Debug => Level::Debug,
+            L::Info => Level::Info,
+            L::Warn => Level::Warn,
+            L::Error => Level::Error,
+        }
+    }
 }
 
 /// Logs at debug level.

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::http::{HttpError, Request, Response};
 use crate::log::Level;
-use crate::{Delivery, Event, Pressure, Sink};
+use crate::{Delivery, Event, Pressure, Sink, host};
 
 /// The host, as a native test sees it.
 #[derive(Debug, Default)]
@@ -90,37 +90,43 @@ impl Harness {
     /// are absent, requests fail and log lines are dropped).
     pub fn run<T>(&mut self, code: impl FnOnce() -> T) -> T {
         CURRENT.with(|current| *current.borrow_mut() = Some(std::mem::take(self)));
+        host::native::answer_with(Some(&ANSWERS));
         let result = code();
+        host::native::answer_with(None);
         *self = CURRENT.with(|current| current.borrow_mut().take()).unwrap_or_default();
         result
     }
 }
+
+/// The harness's answers to the host's imports, in the contract's types.
+static ANSWERS: host::native::Answers = host::native::Answers { config_get, send, log, push_back, declare };
 
 /// `use_it` on the running harness, if there is one.
 fn with<T>(use_it: impl FnOnce(&mut Harness) -> T) -> Option<T> {
     CURRENT.with(|current| current.borrow_mut().as_mut().map(use_it))
 }
 
-pub(crate) fn config_get(key: &str) -> Option<String> {
+fn config_get(key: &str) -> Option<String> {
     with(|h| h.config.get(key).cloned()).flatten()
 }
 
-pub(crate) fn send(request: &Request) -> Result<Response, HttpError> {
+fn send(request: &host::Request) -> Result<host::Response, host::HttpError> {
     let reply = with(|h| {
-        h.requests.push(request.clone());
+        h.requests.push(request.clone().into());
         h.replies.pop_front().unwrap_or_else(|| Err(HttpError::Transport("the harness has no reply left".into())))
     });
-    reply.unwrap_or_else(|| Err(HttpError::Transport("no testing::Harness is running".into())))
+    let reply = reply.unwrap_or_else(|| Err(HttpError::Transport("no testing::Harness is running".into())));
+    reply.map(Into::into).map_err(Into::into)
 }
 
-pub(crate) fn log(level: Level, message: &str) {
-    with(|h| h.logs.push((level, message.into())));
+fn log(level: host::Level, message: &str) {
+    with(|h| h.logs.push((level.into(), message.into())));
 }
 
-pub(crate) fn push_back(pressure: Pressure) {
-    with(|h| h.pushed_back = Some(pressure));
+fn push_back(pressure: host::Pressure) {
+    with(|h| h.pushed_back = Some(pressure.into()));
 }
 
-pub(crate) fn declare(key: &str, url: &str) {
+fn declare(key: &str, url: &str) {
     with(|h| h.declared.push((key.into(), url.into())));
 }
