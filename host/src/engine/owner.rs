@@ -28,7 +28,7 @@ use crate::store::{Claimed, Fence, Heartbeat, Holding, KeyValue, Mark, OwnedRead
 
 /// The most pages one read walks before it hands over what it found.
 const MAX_PAGES: usize = 16;
-/// The most short heartbeats in a row while the shares are moving (about a partition
+/// The most short heartbeats in a row while a host is below its share (about a partition
 /// lease's worth at the default eighth of a heartbeat): past them a host whose share stays
 /// out of reach (a live host that never gives up its surplus) beats at the normal pace.
 const QUICK_BEATS: u32 = 24;
@@ -287,12 +287,12 @@ impl Worker {
     /// which renews them, gives up drained surplus, and takes free or expired partitions up
     /// to this host's share.
     ///
-    /// For its first [`STARTING_BEATS`] heartbeats, and while the shares are moving (this
-    /// host holds surplus, or less than its share; at most [`QUICK_BEATS`] in a row), it
-    /// beats every eighth of a heartbeat: hosts that start together see each other within a
-    /// short beat, and the first, which took every partition, gives the others their share
-    /// a beat or two later instead of two or three heartbeats later. A host alone starts at
-    /// once.
+    /// For its first [`STARTING_BEATS`] heartbeats, and while it holds less than its share
+    /// (at most [`QUICK_BEATS`] in a row), it beats every eighth of a heartbeat: hosts that
+    /// start together see each other within a short beat, and the first, which took every
+    /// partition, gives the others their share a beat or two later instead of two or three
+    /// heartbeats later. A host alone starts at once. Past its start, a host gives up
+    /// surplus at its normal pace.
     pub(super) async fn keep_partitions(self: Arc<Self>, tracker: Arc<Tracker>, shutdown: CancellationToken) {
         let lease_ms = self.config.partition_lease.as_millis() as i64;
         let every = self.config.partition_lease / 3;
@@ -321,7 +321,7 @@ impl Worker {
                     backoff = Duration::from_millis(100);
                     self.metrics.db_ok("partitions");
                     let (owned, share) = (holding.owned.len(), holding.share);
-                    let moving = !holding.surplus.is_empty() || owned < share;
+                    let below_share = owned < share;
                     if indexed != Some(holding.total) {
                         indexed = Some(holding.total);
                         tokio::spawn(index_partitions(self.store.clone(), holding.total, shutdown.clone()));
@@ -341,8 +341,8 @@ impl Worker {
                         tracing::info!(worker = "room_outbox", node_id = %self.node_id, worker_id = %self.worker_id, partitions = ?release, "gave up drained partitions to a joining host");
                     }
                     beats += 1;
-                    quick_beats = if moving { quick_beats + 1 } else { 0 };
-                    if beats <= STARTING_BEATS || (moving && quick_beats <= QUICK_BEATS) { quick } else { every }
+                    quick_beats = if below_share { quick_beats + 1 } else { 0 };
+                    if beats <= STARTING_BEATS || (below_share && quick_beats <= QUICK_BEATS) { quick } else { every }
                 }
                 Err(e) => {
                     self.metrics.db_error("partitions", &e);
