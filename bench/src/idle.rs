@@ -183,6 +183,10 @@ impl Store for Counting {
         self.count();
         self.inner.read_owned(read).await
     }
+    async fn newest_key(&self) -> Result<Option<i64>, StoreError> {
+        self.count();
+        self.inner.newest_key().await
+    }
     async fn failed_rooms(&self, rooms: &[(String, String)]) -> Result<Vec<(String, String, i64)>, StoreError> {
         self.count();
         self.inner.failed_rooms(rooms).await

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use outbox_host::store::Status;
+use outbox_host::store::{NewEvent, Status};
 
 use crate::support::{PATIENCE, Running, World, per_backend};
 
@@ -13,7 +13,8 @@ per_backend!(
     a_retried_event_holds_its_room_back_and_no_other_room,
     a_failed_event_lets_its_room_go_on_unless_configured_to_block,
     four_hosts_keep_two_hundred_rooms_in_order,
-    rooms_stay_in_order_while_a_host_joins_and_another_leaves
+    rooms_stay_in_order_while_a_host_joins_and_another_leaves,
+    a_row_that_appears_behind_the_sweep_goes_before_its_rooms_later_rows
 );
 
 /// What the sink received, as `(event_id, attempt)` in arrival order.
@@ -171,4 +172,43 @@ async fn rooms_stay_in_order_while_a_host_joins_and_another_leaves(world: World)
     first.stop().await;
     third.stop().await;
     assert_once_in_order(&world, &place);
+}
+
+/// A row can become visible behind the place the owner's sweep has reached: its insert
+/// committed after a page read rows created after it (another producer committed first, or a
+/// fan-out batch was copied late). Here the sweep is slow (pages of ten rows, a sink that
+/// takes 10 ms an event) over 600 rooms' rows; when it is well past the 50th, room-x's first
+/// event appears with the 50th's creation time, then its second event at the end. The
+/// second must not go first, though the sweep reaches it before it goes round again.
+async fn a_row_that_appears_behind_the_sweep_goes_before_its_rooms_later_rows(world: World) {
+    let base = outbox_host::store::now_ms() - 60_000;
+    let backlog: Vec<_> = (0..600)
+        .map(|i| NewEvent {
+            created_at_ms: base + i,
+            ..world.event("RoomGiftSent", &format!("room-{i}"), Status::Pending)
+        })
+        .collect();
+    world.producer.insert(&backlog).await.unwrap();
+    let config = world.setup(
+        "ordering: per_room\nbatch_size: 10\nclaim_growth: 1\nconcurrency: 2\npoll_interval: 100ms",
+        "default: sleep:10",
+    );
+    let mut host = Running::start(config.parse()).await;
+    host.wait_for("the sweep past the 100th row", || async { world.collector.reports().len() >= 100 }).await;
+    let first = NewEvent { created_at_ms: base + 50, ..world.event("RoomGiftSent", "room-x", Status::Pending) };
+    world.producer.insert(std::slice::from_ref(&first)).await.unwrap();
+    let second = world.event("RoomGiftSent", "room-x", Status::Pending);
+    world.producer.insert(std::slice::from_ref(&second)).await.unwrap();
+    let reached = world.collector.reports().len();
+    assert!(reached < 500, "the sweep ended before the rows came ({reached} delivered): the test proves nothing");
+    host.wait_status(&world, &[&first.event_id, &second.event_id], Status::Delivered).await;
+    host.stop().await;
+
+    let got = received(&world);
+    let position = |id: &str| got.iter().position(|(e, _)| e == id).expect("delivered");
+    assert!(
+        position(&first.event_id) < position(&second.event_id),
+        "room-x's second event reached the sink before its first"
+    );
+    assert_eq!(got.len(), 602, "each event delivered once");
 }

@@ -15,6 +15,14 @@
 //!   snapshot predates the outcome);
 //! - a written outcome stays known until a read begins after it (the reads before it may
 //!   still see the row unfinished).
+//!
+//! A row can become visible behind the sweep's place: its insert committed after a page
+//! read rows that sort after it (another producer's insert, or a fan-out batch, committed
+//! first). Its room's next row, inserted after it committed, must not start in the same
+//! sweep. So a sweep that goes on past its first page reads its [`Ceiling`] before that
+//! page: the newest key given so far (keys are given in insert order), or for tables keyed
+//! by event id, the database's clock less [`CLOCK_MARGIN_MS`]. Its later pages leave rows
+//! past the ceiling (and their rooms) to the next sweep.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -34,6 +42,29 @@ const MAX_PAGES: usize = 16;
 const QUICK_BEATS: u32 = 24;
 /// Short heartbeats at a host's start (about two and a half seconds at the default lease).
 const STARTING_BEATS: u32 = 6;
+/// Where rows are keyed by event id, a sweep's later pages leave the rows created less than
+/// this before the sweep began (by the database's clock; the producers' clocks may be
+/// behind it by as much) to the next sweep.
+const CLOCK_MARGIN_MS: i64 = 2_000;
+
+/// What a sweep's later pages may take: rows inserted before its first page was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ceiling {
+    /// Keys up to this one (keys given in insert order).
+    Key(i64),
+    /// Rows created before this time (tables keyed by event id).
+    Created(i64),
+}
+
+impl Ceiling {
+    fn admits(self, waiting: &crate::store::Waiting) -> bool {
+        match (self, &waiting.key) {
+            (Ceiling::Key(newest), KeyValue::Int(key)) => *key <= newest,
+            (Ceiling::Key(_), KeyValue::Text(_)) => true,
+            (Ceiling::Created(before), _) => waiting.row.created_at_ms < before,
+        }
+    }
+}
 
 /// What the owner knows of a row it read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +93,12 @@ struct State {
     blocked: HashSet<RoomKey>,
     /// The key of the last row [`Tracker::select`] took.
     last_key: Option<KeyValue>,
+    /// What this sweep's later pages may take; `None`: it ends at its first page.
+    ceiling: Option<Ceiling>,
+    /// Whether this sweep, and the one before it, went on past their first page (then the
+    /// next sweep reads its ceiling first).
+    went_on: bool,
+    paged: bool,
     holding: Holding,
 }
 
@@ -81,6 +118,8 @@ impl State {
         self.sweep += 1;
         self.after = None;
         self.blocked.clear();
+        self.ceiling = None;
+        self.paged = std::mem::take(&mut self.went_on);
     }
 }
 
@@ -100,6 +139,9 @@ pub(super) struct ReadStart {
     pub after: Option<(i64, KeyValue)>,
     pub owned: Vec<Fence>,
     pub total: u32,
+    /// At a sweep's start: whether to read its ceiling (the sweep before went on past its
+    /// first page). Past it: whether the sweep has one (it may go on).
+    pub ceiling: bool,
 }
 
 impl Tracker {
@@ -115,7 +157,26 @@ impl Tracker {
         s.known.retain(|_, (k, _)| !matches!(k, Known::Written { at, .. } if *at < seq));
         let surplus = &s.holding.surplus;
         let owned = s.holding.owned.iter().filter(|f| !surplus.contains(&f.partition)).copied().collect();
-        ReadStart { seq, sweep: s.sweep, after: s.after.clone(), owned, total: s.holding.total }
+        let ceiling = if s.after.is_none() { s.paged } else { s.ceiling.is_some() };
+        ReadStart { seq, sweep: s.sweep, after: s.after.clone(), owned, total: s.holding.total, ceiling }
+    }
+
+    /// Sets the ceiling of `sweep`, read before its first page.
+    pub fn set_ceiling(&self, sweep: u64, ceiling: Ceiling) {
+        let mut s = self.state();
+        if s.sweep == sweep && s.after.is_none() {
+            s.ceiling = Some(ceiling);
+        }
+    }
+
+    /// Ends a sweep that has no ceiling where it would go on past its first page: the next
+    /// sweep reads one first.
+    pub fn restart_sweep(&self, sweep: u64) {
+        let mut s = self.state();
+        if s.sweep == sweep {
+            s.went_on = true;
+            s.new_sweep();
+        }
     }
 
     /// Up to `wanted` rows of `page` that may start now, in order, marked started; moves the
@@ -136,6 +197,9 @@ impl Tracker {
         if s.sweep != sweep || wanted == 0 {
             return (ready, false);
         }
+        // A later page: only rows inserted before the sweep began.
+        let ceiling = if s.after.is_some() { s.ceiling } else { None };
+        s.went_on |= ceiling.is_some();
         for waiting in page.waiting {
             if ready.len() >= wanted {
                 // Full: the sweep goes on from the last row taken.
@@ -145,6 +209,10 @@ impl Tracker {
             }
             let room = room_of(&waiting.row);
             if s.blocked.contains(&room) {
+                continue;
+            }
+            if ceiling.is_some_and(|c| !c.admits(&waiting)) {
+                s.blocked.insert(room);
                 continue;
             }
             let hold = match s.known.get(&waiting.row.event_id).map(|(k, _)| *k) {
@@ -374,6 +442,17 @@ impl Worker {
             if start.owned.is_empty() {
                 return Ok((seq, ready, true));
             }
+            if start.after.is_some() && !start.ceiling {
+                tracker.restart_sweep(start.sweep);
+                continue;
+            }
+            if start.after.is_none() && start.ceiling {
+                match self.ceiling().await {
+                    Ok(ceiling) => tracker.set_ceiling(start.sweep, ceiling),
+                    Err(_) if !ready.is_empty() => return Ok((seq, ready, false)),
+                    Err(e) => return Err(e),
+                }
+            }
             // A sweep's first page meets the rows in flight again (they are still unfinished
             // in the table); after that the sweep is past them.
             let known = if start.after.is_none() { tracker.in_flight() } else { 0 };
@@ -400,6 +479,14 @@ impl Worker {
             }
         }
         Ok((first.unwrap_or_default(), ready, false))
+    }
+
+    /// The ceiling of a sweep that begins now.
+    async fn ceiling(&self) -> Result<Ceiling, crate::store::StoreError> {
+        Ok(match self.store.newest_key().await? {
+            Some(key) => Ceiling::Key(key),
+            None => Ceiling::Created(self.clock.now_ms() - CLOCK_MARGIN_MS),
+        })
     }
 
     /// One page of the owned partitions' waiting rows, and (with `failed_blocks_room`) the

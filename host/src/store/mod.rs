@@ -549,6 +549,11 @@ pub trait Store: Send + Sync + 'static {
     /// One page of the owned partitions' unfinished rows, in order, due or not.
     async fn read_owned(&self, read: &OwnedRead<'_>) -> Result<Page, StoreError>;
 
+    /// The newest row's key where keys are given in insert order (`id`, SQLite's `rowid`;
+    /// 0 in an empty table), `None` where rows are keyed by event id. A row inserted after
+    /// this read has a greater key.
+    async fn newest_key(&self) -> Result<Option<i64>, StoreError>;
+
     /// Finds, or builds online, the index of this sink table's unfinished rows by partition
     /// of `total` (dropping those of other counts), so that an owner of some partitions
     /// reads their rows only. `false` where the database has none (SQLite: the host

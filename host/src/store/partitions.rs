@@ -624,6 +624,17 @@ where
         Ok(Page { waiting, last, at_end })
     }
 
+    /// The newest key given so far (0 in an empty table), where keys are given in insert
+    /// order (`id`, SQLite's `rowid`); `None` where the key is the event id.
+    pub(super) async fn newest(&self) -> Result<Option<i64>, StoreError> {
+        if self.profile.key.is_text() {
+            return Ok(None);
+        }
+        let sql = format!("SELECT COALESCE(MAX({}), 0) FROM {}", self.profile.key.column(), self.table);
+        let row = sqlx::query(&sql).fetch_one(&self.pool).await?;
+        Ok(Some(D::int(&row, 0)?))
+    }
+
     /// Of `rooms`, those with a `failed` row, and the earliest such row's creation time: with
     /// `failed_blocks_room`, a room's later events wait behind it.
     pub(super) async fn failed_in(&self, rooms: &[(String, String)]) -> Result<Vec<(String, String, i64)>, StoreError> {

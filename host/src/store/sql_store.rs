@@ -363,6 +363,10 @@ where
         self.read_waiting(read).await
     }
 
+    async fn newest_key(&self) -> Result<Option<i64>, StoreError> {
+        self.newest().await
+    }
+
     async fn index_partitions(&self, total: u32) -> Result<bool, StoreError> {
         self.partition_index(total).await
     }
