@@ -126,7 +126,7 @@ async fn survive_connection_kills(world: World) {
 pub(crate) async fn kill_connections(db: &TestDb) -> usize {
     match Backend::from_url(&db.url).unwrap() {
         Backend::Postgres => {
-            let admin = sqlx::PgPool::connect(&std::env::var("TEST_POSTGRES_URL").unwrap()).await.unwrap();
+            let admin = sqlx::PgPool::connect(db.server_url()).await.unwrap();
             let killed: Vec<bool> = sqlx::query_scalar(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()",
             )
@@ -138,7 +138,7 @@ pub(crate) async fn kill_connections(db: &TestDb) -> usize {
             killed.into_iter().filter(|k| *k).count()
         }
         Backend::Mysql => {
-            let admin = sqlx::MySqlPool::connect(&std::env::var("TEST_MYSQL_URL").unwrap()).await.unwrap();
+            let admin = sqlx::MySqlPool::connect(db.server_url()).await.unwrap();
             let ids: Vec<i64> = sqlx::query_scalar(
                 "SELECT id FROM information_schema.processlist WHERE db = ? AND id <> CONNECTION_ID()",
             )

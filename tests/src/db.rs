@@ -1,17 +1,19 @@
 //! A database of a test's (or a benchmark run's) own: a SQLite file, a PostgreSQL schema or
 //! a MySQL database, named `outbox_t_…` so that `make test` can clear old ones away.
 //!
-//! The server databases come from `TEST_POSTGRES_URL` and `TEST_MYSQL_URL` (`make test` and
-//! `make bench` set them). Without one, its suites are skipped, said once on stderr, unless
-//! `OUTBOX_REQUIRE_SERVER_TESTS=1` (CI) makes that a failure.
+//! The server databases come from `TEST_POSTGRES_URL` and `TEST_MYSQL_URL`, by default the
+//! local servers `make test` starts. A server that cannot be reached fails the test; only
+//! [`SKIP_VAR`]`=1` skips the tests that need one (see [`crate::skip`]).
 
-use std::io::Write as _;
+pub use crate::skip::SKIP_VAR;
 
 /// One fresh database.
 pub struct TestDb {
     /// Its URL, as the host's `database.url`.
     pub url: String,
     name: String,
+    /// The server's URL this database was made on (empty for SQLite).
+    server: String,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -27,31 +29,31 @@ impl TestDb {
     pub fn sqlite() -> TestDb {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let url = format!("sqlite://{}", dir.path().join("outbox.db").display());
-        TestDb { url, name: "main".into(), _dir: Some(dir) }
+        TestDb { url, name: "main".into(), server: String::new(), _dir: Some(dir) }
     }
 
-    /// A fresh schema on `TEST_POSTGRES_URL`, or `None` (skipped) when it is not set.
+    /// A fresh schema on `TEST_POSTGRES_URL`, or `None` when the server tests are skipped.
     pub async fn postgres() -> Option<TestDb> {
-        let base = server_url("TEST_POSTGRES_URL", "PostgreSQL")?;
+        let base = server_url("TEST_POSTGRES_URL", POSTGRES)?;
         let schema = fresh_name();
-        let admin = sqlx::PgPool::connect(&base).await.expect("connecting to TEST_POSTGRES_URL");
+        let admin = sqlx::PgPool::connect(&base).await.unwrap_or_else(|e| unreachable_server("PostgreSQL", &base, e));
         sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&admin).await.unwrap();
         admin.close().await;
         let sep = if base.contains('?') { '&' } else { '?' };
         let url = format!("{base}{sep}options=-c%20search_path%3D{schema}&application_name={schema}");
-        Some(TestDb { url, name: schema, _dir: None })
+        Some(TestDb { url, name: schema, server: base, _dir: None })
     }
 
-    /// A fresh database on `TEST_MYSQL_URL`, or `None` (skipped) when it is not set.
+    /// A fresh database on `TEST_MYSQL_URL`, or `None` when the server tests are skipped.
     pub async fn mysql() -> Option<TestDb> {
-        let base = server_url("TEST_MYSQL_URL", "MySQL/MariaDB")?;
+        let base = server_url("TEST_MYSQL_URL", MYSQL)?;
         let database = fresh_name();
-        let admin = sqlx::MySqlPool::connect(&base).await.expect("connecting to TEST_MYSQL_URL");
+        let admin = sqlx::MySqlPool::connect(&base).await.unwrap_or_else(|e| unreachable_server("MariaDB", &base, e));
         sqlx::query(&format!("CREATE DATABASE {database}")).execute(&admin).await.unwrap();
         admin.close().await;
         let mut url = reqwest::Url::parse(&base).unwrap();
         url.set_path(&database);
-        Some(TestDb { url: url.to_string(), name: database, _dir: None })
+        Some(TestDb { url: url.to_string(), name: database, server: base, _dir: None })
     }
 
     /// Runs one statement on this database over a connection of its own, as an operator or
@@ -70,29 +72,30 @@ impl TestDb {
         }
     }
 
+    /// The server's URL, outside this test's schema or database (an operator's connection).
+    pub fn server_url(&self) -> &str {
+        &self.server
+    }
+
     /// The schema (PostgreSQL) or database (MySQL) name.
     pub fn name(&self) -> &str {
         &self.name
     }
 }
 
-/// The server URL from `var`, or `None` after saying (once, past the test harness's output
-/// capture) that these suites are skipped.
-fn server_url(var: &str, what: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            assert!(
-                std::env::var("OUTBOX_REQUIRE_SERVER_TESTS").is_err(),
-                "{var} is not set but OUTBOX_REQUIRE_SERVER_TESTS is: the {what} suites must run"
-            );
-            static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-            let mut said = SAID.lock().unwrap();
-            if !said.contains(&var.to_string()) {
-                said.push(var.to_string());
-                let _ = writeln!(std::io::stderr(), "note: {var} is not set: the {what} suites are skipped");
-            }
-            None
-        }
+/// The local PostgreSQL server `make test` starts.
+pub const POSTGRES: &str = "postgres://postgres@127.0.0.1:5432/test";
+/// The local MariaDB server `make test` starts.
+pub const MYSQL: &str = "mysql://root@127.0.0.1:3306/test";
+
+/// The server URL from `var` (else `default`), or `None` when the server tests are skipped.
+fn server_url(var: &str, default: &str) -> Option<String> {
+    if crate::skip::skipping("a PostgreSQL or MariaDB server") {
+        return None;
     }
+    Some(std::env::var(var).ok().filter(|url| !url.is_empty()).unwrap_or_else(|| default.to_string()))
+}
+
+fn unreachable_server(what: &str, url: &str, e: sqlx::Error) -> ! {
+    panic!("{what} at {url} is unreachable ({e}): `make test` starts it; {SKIP_VAR}=1 skips the tests that need it")
 }

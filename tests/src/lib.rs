@@ -10,6 +10,7 @@ use axum::routing::post;
 
 pub mod db;
 pub mod proxy;
+pub mod skip;
 pub mod tencent;
 pub mod webdriver;
 pub mod webhook;
