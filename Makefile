@@ -7,7 +7,7 @@ BIN := $(TARGET_DIR)/debug/outbox-host
 WASM_TARGET_DIR := $(TARGET_DIR)/wasm-plugins
 DEMO := -c examples/outbox.yaml
 
-.PHONY: help run test plugins build lint fmt verify-migrations toolchain bench sink-component soak soak-short
+.PHONY: help run test plugins build lint fmt verify-migrations toolchain bench sink-component soak soak-short dist
 
 help: ## List the tasks
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -62,6 +62,10 @@ soak: plugins ## The soak: 4 hosts, 2 then 3 sinks, 100,000 events on PostgreSQL
 soak-short: plugins ## The soak's short version, on the debug build (what CI runs)
 	cargo build -p outbox-host -p outbox-bench --bin outbox-host --bin outbox-soak
 	source scripts/test-databases.sh && $(TARGET_DIR)/debug/outbox-soak --events 6000 --rate 600 --rooms 200 --drain-seconds 300 $(SOAK_ARGS)
+
+dist: plugins ## Pack a release tarball into dist/: the release binary, the three sinks, examples, deploy/ (with a systemd unit), docs
+	cargo build --release -p outbox-host --bin outbox-host
+	scripts/dist.sh
 
 lint: toolchain ## cargo fmt --check and clippy with warnings as errors (host and plugins)
 	cargo fmt --all -- --check

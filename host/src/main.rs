@@ -11,9 +11,18 @@ use outbox_host::logging::{complain, say};
 use outbox_host::store::{Backend, NewEvent, Status, now_ms};
 use tokio_util::sync::CancellationToken;
 
+/// `--version`: the release, the build's git revision, and the sink contract versions a
+/// plugin may be built for (`sandbox::contract`; a test keeps the two in step).
+const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    "\ngit revision: ",
+    env!("OUTBOX_GIT_REV"),
+    "\nsink contract: outbox:sink@0.1.0 to 0.1.2 (wit/sink.wit; a sink built for any of them loads)"
+);
+
 /// Drains the room_outbox table and delivers each event through a sandboxed WebAssembly sink.
 #[derive(Parser)]
-#[command(name = "outbox-host", version)]
+#[command(name = "outbox-host", version, long_version = LONG_VERSION)]
 struct Cli {
     /// The YAML config file. Without this flag, ./outbox.yaml is read if it exists.
     #[arg(long, short, global = true, env = "OUTBOX_CONFIG")]

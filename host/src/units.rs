@@ -14,7 +14,7 @@ use std::time::Duration;
 ///
 /// Written here rather than taken from a crate: the maintained ones read another grammar
 /// (no fractions or signs in `humantime`, expressions in `duration-str`), and the one that
-/// reads Go's has not been maintained since 2021 (see docs/decisions.md).
+/// reads Go's has not been maintained since 2021 (see docs/decisions/0045-library-swaps.md).
 pub fn parse_duration_ms(text: &str) -> Result<i64, String> {
     let original = text;
     let text = text.trim();

@@ -1,6 +1,6 @@
 //! The sink author's tools on the real binary: `try-sink` on the fake, webhook and Tencent IM
 //! sinks, live against stand-ins and as dry runs; `new-sink`'s crate built for
-//! wasm32-wasip2, loaded by the host and delivering; and the README's walkthrough, command by
+//! wasm32-wasip2, loaded by the host and delivering; and the walkthrough of docs/sinks.md, command by
 //! command.
 
 use std::path::{Path, PathBuf};
@@ -266,7 +266,7 @@ async fn a_scaffolded_sink_builds_tests_loads_and_delivers() {
     assert_eq!(key, Some(delivered.as_str()));
 }
 
-/// One step of the README's walkthrough.
+/// One step of the walkthrough in docs/sinks.md.
 enum Step {
     /// A shell command.
     Run(String),
@@ -274,13 +274,13 @@ enum Step {
     Config(String),
 }
 
-/// The README's "Walkthrough" section: its `sh` commands (continuations joined, comments
+/// The "Walkthrough" section of docs/sinks.md: its `sh` commands (continuations joined, comments
 /// dropped) and its YAML, in order; its `text` block (try-sink's output); its `rust` block.
 fn walkthrough() -> (Vec<Step>, String, String) {
-    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
-    let start = readme.find("### Walkthrough").expect("the README has a walkthrough");
-    let section = &readme[start..];
-    let section = &section[..section[4..].find("\n### ").map_or(section.len(), |end| end + 4)];
+    let doc = std::fs::read_to_string(repo().join("docs/sinks.md")).unwrap();
+    let start = doc.find("## Walkthrough").expect("docs/sinks.md has a walkthrough");
+    let section = &doc[start..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |end| end + 3)];
     let (mut steps, mut text, mut rust) = (Vec::new(), String::new(), String::new());
     for block in section.split("```").skip(1).step_by(2) {
         let (lang, body) = block.split_once('\n').unwrap();
@@ -304,11 +304,11 @@ fn walkthrough() -> (Vec<Step>, String, String) {
 }
 
 #[tokio::test]
-async fn the_readme_walkthrough_runs() {
+async fn the_sinks_doc_walkthrough_runs() {
     let (steps, shown_output, shown_sink) = walkthrough();
     let template = std::fs::read_to_string(repo().join("plugins/template/src/lib.rs")).unwrap();
     let sink_only = &template[..template.find("#[cfg(test)]").unwrap()];
-    assert_eq!(shown_sink.trim_end(), sink_only.trim_end(), "the README shows another sink than the template's");
+    assert_eq!(shown_sink.trim_end(), sink_only.trim_end(), "docs/sinks.md shows another sink than the template's");
 
     let world = World::new().await;
     let bin = world.dir.path().join("bin");
@@ -321,7 +321,7 @@ async fn the_readme_walkthrough_runs() {
     for step in steps {
         let command = match step {
             Step::Config(yaml) => {
-                // The README's port is the test's server.
+                // The walkthrough's port is the test's server.
                 let yaml = yaml.replace("127.0.0.1:8080", &world.collector.host_port());
                 std::fs::write(cwd.join("outbox.yaml"), yaml).unwrap();
                 ran.push("(config)".to_string());
@@ -352,7 +352,7 @@ async fn the_readme_walkthrough_runs() {
             .stdin(Stdio::null());
         if command == "outbox-host run" {
             let child = shell.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
-            wait_until("the event reached the README's endpoint", || {
+            wait_until("the event reached the walkthrough's endpoint", || {
                 world
                     .collector
                     .seen()
@@ -369,16 +369,16 @@ async fn the_readme_walkthrough_runs() {
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(out.status.success(), "{command}:\n{stdout}{}", String::from_utf8_lossy(&out.stderr));
         if command.starts_with("outbox-host try-sink") {
-            // Line for line, event ids aside; a README line cut with `…` matches what starts so.
+            // Line for line, event ids aside; a walkthrough line cut with `…` matches what starts so.
             let got: Vec<String> = stdout.lines().map(without_ids).collect();
             let shown: Vec<String> = shown_output.lines().map(without_ids).collect();
-            assert_eq!(shown.len(), got.len(), "try-sink printed other lines than the README shows:\n{stdout}");
+            assert_eq!(shown.len(), got.len(), "try-sink printed other lines than docs/sinks.md shows:\n{stdout}");
             for (shown, got) in shown.iter().zip(&got) {
                 let same = match shown.split_once('…') {
                     Some((start, _)) => got.starts_with(start),
                     None => got == shown,
                 };
-                assert!(same, "the README shows {shown:?} where try-sink printed {got:?}");
+                assert!(same, "docs/sinks.md shows {shown:?} where try-sink printed {got:?}");
             }
         }
     }

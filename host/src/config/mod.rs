@@ -202,6 +202,15 @@ impl Config {
     }
 }
 
+/// Every key the parser reads, as dotted paths (`sinks[].name`); `docs/configuration.md`
+/// lists the same (a test checks).
+pub fn known_keys() -> std::collections::BTreeSet<String> {
+    read::recording(|| {
+        let every_section = "sink: {breaker: {}}\nsinks: [{breaker: {}}]\n";
+        let _ = Config::from_yaml(every_section, std::iter::empty(), &|_| None);
+    })
+}
+
 fn read_config(f: &mut Fields<'_>, notes: &mut Vec<String>) -> Config {
     let node_id = f.take::<String>("node_id").unwrap_or_else(default_node_id);
     if !is_name(&node_id, 64) {

@@ -1,8 +1,47 @@
 //! A reader over the YAML tree that records every problem instead of stopping at the first,
 //! so `check-config` and start-up can name all bad keys at once.
 
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+
 use serde::de::DeserializeOwned;
 use serde_yaml_ng::{Mapping, Value};
+
+thread_local! {
+    /// The keys read on this thread while [`recording`] runs (list items as `key[]`).
+    static READ: RefCell<Option<BTreeSet<String>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f`, returning every key path the readers it runs ask for.
+pub fn recording(f: impl FnOnce()) -> BTreeSet<String> {
+    READ.with(|r| *r.borrow_mut() = Some(BTreeSet::new()));
+    f();
+    READ.with(|r| r.borrow_mut().take()).unwrap_or_default()
+}
+
+fn note_read(path: &str) {
+    READ.with(|r| {
+        if let Some(keys) = r.borrow_mut().as_mut() {
+            let mut normal = String::with_capacity(path.len());
+            let mut in_index = false;
+            for c in path.chars() {
+                match c {
+                    '[' => {
+                        in_index = true;
+                        normal.push('[');
+                    }
+                    ']' => {
+                        in_index = false;
+                        normal.push(']');
+                    }
+                    _ if in_index => {}
+                    _ => normal.push(c),
+                }
+            }
+            keys.insert(normal);
+        }
+    });
+}
 
 /// Walks one mapping of the config file. Each `take` removes the key it reads, so that
 /// whatever is left at `finish` is an unknown key.
@@ -39,11 +78,13 @@ impl<'p> Fields<'p> {
 
     /// Whether `key` is present.
     pub fn has(&self, key: &str) -> bool {
+        note_read(&self.key_path(key));
         self.map.contains_key(key)
     }
 
     /// Removes and deserializes `key`; a missing key or an explicit null is `None`.
     pub fn take<T: DeserializeOwned>(&mut self, key: &str) -> Option<T> {
+        note_read(&self.key_path(key));
         let value = self.map.remove(key)?;
         if value.is_null() {
             return None;
@@ -75,6 +116,7 @@ impl<'p> Fields<'p> {
     /// Removes `key` and opens it as a nested section (missing → an empty one).
     pub fn section<R>(&mut self, key: &str, read: impl FnOnce(&mut Fields<'_>) -> R) -> R {
         let path = self.key_path(key);
+        note_read(&path);
         let map = match self.map.remove(key) {
             None | Some(Value::Null) => Mapping::new(),
             Some(Value::Mapping(map)) => map,
@@ -92,6 +134,7 @@ impl<'p> Fields<'p> {
     /// Removes `key` as a list of sections, reading each as `key[i]`.
     pub fn list<R>(&mut self, key: &str, mut read: impl FnMut(&mut Fields<'_>) -> R) -> Vec<R> {
         let path = self.key_path(key);
+        note_read(&path);
         let items = match self.map.remove(key) {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::Sequence(items)) => items,
@@ -121,6 +164,7 @@ impl<'p> Fields<'p> {
     pub fn string_map(&mut self, key: &str) -> std::collections::BTreeMap<String, String> {
         let mut out = std::collections::BTreeMap::new();
         let path = self.key_path(key);
+        note_read(&path);
         match self.map.remove(key) {
             None | Some(Value::Null) => {}
             Some(Value::Mapping(map)) => {

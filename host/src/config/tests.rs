@@ -1,5 +1,7 @@
 //! room-service's configuration rules, one test each.
 
+use std::collections::BTreeSet;
+
 use super::*;
 
 fn parse(yaml: &str) -> Result<Config, ConfigError> {
@@ -427,4 +429,55 @@ fn sink_lists_name_every_bad_entry() {
         "database:\n  url: postgres://h/db\nsinks:\n  - name: first\n    plugin: a.wasm\n  - name: {long}\n    plugin: b.wasm\n"
     ));
     assert!(p.iter().any(|p| p.starts_with("sinks[1].name:") && p.contains("identifier limit")), "{p:?}");
+}
+
+/// The keys in the first column of `docs/configuration.md`'s tables: each backquoted name, a
+/// bare one (`publish_timeout`) taking the section of the name before it in its cell.
+fn documented_keys() -> BTreeSet<String> {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/configuration.md")).unwrap();
+    let mut keys = BTreeSet::new();
+    for line in doc.lines().filter(|l| l.starts_with("| `")) {
+        let cell = line.split(" | ").next().unwrap_or_default();
+        let mut section = String::new();
+        for name in cell.split('`').skip(1).step_by(2) {
+            let key = if name.contains('.') || section.is_empty() {
+                section = name.rsplit_once('.').map_or(String::new(), |(s, _)| format!("{s}."));
+                name.to_string()
+            } else {
+                format!("{section}{name}")
+            };
+            keys.insert(key);
+        }
+    }
+    keys
+}
+
+#[test]
+fn the_configuration_doc_names_every_key() {
+    // A `sinks[]` entry reads the keys of `sink:`: compared as `sink.` keys. Sections
+    // (`admin`, `sink.breaker`) are not keys.
+    let normal = |keys: BTreeSet<String>| -> BTreeSet<String> {
+        keys.into_iter().map(|k| k.replacen("sinks[].", "sink.", 1)).collect()
+    };
+    let all = normal(known_keys());
+    let read: BTreeSet<String> =
+        all.iter().filter(|k| !all.iter().any(|other| other.starts_with(&format!("{k}.")))).cloned().collect();
+    let documented = normal(documented_keys());
+    let missing: Vec<&String> = read.difference(&documented).collect();
+    assert!(missing.is_empty(), "keys the parser reads that docs/configuration.md does not list: {missing:?}");
+    let unknown: Vec<&String> = documented.difference(&read).collect();
+    assert!(unknown.is_empty(), "keys docs/configuration.md lists that the parser does not read: {unknown:?}");
+    assert!(read.len() > 50, "only {} keys read: the recording missed some", read.len());
+}
+
+#[test]
+fn the_readmes_fifteen_line_config_is_accepted() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let section = &readme[readme.find("## Configuration in fifteen lines").expect("the README's config example")..];
+    let yaml = section.split("```yaml\n").nth(1).and_then(|b| b.split("```").next()).unwrap();
+    assert!(yaml.lines().count() <= 15, "the README's example is longer than fifteen lines");
+    let env = |name: &str| (name == "TIM_SECRET_KEY").then(|| "secret".to_string());
+    let config = Config::from_yaml(yaml, std::iter::empty(), &env).unwrap();
+    assert_eq!(config.require_sinks("run").unwrap()[0].name(), "tencent-im");
+    assert_eq!(config.worker.concurrency, 16);
 }
