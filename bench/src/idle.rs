@@ -12,8 +12,9 @@ use outbox_host::ops::metrics::Metrics;
 use outbox_host::sandbox::Deliver;
 use outbox_host::store::schema::TableInfo;
 use outbox_host::store::{
-    Backend, Claimed, Heartbeat, Held, Holding, KeyValue, Mark, Migrated, Minute, NewEvent, OwnedRead, OwnerView, Page,
-    RegisteredSink, ReplayFilter, RetryFilter, Row, Stats, Step, Store, StoreError,
+    Backend, Claimed, Claims, Heartbeat, Held, Holding, Inspection, KeyValue, Mark, Migrated, Minute, NewEvent,
+    OwnedRead, OwnerView, Page, Partitions, Producer, RegisteredSink, ReplayFilter, RetryFilter, Row, Schema,
+    SinkRegistry, Stats, Step, Store, StoreError,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -36,7 +37,7 @@ impl Counting {
 }
 
 #[async_trait]
-impl Store for Counting {
+impl Schema for Counting {
     async fn migrate(&self) -> Result<Migrated, StoreError> {
         self.count();
         self.inner.migrate().await
@@ -51,6 +52,21 @@ impl Store for Counting {
         self.count();
         self.inner.describe().await
     }
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.count();
+        self.inner.ping().await
+    }
+    async fn clock_ms(&self) -> Result<i64, StoreError> {
+        self.count();
+        self.inner.clock_ms().await
+    }
+    async fn close(&self) {
+        self.inner.close().await
+    }
+}
+
+#[async_trait]
+impl Claims for Counting {
     async fn claim(&self, w: &str, now: i64, until: i64, limit: u32) -> Result<Vec<Claimed>, StoreError> {
         self.count();
         self.inner.claim(w, now, until, limit).await
@@ -63,10 +79,28 @@ impl Store for Counting {
         self.count();
         self.inner.release(rows, now).await
     }
+    async fn has_pending(&self) -> Result<bool, StoreError> {
+        self.count();
+        self.inner.has_pending().await
+    }
+    fn inserted(&self) -> Arc<tokio::sync::Notify> {
+        self.inner.inserted()
+    }
+    fn listen_for_inserts(&self, wake: Arc<tokio::sync::Notify>, stop: CancellationToken) -> bool {
+        self.inner.listen_for_inserts(wake, stop)
+    }
+}
+
+#[async_trait]
+impl Producer for Counting {
     async fn insert(&self, events: &[NewEvent]) -> Result<(), StoreError> {
         self.count();
         self.inner.insert(events).await
     }
+}
+
+#[async_trait]
+impl Inspection for Counting {
     async fn get(&self, event_id: &str) -> Result<Option<Row>, StoreError> {
         self.count();
         self.inner.get(event_id).await
@@ -95,27 +129,10 @@ impl Store for Counting {
         self.count();
         self.inner.purge_delivered(before, limit).await
     }
-    async fn ping(&self) -> Result<(), StoreError> {
-        self.count();
-        self.inner.ping().await
-    }
-    async fn clock_ms(&self) -> Result<i64, StoreError> {
-        self.count();
-        self.inner.clock_ms().await
-    }
-    async fn has_pending(&self) -> Result<bool, StoreError> {
-        self.count();
-        self.inner.has_pending().await
-    }
-    fn inserted(&self) -> Arc<tokio::sync::Notify> {
-        self.inner.inserted()
-    }
-    fn listen_for_inserts(&self, wake: Arc<tokio::sync::Notify>, stop: CancellationToken) -> bool {
-        self.inner.listen_for_inserts(wake, stop)
-    }
-    async fn close(&self) {
-        self.inner.close().await
-    }
+}
+
+#[async_trait]
+impl SinkRegistry for Counting {
     async fn sinks(&self) -> Result<Vec<RegisteredSink>, StoreError> {
         self.count();
         self.inner.sinks().await
@@ -173,6 +190,10 @@ impl Store for Counting {
         self.count();
         self.inner.recopy(sink, filter, after, limit).await
     }
+}
+
+#[async_trait]
+impl Partitions for Counting {
     /// A steady heartbeat is three statements: the owner's own row, the renewal, and the read
     /// of the partition and owner rows (taking or giving up partitions adds one each).
     async fn keep_partitions(&self, beat: &Heartbeat<'_>) -> Result<Holding, StoreError> {

@@ -385,9 +385,9 @@ pub struct Migrated {
     pub created: bool,
 }
 
-/// The outbox table operations the worker and the admin commands need.
+/// The table itself: its schema and migrations, the connection, the database's clock.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Schema: Send + Sync + 'static {
     /// Creates or upgrades the table and its indexes. A table that exists but was not made
     /// by the host (room-service's own) is adopted: what the host needs is added as online
     /// steps, or, when a column cannot work as declared, nothing is changed and the error
@@ -411,6 +411,20 @@ pub trait Store: Send + Sync + 'static {
     /// The outbox table's name.
     fn table(&self) -> &str;
 
+    /// A cheap round trip, for readiness.
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Now on the database's clock, UTC milliseconds (this machine's for SQLite): what
+    /// leases and due times are judged by, whichever host's clock runs ahead.
+    async fn clock_ms(&self) -> Result<i64, StoreError>;
+
+    /// Closes the pool once in-flight work has been recorded.
+    async fn close(&self);
+}
+
+/// Row claims and their outcomes (`ordering: none`), and how an idle worker learns of inserts.
+#[async_trait]
+pub trait Claims: Send + Sync + 'static {
     /// Claims up to `limit` claimable rows (pending; retryable whose `next_retry_at_ms`
     /// has passed; delivering whose lease expired) in `created_at_ms, id` order, moving
     /// them to `delivering` under `worker_id` until `lock_until_ms`. Two concurrent
@@ -433,9 +447,30 @@ pub trait Store: Send + Sync + 'static {
     /// cleared, only while still held under the same lease. Returns how many.
     async fn release(&self, rows: &[Held], now_ms: i64) -> Result<u64, StoreError>;
 
+    /// Whether any row is `pending`: an index-only probe an idle worker may run often.
+    async fn has_pending(&self) -> Result<bool, StoreError>;
+
+    /// Notified (one permit) whenever rows are inserted through this store, so that a
+    /// worker in the same process wakes at once.
+    fn inserted(&self) -> Arc<tokio::sync::Notify>;
+
+    /// Notifies `wake` whenever any producer inserts rows, for as long as `stop` is not
+    /// cancelled, where the database can say so (PostgreSQL's `LISTEN`); `false` where it
+    /// cannot. Reconnects by itself, and notifies once after reconnecting (anything inserted
+    /// meanwhile went unheard).
+    fn listen_for_inserts(&self, wake: Arc<tokio::sync::Notify>, stop: tokio_util::sync::CancellationToken) -> bool;
+}
+
+/// What a producer does: insert events (the `enqueue` command and tests).
+#[async_trait]
+pub trait Producer: Send + Sync + 'static {
     /// Inserts rows as a producer would (the enqueue command and tests).
     async fn insert(&self, events: &[NewEvent]) -> Result<(), StoreError>;
+}
 
+/// What operators read and do: one event, the counts, the history, failures, retry and purge.
+#[async_trait]
+pub trait Inspection: Send + Sync + 'static {
     /// One row by `event_id`.
     async fn get(&self, event_id: &str) -> Result<Option<Row>, StoreError>;
 
@@ -459,30 +494,11 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes up to `limit` `delivered` rows last updated before `before_ms`; callers
     /// repeat until it returns less than `limit`, so no statement holds locks for long.
     async fn purge_delivered(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError>;
+}
 
-    /// A cheap round trip, for readiness.
-    async fn ping(&self) -> Result<(), StoreError>;
-
-    /// Now on the database's clock, UTC milliseconds (this machine's for SQLite): what
-    /// leases and due times are judged by, whichever host's clock runs ahead.
-    async fn clock_ms(&self) -> Result<i64, StoreError>;
-
-    /// Whether any row is `pending`: an index-only probe an idle worker may run often.
-    async fn has_pending(&self) -> Result<bool, StoreError>;
-
-    /// Notified (one permit) whenever rows are inserted through this store, so that a
-    /// worker in the same process wakes at once.
-    fn inserted(&self) -> Arc<tokio::sync::Notify>;
-
-    /// Notifies `wake` whenever any producer inserts rows, for as long as `stop` is not
-    /// cancelled, where the database can say so (PostgreSQL's `LISTEN`); `false` where it
-    /// cannot. Reconnects by itself, and notifies once after reconnecting (anything inserted
-    /// meanwhile went unheard).
-    fn listen_for_inserts(&self, wake: Arc<tokio::sync::Notify>, stop: tokio_util::sync::CancellationToken) -> bool;
-
-    /// Closes the pool once in-flight work has been recorded.
-    async fn close(&self);
-
+/// Several sinks: the registry, each further sink's table, the fan-out, back-fill and replay.
+#[async_trait]
+pub trait SinkRegistry: Send + Sync + 'static {
     /// The sinks registered on this outbox, oldest first (see [`sinks`]).
     async fn sinks(&self) -> Result<Vec<RegisteredSink>, StoreError>;
 
@@ -542,6 +558,11 @@ pub trait Store: Send + Sync + 'static {
         after: Option<KeyValue>,
         limit: u32,
     ) -> Result<Step, StoreError>;
+}
+
+/// Per-room order by partition ownership: leases, the owner's reads and its fenced outcomes.
+#[async_trait]
+pub trait Partitions: Send + Sync + 'static {
     /// Per-room order by partition ownership: one heartbeat of `beat.owner` on this sink's
     /// partitions (see [`partitions`]), judged by `beat.now_ms` on the database's clock.
     async fn keep_partitions(&self, beat: &Heartbeat<'_>) -> Result<Holding, StoreError>;
@@ -580,6 +601,11 @@ pub trait Store: Send + Sync + 'static {
     async fn set_partitions(&self, total: u32, now_ms: i64) -> Result<Result<u32, Vec<String>>, StoreError>;
 }
 
+/// The outbox table: every role above, as one object (`Arc<dyn Store>`). A module calls the
+/// methods of the roles it imports, which says what it does with the table.
+pub trait Store: Schema + Claims + Producer + Inspection + SinkRegistry + Partitions {}
+
+impl<T: Schema + Claims + Producer + Inspection + SinkRegistry + Partitions> Store for T {}
 /// Which events a replay delivers again to one sink: created in `[from_ms, to_ms)`, and of
 /// one type or room if given.
 #[derive(Debug, Clone, PartialEq, Eq)]

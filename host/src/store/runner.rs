@@ -8,7 +8,7 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type}
 use super::migrate::{self, BASELINE};
 use super::schema::{self, Key};
 use super::sql::{Dialect, SqlStore, is_lock_timeout, params};
-use super::{Backend, Store, StoreError, now_ms};
+use super::{Backend, Schema, Store, StoreError, now_ms};
 
 /// What [`SqlStore::holding_migration_lock`] does while it holds the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -359,7 +359,7 @@ where
             return Ok(true);
         }
         // Only valid indexes are described; an invalid one of this count is rebuilt.
-        let indexes = super::Store::describe(self).await?.map(|info| info.indexes).unwrap_or_default();
+        let indexes = super::Schema::describe(self).await?.map(|info| info.indexes).unwrap_or_default();
         let wanted = super::partitions::partition_index_name(&self.table, total);
         let ours = |name: &str| super::partitions::partition_index_count(&self.table, name);
         let done = indexes.iter().any(|i| i.name == wanted)

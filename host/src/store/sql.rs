@@ -14,7 +14,7 @@ use sqlx::migrate::Migrator;
 use sqlx::{Database, Executor, IntoArguments, Pool};
 
 use super::schema::{self, Profile, TableInfo};
-use super::{Backend, Claimed, Held, Lease, Mark, RetryFilter, Row, Status, Store, StoreError};
+use super::{Backend, Claimed, Held, Lease, Mark, RetryFilter, Row, Schema, Status, Store, StoreError};
 
 /// What differs between databases. Everything else is [`SqlStore`]'s.
 #[async_trait]

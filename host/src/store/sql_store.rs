@@ -8,27 +8,37 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type}
 use super::schema::TableInfo;
 use super::sql::*;
 use super::{
-    Backend, Claimed, Held, Mark, Minute, NewEvent, Outcome, RetryFilter, Row, Stats, Store, StoreError, now_ms,
+    Backend, Claimed, Claims, Held, Inspection, Mark, Minute, NewEvent, Outcome, Partitions, Producer, RetryFilter,
+    Row, Schema, SinkRegistry, Stats, Store, StoreError, now_ms,
 };
 
 // The bounds below say what the shared statements need of a database: sqlx's executors and
 // argument buffers, and the column types the outbox uses. Every dialect here has them; Rust
 // does not carry such bounds along with `Dialect`, so they are spelled out here.
 
-#[async_trait]
-impl<D> Store for SqlStore<D>
-where
-    D: Dialect,
-    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
-    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
-    for<'a> &'a str: ColumnIndex<<D::Db as Database>::Row>,
-    usize: ColumnIndex<<D::Db as Database>::Row>,
-    for<'r> i64: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
-    for<'r> i32: Decode<'r, D::Db> + Type<D::Db>,
-    for<'r> String: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
-    for<'r> Vec<u8>: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
-    for<'r> &'r str: Encode<'r, D::Db> + Type<D::Db>,
-{
+/// `impl $role for SqlStore<D>` under the bounds every dialect meets.
+macro_rules! for_every_dialect {
+    ($role:ident { $($body:tt)* }) => {
+        #[async_trait]
+        impl<D> $role for SqlStore<D>
+        where
+            D: Dialect,
+            for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
+            for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
+            for<'a> &'a str: ColumnIndex<<D::Db as Database>::Row>,
+            usize: ColumnIndex<<D::Db as Database>::Row>,
+            for<'r> i64: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
+            for<'r> i32: Decode<'r, D::Db> + Type<D::Db>,
+            for<'r> String: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
+            for<'r> Vec<u8>: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
+            for<'r> &'r str: Encode<'r, D::Db> + Type<D::Db>,
+        {
+            $($body)*
+        }
+    };
+}
+
+for_every_dialect!(Schema {
     async fn migrate(&self) -> Result<super::Migrated, StoreError> {
         if self.schema_current().await? {
             return Ok(super::Migrated::default());
@@ -49,6 +59,24 @@ where
         self.describe_on(&mut *self.pool.acquire().await?).await
     }
 
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn clock_ms(&self) -> Result<i64, StoreError> {
+        match D::clock_sql() {
+            None => Ok(now_ms()),
+            Some(sql) => Ok(D::int(&sqlx::query(sql).fetch_one(&self.pool).await?, 0)?),
+        }
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+});
+
+for_every_dialect!(Claims {
     async fn claim(
         &self,
         worker_id: &str,
@@ -98,6 +126,24 @@ where
         D::release_rows(self, rows, now_ms).await
     }
 
+    async fn has_pending(&self) -> Result<bool, StoreError> {
+        Ok(sqlx::query(&self.sql.has_pending).fetch_optional(&self.pool).await?.is_some())
+    }
+
+    fn inserted(&self) -> std::sync::Arc<tokio::sync::Notify> {
+        self.inserted.clone()
+    }
+
+    fn listen_for_inserts(
+        &self,
+        wake: std::sync::Arc<tokio::sync::Notify>,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> bool {
+        D::listen_for_inserts(self, wake, stop)
+    }
+});
+
+for_every_dialect!(Producer {
     async fn insert(&self, events: &[NewEvent]) -> Result<(), StoreError> {
         let _writing = self.writing().await;
         let mut tx = self.pool.begin().await?;
@@ -126,7 +172,9 @@ where
         self.inserted.notify_one();
         Ok(())
     }
+});
 
+for_every_dialect!(Inspection {
     async fn get(&self, event_id: &str) -> Result<Option<Row>, StoreError> {
         let row = sqlx::query(&self.sql.get).bind(event_id.to_string()).fetch_optional(&self.pool).await?;
         Ok(row.as_ref().map(decode_row::<D>).transpose()?)
@@ -205,39 +253,9 @@ where
         self.unlock_registry(&mut conn, deleted.is_ok()).await?;
         Ok(D::rows_affected(&deleted?))
     }
+});
 
-    async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
-    }
-
-    async fn clock_ms(&self) -> Result<i64, StoreError> {
-        match D::clock_sql() {
-            None => Ok(now_ms()),
-            Some(sql) => Ok(D::int(&sqlx::query(sql).fetch_one(&self.pool).await?, 0)?),
-        }
-    }
-
-    async fn has_pending(&self) -> Result<bool, StoreError> {
-        Ok(sqlx::query(&self.sql.has_pending).fetch_optional(&self.pool).await?.is_some())
-    }
-
-    fn inserted(&self) -> std::sync::Arc<tokio::sync::Notify> {
-        self.inserted.clone()
-    }
-
-    fn listen_for_inserts(
-        &self,
-        wake: std::sync::Arc<tokio::sync::Notify>,
-        stop: tokio_util::sync::CancellationToken,
-    ) -> bool {
-        D::listen_for_inserts(self, wake, stop)
-    }
-
-    async fn close(&self) {
-        self.pool.close().await;
-    }
-
+for_every_dialect!(SinkRegistry {
     async fn sinks(&self) -> Result<Vec<super::RegisteredSink>, StoreError> {
         self.registered_sinks().await
     }
@@ -354,7 +372,9 @@ where
     ) -> Result<super::Step, StoreError> {
         self.recopy_step(sink, filter, after, limit).await
     }
+});
 
+for_every_dialect!(Partitions {
     async fn keep_partitions(&self, beat: &super::Heartbeat<'_>) -> Result<super::Holding, StoreError> {
         self.heartbeat(beat).await
     }
@@ -390,4 +410,4 @@ where
     async fn set_partitions(&self, total: u32, now_ms: i64) -> Result<Result<u32, Vec<String>>, StoreError> {
         self.set_partition_count(total, now_ms).await
     }
-}
+});

@@ -242,7 +242,7 @@ impl Dialect for SqliteDialect {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Store as _;
+    use crate::store::Schema as _;
 
     /// The claim's pick walks the claimable rows in creation order and stops at the limit:
     /// no sort of the whole backlog.
