@@ -19,7 +19,6 @@ pub mod engine;
 pub mod envelope;
 pub mod logging;
 pub mod ops;
-pub mod reload;
 pub mod sandbox;
 pub mod sinkdev;
 pub mod store;

@@ -54,41 +54,8 @@ impl Default for BreakerSettings {
 /// A probe time past any the clock can hold is taken as this far off.
 const FAR_FUTURE: Duration = Duration::from_secs(86_400);
 
-/// Where the breaker is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum State {
-    /// Deliveries start freely.
-    Closed,
-    /// One probe may start.
-    HalfOpen,
-    /// Nothing starts until the cool-down has passed.
-    Open,
-    /// Nothing starts until the cool-down has passed: the sink's config denies where it
-    /// sends.
-    Misconfigured,
-}
-
-impl State {
-    /// The label used in logs, metrics and the status page.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            State::Closed => "closed",
-            State::HalfOpen => "half_open",
-            State::Open => "open",
-            State::Misconfigured => "misconfigured",
-        }
-    }
-
-    /// The value of the `room_outbox_sink_state` gauge.
-    pub fn gauge(self) -> i64 {
-        match self {
-            State::Closed => 0,
-            State::HalfOpen => 1,
-            State::Open => 2,
-            State::Misconfigured => 3,
-        }
-    }
-}
+/// Where the breaker is (kept with the metrics that show it, which the page reads too).
+pub use crate::ops::metrics::SinkState as State;
 
 /// What one finished delivery says about the destination.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,9 +17,44 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::engine::breaker::State;
 use crate::ops::health::DbHealth;
 use crate::store::{Stats, Status};
+
+/// Where a sink's circuit breaker is: the engine keeps it, the metrics and the page show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SinkState {
+    /// Deliveries start freely.
+    Closed,
+    /// One probe may start.
+    HalfOpen,
+    /// Nothing starts until the cool-down has passed.
+    Open,
+    /// Nothing starts until the cool-down has passed: the sink's config denies where it
+    /// sends.
+    Misconfigured,
+}
+
+impl SinkState {
+    /// The label used in logs, metrics and the status page.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SinkState::Closed => "closed",
+            SinkState::HalfOpen => "half_open",
+            SinkState::Open => "open",
+            SinkState::Misconfigured => "misconfigured",
+        }
+    }
+
+    /// The value of the `room_outbox_sink_state` gauge.
+    pub fn gauge(self) -> i64 {
+        match self {
+            SinkState::Closed => 0,
+            SinkState::HalfOpen => 1,
+            SinkState::Open => 2,
+            SinkState::Misconfigured => 3,
+        }
+    }
+}
 
 /// Upper bounds of the latency buckets, in milliseconds.
 const LATENCY_BUCKETS_MS: [f64; 13] =
@@ -222,7 +257,7 @@ impl Families {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BreakerReport {
     /// `closed`, `half_open` or `open`.
-    pub state: State,
+    pub state: SinkState,
     /// When it got there, UTC milliseconds (0: closed since start).
     pub since_ms: i64,
     /// Why it got there.
@@ -279,7 +314,7 @@ impl Metrics {
             shared,
             delivered_total: AtomicU64::new(0),
             breaker: Mutex::new(BreakerReport {
-                state: State::Closed,
+                state: SinkState::Closed,
                 since_ms: 0,
                 reason: String::new(),
                 next_probe_at_ms: None,
@@ -300,8 +335,8 @@ impl Metrics {
         for pressure in PRESSURES {
             let _ = f.push_backs.get_or_create(&PressureLabels { sink: m.sink.clone(), pressure: pressure.into() });
         }
-        f.sink_state.get_or_create(&m.sink_label()).set(State::Closed.gauge());
-        for to in [State::Open, State::HalfOpen, State::Closed, State::Misconfigured] {
+        f.sink_state.get_or_create(&m.sink_label()).set(SinkState::Closed.gauge());
+        for to in [SinkState::Open, SinkState::HalfOpen, SinkState::Closed, SinkState::Misconfigured] {
             let _ =
                 f.breaker_transitions.get_or_create(&TransitionLabels { sink: m.sink.clone(), to: to.as_str().into() });
         }
@@ -426,7 +461,7 @@ impl Metrics {
     }
 
     /// The circuit breaker moved to `state`.
-    pub fn breaker_moved(&self, state: State, reason: &str, next_probe_at_ms: Option<i64>) {
+    pub fn breaker_moved(&self, state: SinkState, reason: &str, next_probe_at_ms: Option<i64>) {
         self.shared.sink_state.get_or_create(&self.sink_label()).set(state.gauge());
         self.shared
             .breaker_transitions
@@ -435,13 +470,13 @@ impl Metrics {
         // A probe (half-open) does not end a misconfiguration; only getting past the policy does.
         let mut paused = self.shared.misconfigured.lock().unwrap_or_else(|p| p.into_inner());
         match state {
-            State::Misconfigured => {
+            SinkState::Misconfigured => {
                 paused.insert(self.sink.clone(), reason.to_string());
             }
-            State::Closed | State::Open => {
+            SinkState::Closed | SinkState::Open => {
                 paused.remove(&self.sink);
             }
-            State::HalfOpen => {}
+            SinkState::HalfOpen => {}
         }
         drop(paused);
         let mut report = self.breaker.lock().unwrap_or_else(|p| p.into_inner());

@@ -3,9 +3,9 @@
 
 use std::fmt::Write as _;
 
-use crate::engine::breaker::State;
 use crate::ops::health::DbFailure;
 use crate::ops::metrics::BreakerReport;
+use crate::ops::metrics::SinkState as State;
 use crate::store::{Minute, Row, Stats, Status};
 use crate::units::format_duration;
 

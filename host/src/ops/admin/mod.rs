@@ -52,7 +52,7 @@ pub struct AdminState {
     /// `admin.unready_after_db_failures`.
     pub unready_after_db_failures: u32,
     /// Reloads this host's sinks.
-    pub reloader: Arc<crate::reload::Reloader>,
+    pub reloader: Arc<dyn crate::ops::Reload>,
     /// What the page and `/api/status` last read of the tables (see [`table_view`]).
     pub view: tokio::sync::Mutex<Option<Arc<TableView>>>,
 }
@@ -416,7 +416,7 @@ async fn replay_form(State(s): State<Arc<AdminState>>, headers: HeaderMap, Form(
 
 /// Compiles and checks the sink's plugin file anew and swaps it in if it is a new build.
 async fn reload_api(State(s): State<Arc<AdminState>>, headers: HeaderMap, Path(name): Path<String>) -> Response {
-    use crate::reload::{ReloadError, Reloaded};
+    use crate::ops::{ReloadError, Reloaded};
     if let Err(refused) = s.guard.check_api(&headers) {
         return refused.into_response();
     }

@@ -1,7 +1,9 @@
 //! The host's lifecycle in room-service's order: open the database and migrate, load the sink,
 //! start the admin listener and the worker; on shutdown stop claiming, let in-flight
 //! deliveries finish and record them, hand back what was not started, then close the
-//! admin listener and the pool.
+//! admin listener and the pool. Hot reload (`reload`) lives here, with what wires the sinks.
+
+pub mod reload;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -13,10 +15,10 @@ use crate::config::Config;
 use crate::engine::Worker;
 use crate::ops::admin::{self, AdminState};
 use crate::ops::metrics::Metrics;
-use crate::reload::Reloader;
 use crate::sandbox::SinkRuntime;
 use crate::store::{self, RegisteredSink, Store};
 use crate::text::redact_url;
+use reload::Reloader;
 
 /// A started host: database open and migrated, sinks registered and loaded.
 pub struct Host {
@@ -220,7 +222,7 @@ impl Host {
             Vec::new()
         };
         let watcher = tokio::spawn(self.reloader.clone().watch(admin_stop.clone()));
-        crate::reload::reload_on_sighup(self.reloader.clone(), admin_stop.clone())?;
+        reload::reload_on_sighup(self.reloader.clone(), admin_stop.clone())?;
         readiness.worker_running.store(true, Ordering::Relaxed);
         let mark_draining = async {
             shutdown.cancelled().await;

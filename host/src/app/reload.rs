@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::SinkConfig;
 use crate::engine::SinkSlot;
 use crate::ops::metrics::Metrics;
+use crate::ops::{ReloadError, Reloaded};
 use crate::sandbox::SinkRuntime;
 
 /// How often a watched plugin file is looked at.
@@ -32,31 +33,6 @@ struct Reloadable {
 #[derive(Default)]
 pub struct Reloader {
     sinks: Vec<Reloadable>,
-}
-
-/// What a reload did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reloaded {
-    /// A new build is delivering now.
-    Swapped {
-        /// The build it replaced.
-        from: Option<Arc<str>>,
-        /// The build now delivering.
-        to: Arc<str>,
-    },
-    /// The file holds the build already delivering.
-    Unchanged(Arc<str>),
-}
-
-/// Why a reload did not happen.
-#[derive(Debug, thiserror::Error)]
-pub enum ReloadError {
-    /// This host has no such sink.
-    #[error("this host has no sink {0:?}")]
-    UnknownSink(String),
-    /// The new build was refused; the old one keeps delivering.
-    #[error("{0}")]
-    Refused(String),
 }
 
 impl Reloader {
@@ -209,4 +185,11 @@ pub fn reload_on_sighup(reloader: Arc<Reloader>, stop: CancellationToken) -> any
         }
     });
     Ok(())
+}
+
+#[async_trait::async_trait]
+impl crate::ops::Reload for Reloader {
+    async fn reload(&self, name: &str, trigger: &str) -> Result<Reloaded, ReloadError> {
+        Reloader::reload(self, name, trigger).await
+    }
 }
