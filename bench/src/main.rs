@@ -9,6 +9,7 @@ mod floor;
 mod idle;
 mod sinks;
 
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -498,6 +499,253 @@ fn row(table: &mut Vec<[String; 5]>, backend: &str, scenario: &str, events: usiz
     ]);
 }
 
+/// The figures of one run: the printed table's rows, the JSON results, the servers' versions.
+#[derive(Default)]
+struct Report {
+    table: Vec<[String; 5]>,
+    results: Vec<Value>,
+    versions: serde_json::Map<String, Value>,
+}
+
+/// The drain of `args.events` through the WASM no-op sink and a native no-op, and the seed's loop; returns the two drains' rates.
+async fn drains(
+    r: &mut Report,
+    backend: Backend,
+    args: &Args,
+    config: &WorkerConfig,
+    wasm: &Arc<dyn Deliver>,
+) -> anyhow::Result<(f64, f64)> {
+    let r_versions = &mut r.versions;
+    let (table, results, name) = (&mut r.table, &mut r.results, db::name(backend));
+    eprintln!("{name}: drains of {} events …", args.events);
+    let version = Db::fresh(backend).await?.version().await?;
+    r_versions.insert(name.into(), json!(version));
+
+    let with_wasm = drain(&Db::fresh(backend).await?, args.events, 1, config, wasm.clone()).await?;
+    let native: Arc<dyn Deliver> = Arc::new(NativeNoop::default());
+    let floor = drain(&Db::fresh(backend).await?, args.events, 1, config, native).await?;
+    eprintln!("{name}: the seed's loop, {} events …", args.seed_events);
+    let seed = seed_drain(&Db::fresh(backend).await?, args.seed_events, config, wasm.as_ref()).await?;
+    let wasm_vs_native = with_wasm.per_second() / floor.per_second();
+    let vs_seed = with_wasm.per_second() / seed.per_second();
+    row(
+        table,
+        name,
+        "drain, WASM no-op sink",
+        with_wasm.events,
+        with_wasm.seconds,
+        format!("{wasm_vs_native:.2}× native; {}", with_wasm.describe()),
+    );
+    row(table, name, "drain, native no-op (floor)", floor.events, floor.seconds, floor.describe());
+    row(
+        table,
+        name,
+        "the seed's loop (1 batch/tick, 1 by 1)",
+        seed.events,
+        seed.seconds,
+        format!("ours {vs_seed:.1}× faster"),
+    );
+    results.push(json!({
+        "backend": name,
+        "drain_wasm": { "events": with_wasm.events, "seconds": with_wasm.seconds, "per_s": with_wasm.per_second(),
+                        "cores_host": with_wasm.cores.host, "cores_server": with_wasm.cores.server,
+                        "claims": with_wasm.claims,
+                        "row_updates_per_event": with_wasm.writes.map(|w| w[0]),
+                        "hot_update_share": with_wasm.writes.map(|w| w[1]),
+                        "wal_bytes_per_event": with_wasm.writes.map(|w| w[2]) },
+        "drain_native": { "events": floor.events, "seconds": floor.seconds, "per_s": floor.per_second(),
+                          "cores_host": floor.cores.host, "cores_server": floor.cores.server,
+                          "claims": floor.claims },
+        "seed_loop": { "events": seed.events, "seconds": seed.seconds, "per_s": seed.per_second() },
+        "ratio_wasm_over_native": wasm_vs_native,
+        "ratio_ours_over_seed": vs_seed,
+    }));
+    Ok((with_wasm.per_second(), floor.per_second()))
+}
+
+/// What per-room order costs: the same drain with `ordering: none` and `per_room`, over many rooms, few, and one.
+async fn room_order(
+    r: &mut Report,
+    backend: Backend,
+    args: &Args,
+    config: &WorkerConfig,
+    wasm: &Arc<dyn Deliver>,
+) -> anyhow::Result<()> {
+    let (table, results, name) = (&mut r.table, &mut r.results, db::name(backend));
+    // What per-room order costs: the same drain with `ordering: none` (row claims) and
+    // with `per_room` (partition ownership).
+    let free_config = WorkerConfig { ordering: RoomOrdering::None, ..config.clone() };
+    let ordered_config = WorkerConfig { ordering: RoomOrdering::PerRoom, ..config.clone() };
+    for (label, n, rooms) in [
+        ("1,000 rooms", args.order_events, 1_000),
+        ("50 rooms", args.order_events, 50),
+        ("one hot room", args.hot_events, 1),
+    ] {
+        eprintln!("{name}: room order over {label}, {n} events, none, then per_room …");
+        let free = drain_rooms(&Db::fresh(backend).await?, n, rooms, 1, &free_config, wasm.clone()).await?;
+        let ordered = drain_rooms(&Db::fresh(backend).await?, n, rooms, 1, &ordered_config, wasm.clone()).await?;
+        let cost = ordered.per_second() / free.per_second();
+        row(table, name, &format!("{label}, ordering: none"), free.events, free.seconds, String::new());
+        row(
+            table,
+            name,
+            &format!("{label}, ordering: per_room"),
+            ordered.events,
+            ordered.seconds,
+            format!("{cost:.2}× of none"),
+        );
+        results.push(json!({
+            "backend": name,
+            "room_order": label,
+            "none_per_s": free.per_second(),
+            "per_room_per_s": ordered.per_second(),
+            "per_room_over_none": cost,
+        }));
+    }
+    Ok(())
+}
+
+/// What several sinks cost: the same events through 1, 2 and 4 no-op sinks.
+async fn several_sinks(r: &mut Report, backend: Backend, args: &Args, cache: &Path) -> anyhow::Result<()> {
+    let (table, results, name) = (&mut r.table, &mut r.results, db::name(backend));
+    // What several sinks cost: the same events through 1, 2 and 4 no-op sinks, each
+    // with its own state.
+    let mut per_sinks = Vec::new();
+    for count in [1usize, 2, 4] {
+        eprintln!("{name}: {} events through {count} sink(s) …", args.sink_events);
+        let seconds = sinks::drain(&Db::fresh(backend).await?, args.sink_events, count, cache).await?;
+        let per_s = args.sink_events as f64 / seconds;
+        let vs_one = per_sinks.first().map(|(_, one): &(usize, f64)| per_s / one);
+        row(
+            table,
+            name,
+            &format!("{count} sink(s), every event to each"),
+            args.sink_events,
+            seconds,
+            vs_one.map(|r| format!("{r:.2}× of 1 sink")).unwrap_or_default(),
+        );
+        per_sinks.push((count, per_s));
+    }
+    results.push(json!({
+        "backend": name,
+        "sinks": per_sinks.iter().map(|(count, per_s)| json!({ "sinks": count, "events_per_s": per_s })).collect::<Vec<_>>(),
+    }));
+    Ok(())
+}
+
+/// Latency at each of `args.rates`.
+async fn latencies(r: &mut Report, backend: Backend, args: &Args, wasm: &Arc<dyn Deliver>) -> anyhow::Result<()> {
+    let (table, results, name) = (&mut r.table, &mut r.results, db::name(backend));
+    for rate in &args.rates {
+        eprintln!("{name}: latency at {rate}/s for {}s …", args.seconds);
+        let lat = latency(&Db::fresh(backend).await?, *rate, args, wasm.clone()).await?;
+        let behind = match lat["undelivered_after_120_s"].as_u64() {
+            Some(0) | None => String::new(),
+            Some(n) => format!("FELL BEHIND: {n} undelivered 120 s after the producer stopped; of the rest: "),
+        };
+        table.push([
+            name.into(),
+            format!("latency @{rate}/s for {}s", args.seconds),
+            format!("{}", lat["events"]),
+            "-".into(),
+            format!(
+                "{behind}p50 {} ms, p95 {} ms, p99 {} ms, max {} ms; {} claims ({} empty), {} outcome writes",
+                lat["p50_ms"],
+                lat["p95_ms"],
+                lat["p99_ms"],
+                lat["max_ms"],
+                lat["claims"],
+                lat["empty_claims"],
+                lat["outcome_writes"]
+            ),
+        ]);
+        results.push(json!({ "backend": name, "latency": lat }));
+    }
+    Ok(())
+}
+
+/// A SIGKILLed owner's rooms taken over, and an idle host's statements.
+async fn failover_and_idle(r: &mut Report, backend: Backend, wasm: &Arc<dyn Deliver>) -> anyhow::Result<()> {
+    let (table, results, name) = (&mut r.table, &mut r.results, db::name(backend));
+    eprintln!("{name}: the owner of every partition SIGKILLed, another host started …");
+    let taken_over = failover::measure(backend).await?;
+    table.push([
+        name.into(),
+        format!("failover after a SIGKILL (partition lease {} s)", failover::LEASE_MS / 1_000),
+        format!("{}", taken_over.held),
+        "-".into(),
+        format!("its rooms delivering again after {:.1} s", taken_over.first_ms / 1_000.0),
+    ]);
+    results.push(json!({
+        "backend": name,
+        "failover": { "partition_lease_ms": failover::LEASE_MS, "left": taken_over.held,
+                      "first_ms": taken_over.first_ms },
+    }));
+
+    eprintln!("{name}: an idle host for 5 s …");
+    let idle = idle::queries_per_second(&Db::fresh(backend).await?, wasm.clone(), 5).await?;
+    table.push([name.into(), "idle host, statements/s".into(), "-".into(), "-".into(), format!("{idle:.1}")]);
+    results.push(json!({ "backend": name, "idle_statements_per_s": idle }));
+    Ok(())
+}
+
+/// PostgreSQL's floors: pgbench's claim-and-mark, and the same on a lean table, against the
+/// drains' rates.
+async fn floors(r: &mut Report, args: &Args, wasm_rate: f64, native_rate: f64) -> anyhow::Result<()> {
+    let (table, results, name) = (&mut r.table, &mut r.results, db::name(Backend::Postgres));
+    eprintln!("{name}: pgbench's claim-and-mark floor, {} rows …", args.events);
+    let floor_rate = floor::pgbench(args.events / 1_000 * 1_000).await?;
+    let (wasm_ratio, native_ratio) = (wasm_rate / floor_rate, native_rate / floor_rate);
+    table.push([
+        name.into(),
+        "database floor (pgbench claim 1,000 + mark)".into(),
+        format!("{}", args.events),
+        "-".into(),
+        format!("{floor_rate:.0}  WASM drain {wasm_ratio:.2}×, native drain {native_ratio:.2}× of it"),
+    ]);
+    eprintln!("{name}: the lean claim-and-mark floor, {} rows …", args.events);
+    let lean = floor::lean(args.events / 1_000 * 1_000).await?;
+    let lean_ratio = wasm_rate / lean.rate;
+    table.push([
+        name.into(),
+        "lean floor (pgbench claim 1,000 + mark, lean table)".into(),
+        format!("{}", args.events),
+        "-".into(),
+        format!("{:.0}  WASM drain {lean_ratio:.2}× of it; {:.0} WAL bytes per row", lean.rate, lean.wal_bytes_per_row),
+    ]);
+    results.push(json!({
+        "backend": name,
+        "pgbench_floor_per_s": floor_rate,
+        "ratio_wasm_over_floor": wasm_ratio,
+        "ratio_native_over_floor": native_ratio,
+        "lean_floor_per_s": lean.rate,
+        "lean_floor_wal_bytes_per_row": lean.wal_bytes_per_row,
+        "ratio_wasm_over_lean_floor": lean_ratio,
+    }));
+    Ok(())
+}
+
+/// Scale-out: the same drain by 1, 2 and 4 workers.
+async fn scale_out(
+    r: &mut Report,
+    backend: Backend,
+    args: &Args,
+    config: &WorkerConfig,
+    wasm: &Arc<dyn Deliver>,
+) -> anyhow::Result<()> {
+    let (table, results, name) = (&mut r.table, &mut r.results, db::name(backend));
+    let mut scale = Vec::new();
+    for workers in [1usize, 2, 4] {
+        eprintln!("{name}: {workers} worker(s), {} events …", args.scale_events);
+        let d = drain(&Db::fresh(backend).await?, args.scale_events, workers, config, wasm.clone()).await?;
+        row(table, name, &format!("scale-out, {workers} worker(s)"), d.events, d.seconds, d.describe());
+        scale.push(json!({ "workers": workers, "events": d.events, "seconds": d.seconds, "per_s": d.per_second(),
+                           "cores_host": d.cores.host, "cores_server": d.cores.server, "claims": d.claims }));
+    }
+    results.push(json!({ "backend": name, "scale_out": scale }));
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -515,206 +763,23 @@ async fn main() -> anyhow::Result<()> {
     let cache = tempfile::tempdir()?;
     let config = WorkerConfig { claim_growth: args.claim_growth, ..WorkerConfig::default() };
     let wasm: Arc<dyn Deliver> = Arc::new(wasm_noop(config.concurrency, cache.path())?);
-    let mut table: Vec<[String; 5]> = Vec::new();
-    let mut results = Vec::new();
-    let mut versions = serde_json::Map::new();
+    let mut r = Report::default();
 
     for backend in &backends {
-        let name = db::name(*backend);
-        eprintln!("{name}: drains of {} events …", args.events);
-        let version = Db::fresh(*backend).await?.version().await?;
-        versions.insert(name.into(), json!(version));
-
-        let with_wasm = drain(&Db::fresh(*backend).await?, args.events, 1, &config, wasm.clone()).await?;
-        let native: Arc<dyn Deliver> = Arc::new(NativeNoop::default());
-        let floor = drain(&Db::fresh(*backend).await?, args.events, 1, &config, native).await?;
-        eprintln!("{name}: the seed's loop, {} events …", args.seed_events);
-        let seed = seed_drain(&Db::fresh(*backend).await?, args.seed_events, &config, wasm.as_ref()).await?;
-        let wasm_vs_native = with_wasm.per_second() / floor.per_second();
-        let vs_seed = with_wasm.per_second() / seed.per_second();
-        row(
-            &mut table,
-            name,
-            "drain, WASM no-op sink",
-            with_wasm.events,
-            with_wasm.seconds,
-            format!("{wasm_vs_native:.2}× native; {}", with_wasm.describe()),
-        );
-        row(&mut table, name, "drain, native no-op (floor)", floor.events, floor.seconds, floor.describe());
-        row(
-            &mut table,
-            name,
-            "the seed's loop (1 batch/tick, 1 by 1)",
-            seed.events,
-            seed.seconds,
-            format!("ours {vs_seed:.1}× faster"),
-        );
-        results.push(json!({
-            "backend": name,
-            "drain_wasm": { "events": with_wasm.events, "seconds": with_wasm.seconds, "per_s": with_wasm.per_second(),
-                            "cores_host": with_wasm.cores.host, "cores_server": with_wasm.cores.server,
-                            "claims": with_wasm.claims,
-                            "row_updates_per_event": with_wasm.writes.map(|w| w[0]),
-                            "hot_update_share": with_wasm.writes.map(|w| w[1]),
-                            "wal_bytes_per_event": with_wasm.writes.map(|w| w[2]) },
-            "drain_native": { "events": floor.events, "seconds": floor.seconds, "per_s": floor.per_second(),
-                              "cores_host": floor.cores.host, "cores_server": floor.cores.server,
-                              "claims": floor.claims },
-            "seed_loop": { "events": seed.events, "seconds": seed.seconds, "per_s": seed.per_second() },
-            "ratio_wasm_over_native": wasm_vs_native,
-            "ratio_ours_over_seed": vs_seed,
-        }));
-
-        // What per-room order costs: the same drain with `ordering: none` (row claims) and
-        // with `per_room` (partition ownership).
-        let free_config = WorkerConfig { ordering: RoomOrdering::None, ..config.clone() };
-        let ordered_config = WorkerConfig { ordering: RoomOrdering::PerRoom, ..config.clone() };
-        for (label, n, rooms) in [
-            ("1,000 rooms", args.order_events, 1_000),
-            ("50 rooms", args.order_events, 50),
-            ("one hot room", args.hot_events, 1),
-        ] {
-            eprintln!("{name}: room order over {label}, {n} events, none, then per_room …");
-            let free = drain_rooms(&Db::fresh(*backend).await?, n, rooms, 1, &free_config, wasm.clone()).await?;
-            let ordered = drain_rooms(&Db::fresh(*backend).await?, n, rooms, 1, &ordered_config, wasm.clone()).await?;
-            let cost = ordered.per_second() / free.per_second();
-            row(&mut table, name, &format!("{label}, ordering: none"), free.events, free.seconds, String::new());
-            row(
-                &mut table,
-                name,
-                &format!("{label}, ordering: per_room"),
-                ordered.events,
-                ordered.seconds,
-                format!("{cost:.2}× of none"),
-            );
-            results.push(json!({
-                "backend": name,
-                "room_order": label,
-                "none_per_s": free.per_second(),
-                "per_room_per_s": ordered.per_second(),
-                "per_room_over_none": cost,
-            }));
-        }
-
-        // What several sinks cost: the same events through 1, 2 and 4 no-op sinks, each
-        // with its own state.
-        let mut per_sinks = Vec::new();
-        for count in [1usize, 2, 4] {
-            eprintln!("{name}: {} events through {count} sink(s) …", args.sink_events);
-            let seconds = sinks::drain(&Db::fresh(*backend).await?, args.sink_events, count, cache.path()).await?;
-            let per_s = args.sink_events as f64 / seconds;
-            let vs_one = per_sinks.first().map(|(_, one): &(usize, f64)| per_s / one);
-            row(
-                &mut table,
-                name,
-                &format!("{count} sink(s), every event to each"),
-                args.sink_events,
-                seconds,
-                vs_one.map(|r| format!("{r:.2}× of 1 sink")).unwrap_or_default(),
-            );
-            per_sinks.push((count, per_s));
-        }
-        results.push(json!({
-            "backend": name,
-            "sinks": per_sinks.iter().map(|(count, per_s)| json!({ "sinks": count, "events_per_s": per_s })).collect::<Vec<_>>(),
-        }));
-
-        for rate in &args.rates {
-            eprintln!("{name}: latency at {rate}/s for {}s …", args.seconds);
-            let lat = latency(&Db::fresh(*backend).await?, *rate, &args, wasm.clone()).await?;
-            let behind = match lat["undelivered_after_120_s"].as_u64() {
-                Some(0) | None => String::new(),
-                Some(n) => format!("FELL BEHIND: {n} undelivered 120 s after the producer stopped; of the rest: "),
-            };
-            table.push([
-                name.into(),
-                format!("latency @{rate}/s for {}s", args.seconds),
-                format!("{}", lat["events"]),
-                "-".into(),
-                format!(
-                    "{behind}p50 {} ms, p95 {} ms, p99 {} ms, max {} ms; {} claims ({} empty), {} outcome writes",
-                    lat["p50_ms"],
-                    lat["p95_ms"],
-                    lat["p99_ms"],
-                    lat["max_ms"],
-                    lat["claims"],
-                    lat["empty_claims"],
-                    lat["outcome_writes"]
-                ),
-            ]);
-            results.push(json!({ "backend": name, "latency": lat }));
-        }
-
-        eprintln!("{name}: the owner of every partition SIGKILLed, another host started …");
-        let taken_over = failover::measure(*backend).await?;
-        table.push([
-            name.into(),
-            format!("failover after a SIGKILL (partition lease {} s)", failover::LEASE_MS / 1_000),
-            format!("{}", taken_over.held),
-            "-".into(),
-            format!("its rooms delivering again after {:.1} s", taken_over.first_ms / 1_000.0),
-        ]);
-        results.push(json!({
-            "backend": name,
-            "failover": { "partition_lease_ms": failover::LEASE_MS, "left": taken_over.held,
-                          "first_ms": taken_over.first_ms },
-        }));
-
-        eprintln!("{name}: an idle host for 5 s …");
-        let idle = idle::queries_per_second(&Db::fresh(*backend).await?, wasm.clone(), 5).await?;
-        table.push([name.into(), "idle host, statements/s".into(), "-".into(), "-".into(), format!("{idle:.1}")]);
-        results.push(json!({ "backend": name, "idle_statements_per_s": idle }));
-
+        let (wasm_rate, native_rate) = drains(&mut r, *backend, &args, &config, &wasm).await?;
+        room_order(&mut r, *backend, &args, &config, &wasm).await?;
+        several_sinks(&mut r, *backend, &args, cache.path()).await?;
+        latencies(&mut r, *backend, &args, &wasm).await?;
+        failover_and_idle(&mut r, *backend, &wasm).await?;
         if *backend == Backend::Postgres {
-            eprintln!("{name}: pgbench's claim-and-mark floor, {} rows …", args.events);
-            let floor_rate = floor::pgbench(args.events / 1_000 * 1_000).await?;
-            let (wasm_ratio, native_ratio) = (with_wasm.per_second() / floor_rate, floor.per_second() / floor_rate);
-            table.push([
-                name.into(),
-                "database floor (pgbench claim 1,000 + mark)".into(),
-                format!("{}", args.events),
-                "-".into(),
-                format!("{floor_rate:.0}  WASM drain {wasm_ratio:.2}×, native drain {native_ratio:.2}× of it"),
-            ]);
-            eprintln!("{name}: the lean claim-and-mark floor, {} rows …", args.events);
-            let lean = floor::lean(args.events / 1_000 * 1_000).await?;
-            let lean_ratio = with_wasm.per_second() / lean.rate;
-            table.push([
-                name.into(),
-                "lean floor (pgbench claim 1,000 + mark, lean table)".into(),
-                format!("{}", args.events),
-                "-".into(),
-                format!(
-                    "{:.0}  WASM drain {lean_ratio:.2}× of it; {:.0} WAL bytes per row",
-                    lean.rate, lean.wal_bytes_per_row
-                ),
-            ]);
-            results.push(json!({
-                "backend": name,
-                "pgbench_floor_per_s": floor_rate,
-                "ratio_wasm_over_floor": wasm_ratio,
-                "ratio_native_over_floor": native_ratio,
-                "lean_floor_per_s": lean.rate,
-                "lean_floor_wal_bytes_per_row": lean.wal_bytes_per_row,
-                "ratio_wasm_over_lean_floor": lean_ratio,
-            }));
+            floors(&mut r, &args, wasm_rate, native_rate).await?;
         }
-
         if *backend != Backend::Sqlite {
-            let mut scale = Vec::new();
-            for workers in [1usize, 2, 4] {
-                eprintln!("{name}: {workers} worker(s), {} events …", args.scale_events);
-                let d = drain(&Db::fresh(*backend).await?, args.scale_events, workers, &config, wasm.clone()).await?;
-                row(&mut table, name, &format!("scale-out, {workers} worker(s)"), d.events, d.seconds, d.describe());
-                scale.push(
-                    json!({ "workers": workers, "events": d.events, "seconds": d.seconds, "per_s": d.per_second(),
-                                   "cores_host": d.cores.host, "cores_server": d.cores.server, "claims": d.claims }),
-                );
-            }
-            results.push(json!({ "backend": name, "scale_out": scale }));
+            scale_out(&mut r, *backend, &args, &config, &wasm).await?;
         }
     }
 
+    let Report { table, results, versions } = r;
     eprintln!("per-call cost, {} calls …", args.calls);
     let runtime = wasm_noop(1, cache.path())?;
     let call = per_call(&runtime, args.calls).await?;

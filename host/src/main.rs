@@ -246,115 +246,16 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
             app::cancel_on_signals(shutdown.clone())?;
             host.run(shutdown).await
         }
-        Command::Migrate => {
-            let (store, migrated) = app::migrated_store(&config).await?;
-            let registered = app::register_sinks(&config, store.as_ref(), migrated).await;
-            store.close().await;
-            say(&format!("{} is up to date\n", config.table));
-            for sink in registered? {
-                say(&format!("sink {} is registered ({})\n", sink.name, sink.table));
-            }
-            Ok(())
+        Command::Migrate => migrate(&config).await,
+        Command::Status => status(&config).await,
+        Command::Enqueue { event, count, app_code, delivered } => {
+            enqueue(&config, event, count, app_code, delivered).await
         }
-        Command::Status => {
-            let store = app::open_store(&config).await?;
-            let stats = store.stats().await?;
-            let sinks = store.sinks().await.unwrap_or_default();
-            let first = sinks.iter().find(|s| s.is_first(&config.table)).map(|s| format!(" (sink {})", s.name));
-            say(&outbox_host::ops::report::status(
-                &format!("{}{}", config.table, first.unwrap_or_default()),
-                &stats,
-                now_ms(),
-            ));
-            let clock = store.clock_ms().await?;
-            say(&outbox_host::ops::report::owners(&store.partition_owners(clock).await?));
-            // Every other sink keeps its state in its own table.
-            for sink in sinks.iter().filter(|s| !s.is_first(&config.table)) {
-                let own = store.clone().sink_store(sink).await?;
-                let stats = own.stats().await?;
-                let mut title = format!("{} (sink {})", sink.table, sink.name);
-                if sink.backfilled_at_ms.is_none() {
-                    title.push_str(", still copying the events from before it was added");
-                }
-                say(&format!("\n{}", outbox_host::ops::report::status(&title, &stats, now_ms())));
-                say(&outbox_host::ops::report::owners(&own.partition_owners(clock).await?));
-            }
-            store.close().await;
-            Ok(())
-        }
-        Command::Enqueue { event: EventArgs { event_type, room, body }, count, app_code, delivered } => {
-            let body = outbox_host::envelope::body_from_json_text(&event_type, body.as_deref())?;
-            let status = if delivered { Status::Delivered } else { Status::Pending };
-            let base = now_ms();
-            let events: Vec<NewEvent> = (0..count)
-                .map(|i| {
-                    let event_id = format!("evt-{base}-{i}-{:08x}", outbox_host::clock::random_u64() as u32);
-                    let envelope = outbox_host::envelope::encode(
-                        &app_code,
-                        &event_id,
-                        &event_type,
-                        &room,
-                        i64::from(i) + 1,
-                        base,
-                        body.clone(),
-                    );
-                    NewEvent {
-                        app_code: app_code.clone(),
-                        event_id,
-                        event_type: event_type.clone(),
-                        room_id: room.clone(),
-                        status,
-                        envelope,
-                        created_at_ms: base,
-                    }
-                })
-                .collect();
-            // As `migrate` does: the configured sinks are registered before the first event.
-            let (store, migrated) = app::migrated_store(&config).await?;
-            let inserted = match app::register_sinks(&config, store.as_ref(), migrated).await {
-                Ok(_) => store.insert(&events).await.map_err(anyhow::Error::from),
-                Err(e) => Err(e),
-            };
-            store.close().await;
-            inserted?;
-            say(&format!("enqueued {count} {event_type} event(s) for room {room} as {status}\n"));
-            if let (Some(first), Some(last)) = (events.first(), events.last()) {
-                say(&format!("event ids {} .. {}\n", first.event_id, last.event_id));
-            }
-            Ok(())
-        }
-        Command::Show { event_id } => {
-            let store = app::open_store(&config).await?;
-            let described = match store.get(&event_id).await {
-                Ok(Some(row)) => outbox_host::ops::describe_everywhere(store.clone(), &row).await.map(Some),
-                other => other.map(|_| None),
-            };
-            store.close().await;
-            let described = described?.with_context(|| format!("no event {event_id} in {}", config.table))?;
-            let json = serde_json::to_string_pretty(&described)?;
-            say(&format!("{}\n", outbox_host::text::json_for_terminal(&json)));
-            Ok(())
-        }
+        Command::Show { event_id } => show(&config, &event_id).await,
         Command::Retry { event_id, event_type, error, all, yes, sink } => {
             let filter =
                 outbox_host::ops::retry_filter(event_id, event_type, error, None, all).map_err(anyhow::Error::msg)?;
-            let outbox = app::open_store(&config).await?;
-            let store = match &sink {
-                Some(name) => outbox_host::ops::sink_state(outbox.clone(), name).await?,
-                None => outbox.clone(),
-            };
-            let matching = store.count_failed(&filter).await?;
-            if matching > RETRY_WITHOUT_ASKING
-                && !yes
-                && !confirm(&format!("Move {matching} failed events back to pending?"))?
-            {
-                store.close().await;
-                anyhow::bail!("nothing moved ({matching} failed events match; pass --yes to move them without asking)");
-            }
-            let moved = outbox_host::ops::retry(store.as_ref(), &filter).await?;
-            store.close().await;
-            say(&format!("moved {moved} failed event(s) back to pending\n"));
-            Ok(())
+            retry_failed(&config, filter, yes, sink).await
         }
         Command::Replay { sink, from, to, event_type, room, dry_run, yes } => {
             let filter = outbox_host::ops::replay_filter(&from, to.as_deref(), event_type, room)?;
@@ -364,20 +265,7 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
             say(&replayed?);
             Ok(())
         }
-        Command::Purge { delivered_before, batch } => {
-            let age = match outbox_host::units::parse_duration_ms(&delivered_before) {
-                Ok(ms) if ms > 0 => ms,
-                Ok(_) => anyhow::bail!("--delivered-before must be positive"),
-                Err(why) => anyhow::bail!("--delivered-before: {why}"),
-            };
-            let store = app::open_store(&config).await?;
-            let deleted = outbox_host::ops::purge_everywhere(store.clone(), now_ms() - age, batch.max(1)).await;
-            store.close().await;
-            for (table, deleted) in deleted? {
-                say(&format!("deleted {deleted} delivered row(s) older than {delivered_before} from {table}\n"));
-            }
-            Ok(())
-        }
+        Command::Purge { delivered_before, batch } => purge(&config, &delivered_before, batch).await,
         Command::Partitions { set, sink } => {
             let store = app::open_store(&config).await?;
             let done = partitions(store.clone(), set, sink.as_deref()).await;
@@ -386,45 +274,189 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
             Ok(())
         }
         Command::TrySink(_) | Command::NewSink { .. } => unreachable!("handled before the config is read"),
-        Command::CheckConfig => {
-            let sinks = config.require_sinks("deliver")?;
-            let metrics = outbox_host::ops::metrics::Metrics::new(sinks[0].name());
-            for sink in sinks {
-                outbox_host::sandbox::SinkRuntime::load_checked(
-                    &sink.sandbox,
-                    sink.worker.concurrency,
-                    sink.worker.publish_timeout,
-                    std::sync::Arc::new(metrics.for_sink(sink.name())),
-                )
-                .await
-                .with_context(|| format!("sink {}", sink.name()))?;
-            }
-            for note in &config.notes {
-                say(&format!("note: {note}\n"));
-            }
-            for sink in sinks {
-                let w = &sink.worker;
-                say(&format!(
-                    "config OK: sink {} loads; database {}; table {}; batch_size {}{}, publish_timeout {}, concurrency {}, lease {}\n",
-                    sink.name(),
-                    outbox_host::text::redact_url(&config.database.url),
-                    config.table,
-                    w.batch_size,
-                    match Backend::from_url(&config.database.url).map(|b| w.claim_growth_on(b)) {
-                        Ok(growth) if growth > 1 => format!(
-                            " (up to {} behind a backlog)",
-                            outbox_host::engine::settings::largest_claim(w.batch_size, growth)
-                        ),
-                        _ => String::new(),
-                    },
-                    outbox_host::units::format_duration(w.publish_timeout),
-                    w.concurrency,
-                    outbox_host::units::format_duration(w.lease),
-                ));
-            }
-            Ok(())
-        }
+        Command::CheckConfig => check_config(&config).await,
     }
+}
+
+/// `migrate`: creates, upgrades or adopts the table and registers the configured sinks.
+async fn migrate(config: &Config) -> anyhow::Result<()> {
+    let (store, migrated) = app::migrated_store(config).await?;
+    let registered = app::register_sinks(config, store.as_ref(), migrated).await;
+    store.close().await;
+    say(&format!("{} is up to date\n", config.table));
+    for sink in registered? {
+        say(&format!("sink {} is registered ({})\n", sink.name, sink.table));
+    }
+    Ok(())
+}
+
+/// `status`: each sink's counts and partition owners.
+async fn status(config: &Config) -> anyhow::Result<()> {
+    let store = app::open_store(config).await?;
+    let stats = store.stats().await?;
+    let sinks = store.sinks().await.unwrap_or_default();
+    let first = sinks.iter().find(|s| s.is_first(&config.table)).map(|s| format!(" (sink {})", s.name));
+    say(&outbox_host::ops::report::status(&format!("{}{}", config.table, first.unwrap_or_default()), &stats, now_ms()));
+    let clock = store.clock_ms().await?;
+    say(&outbox_host::ops::report::owners(&store.partition_owners(clock).await?));
+    // Every other sink keeps its state in its own table.
+    for sink in sinks.iter().filter(|s| !s.is_first(&config.table)) {
+        let own = store.clone().sink_store(sink).await?;
+        let stats = own.stats().await?;
+        let mut title = format!("{} (sink {})", sink.table, sink.name);
+        if sink.backfilled_at_ms.is_none() {
+            title.push_str(", still copying the events from before it was added");
+        }
+        say(&format!("\n{}", outbox_host::ops::report::status(&title, &stats, now_ms())));
+        say(&outbox_host::ops::report::owners(&own.partition_owners(clock).await?));
+    }
+    store.close().await;
+    Ok(())
+}
+
+/// `enqueue`: inserts `count` events as a producer would, after registering the sinks.
+async fn enqueue(
+    config: &Config,
+    event: EventArgs,
+    count: u32,
+    app_code: String,
+    delivered: bool,
+) -> anyhow::Result<()> {
+    let EventArgs { event_type, room, body } = event;
+    let body = outbox_host::envelope::body_from_json_text(&event_type, body.as_deref())?;
+    let status = if delivered { Status::Delivered } else { Status::Pending };
+    let base = now_ms();
+    let events: Vec<NewEvent> = (0..count)
+        .map(|i| {
+            let event_id = format!("evt-{base}-{i}-{:08x}", outbox_host::clock::random_u64() as u32);
+            let envelope = outbox_host::envelope::encode(
+                &app_code,
+                &event_id,
+                &event_type,
+                &room,
+                i64::from(i) + 1,
+                base,
+                body.clone(),
+            );
+            NewEvent {
+                app_code: app_code.clone(),
+                event_id,
+                event_type: event_type.clone(),
+                room_id: room.clone(),
+                status,
+                envelope,
+                created_at_ms: base,
+            }
+        })
+        .collect();
+    // As `migrate` does: the configured sinks are registered before the first event.
+    let (store, migrated) = app::migrated_store(config).await?;
+    let inserted = match app::register_sinks(config, store.as_ref(), migrated).await {
+        Ok(_) => store.insert(&events).await.map_err(anyhow::Error::from),
+        Err(e) => Err(e),
+    };
+    store.close().await;
+    inserted?;
+    say(&format!("enqueued {count} {event_type} event(s) for room {room} as {status}\n"));
+    if let (Some(first), Some(last)) = (events.first(), events.last()) {
+        say(&format!("event ids {} .. {}\n", first.event_id, last.event_id));
+    }
+    Ok(())
+}
+
+/// `show ID`: one event with every sink's state of it, as JSON.
+async fn show(config: &Config, event_id: &str) -> anyhow::Result<()> {
+    let store = app::open_store(config).await?;
+    let described = match store.get(event_id).await {
+        Ok(Some(row)) => outbox_host::ops::describe_everywhere(store.clone(), &row).await.map(Some),
+        other => other.map(|_| None),
+    };
+    store.close().await;
+    let described = described?.with_context(|| format!("no event {event_id} in {}", config.table))?;
+    let json = serde_json::to_string_pretty(&described)?;
+    say(&format!("{}\n", outbox_host::text::json_for_terminal(&json)));
+    Ok(())
+}
+
+/// `retry`: moves the failed events `filter` matches back to pending, asking first above
+/// [`RETRY_WITHOUT_ASKING`] unless `yes`.
+async fn retry_failed(
+    config: &Config,
+    filter: outbox_host::store::RetryFilter,
+    yes: bool,
+    sink: Option<String>,
+) -> anyhow::Result<()> {
+    let outbox = app::open_store(config).await?;
+    let store = match &sink {
+        Some(name) => outbox_host::ops::sink_state(outbox.clone(), name).await?,
+        None => outbox.clone(),
+    };
+    let matching = store.count_failed(&filter).await?;
+    if matching > RETRY_WITHOUT_ASKING && !yes && !confirm(&format!("Move {matching} failed events back to pending?"))?
+    {
+        store.close().await;
+        anyhow::bail!("nothing moved ({matching} failed events match; pass --yes to move them without asking)");
+    }
+    let moved = outbox_host::ops::retry(store.as_ref(), &filter).await?;
+    store.close().await;
+    say(&format!("moved {moved} failed event(s) back to pending\n"));
+    Ok(())
+}
+
+/// `purge`: deletes delivered rows older than `delivered_before` from every sink's table.
+async fn purge(config: &Config, delivered_before: &str, batch: u32) -> anyhow::Result<()> {
+    let age = match outbox_host::units::parse_duration_ms(delivered_before) {
+        Ok(ms) if ms > 0 => ms,
+        Ok(_) => anyhow::bail!("--delivered-before must be positive"),
+        Err(why) => anyhow::bail!("--delivered-before: {why}"),
+    };
+    let store = app::open_store(config).await?;
+    let deleted = outbox_host::ops::purge_everywhere(store.clone(), now_ms() - age, batch.max(1)).await;
+    store.close().await;
+    for (table, deleted) in deleted? {
+        say(&format!("deleted {deleted} delivered row(s) older than {delivered_before} from {table}\n"));
+    }
+    Ok(())
+}
+
+/// `check-config`: loads and checks every sink's plugin, then says what the config means.
+async fn check_config(config: &Config) -> anyhow::Result<()> {
+    let sinks = config.require_sinks("deliver")?;
+    let metrics = outbox_host::ops::metrics::Metrics::new(sinks[0].name());
+    for sink in sinks {
+        outbox_host::sandbox::SinkRuntime::load_checked(
+            &sink.sandbox,
+            sink.worker.concurrency,
+            sink.worker.publish_timeout,
+            std::sync::Arc::new(metrics.for_sink(sink.name())),
+        )
+        .await
+        .with_context(|| format!("sink {}", sink.name()))?;
+    }
+    for note in &config.notes {
+        say(&format!("note: {note}\n"));
+    }
+    for sink in sinks {
+        let w = &sink.worker;
+        say(&format!(
+            "config OK: sink {} loads; database {}; table {}; batch_size {}{}, publish_timeout {}, concurrency {}, lease {}\n",
+            sink.name(),
+            outbox_host::text::redact_url(&config.database.url),
+            config.table,
+            w.batch_size,
+            match Backend::from_url(&config.database.url).map(|b| w.claim_growth_on(b)) {
+                Ok(growth) if growth > 1 => format!(
+                    " (up to {} behind a backlog)",
+                    outbox_host::engine::settings::largest_claim(w.batch_size, growth)
+                ),
+                _ => String::new(),
+            },
+            outbox_host::units::format_duration(w.publish_timeout),
+            w.concurrency,
+            outbox_host::units::format_duration(w.lease),
+        ));
+    }
+    Ok(())
 }
 
 /// `try-sink`: exit 0 when the event would be stored as delivered, 1 when the attempt

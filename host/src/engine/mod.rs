@@ -269,6 +269,18 @@ impl Worker {
             self.release(&unstarted).await;
         }
         drop(marks);
+        self.wind_down(recorder, give_up, keeper).await
+    }
+
+    /// After the last delivery: lets the recorder write what is left within
+    /// `shutdown_grace`, gives up the partitions (once every outcome is written), and says how
+    /// the worker ended.
+    async fn wind_down(
+        &self,
+        recorder: tokio::task::JoinHandle<Vec<Pending>>,
+        give_up: CancellationToken,
+        keeper: Option<(tokio::task::JoinHandle<()>, CancellationToken)>,
+    ) -> anyhow::Result<()> {
         let grace = self.config.shutdown_grace;
         let give_up_later = {
             let give_up = give_up.clone();

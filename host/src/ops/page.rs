@@ -141,6 +141,42 @@ fn sinks(h: &mut String, d: &PageData<'_>) {
 /// Renders the page.
 pub fn render(d: &PageData<'_>) -> String {
     let mut h = String::new();
+    top(&mut h, d);
+
+    rows(&mut h, d);
+
+    sinks(&mut h, d);
+
+    h.push_str("<section><h2>Last hour</h2>");
+    h.push_str(&chart(d.history, d.now_ms));
+    h.push_str("</section>");
+
+    // One form holds every retry button; the button pressed says what to retry.
+    let can_retry = d.form_token.is_some();
+    match &d.form_token {
+        Some(csrf) => {
+            let _ = write!(
+                h,
+                "<form id=\"actions\" method=\"post\" action=\"/retry\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+                 <p class=\"token\"><label>Admin token (needed to retry) <input type=\"password\" id=\"token\" name=\"token\" autocomplete=\"off\" required></label></p>",
+                esc(csrf)
+            );
+        }
+        None => h.push_str("<p class=\"note\" id=\"retry-off\">Retrying from this page is off: set <code>admin.token</code> in the config.</p>"),
+    }
+    errors(&mut h, d, can_retry);
+
+    failures(&mut h, d, can_retry);
+
+    if can_retry {
+        h.push_str("</form>");
+    }
+    h.push_str("<footer><a href=\"/metrics\">/metrics</a> · <a href=\"/api/status\">/api/status</a> · <a href=\"/readyz\">/readyz</a></footer></body></html>");
+    h
+}
+
+/// The head, the flash, the last database error and the breaker's and config's state.
+fn top(h: &mut String, d: &PageData<'_>) {
     let _ = write!(
         h,
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"30\">\
@@ -172,7 +208,10 @@ pub fn render(d: &PageData<'_>) -> String {
             show(why)
         );
     }
+}
 
+/// The counts per status, unknown statuses, the oldest waiting event and the rate.
+fn rows(h: &mut String, d: &PageData<'_>) {
     h.push_str("<section><h2>Rows</h2><table id=\"counts\"><tr>");
     for status in Status::ALL {
         let _ = write!(h, "<th>{status}</th>");
@@ -198,26 +237,10 @@ pub fn render(d: &PageData<'_>) -> String {
         "<p>Oldest waiting event: <b id=\"oldest\">{oldest}</b> · delivered in the last minute: <b id=\"rate\">{}</b></p></section>",
         d.stats.delivered_last_minute
     );
+}
 
-    sinks(&mut h, d);
-
-    h.push_str("<section><h2>Last hour</h2>");
-    h.push_str(&chart(d.history, d.now_ms));
-    h.push_str("</section>");
-
-    // One form holds every retry button; the button pressed says what to retry.
-    let can_retry = d.form_token.is_some();
-    match &d.form_token {
-        Some(csrf) => {
-            let _ = write!(
-                h,
-                "<form id=\"actions\" method=\"post\" action=\"/retry\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
-                 <p class=\"token\"><label>Admin token (needed to retry) <input type=\"password\" id=\"token\" name=\"token\" autocomplete=\"off\" required></label></p>",
-                esc(csrf)
-            );
-        }
-        None => h.push_str("<p class=\"note\" id=\"retry-off\">Retrying from this page is off: set <code>admin.token</code> in the config.</p>"),
-    }
+/// The most frequent errors, each with a retry button when retrying is on.
+fn errors(h: &mut String, d: &PageData<'_>, can_retry: bool) {
     h.push_str("<section><h2>Errors</h2>");
     if d.stats.top_errors.is_empty() {
         h.push_str("<p>No retryable or failed rows.</p>");
@@ -238,7 +261,10 @@ pub fn render(d: &PageData<'_>) -> String {
         let _ = write!(h, "<button id=\"retry-all\" name=\"all\" value=\"true\">retry all {failed} failed</button>");
     }
     h.push_str("</section>");
+}
 
+/// The most recent failures, a retry button on each failed one when retrying is on.
+fn failures(h: &mut String, d: &PageData<'_>, can_retry: bool) {
     h.push_str("<section><h2>Recent failures</h2>");
     if d.failures.is_empty() {
         h.push_str("<p>None.</p>");
@@ -272,11 +298,6 @@ pub fn render(d: &PageData<'_>) -> String {
         h.push_str("</table>");
     }
     h.push_str("</section>");
-    if can_retry {
-        h.push_str("</form>");
-    }
-    h.push_str("<footer><a href=\"/metrics\">/metrics</a> · <a href=\"/api/status\">/api/status</a> · <a href=\"/readyz\">/readyz</a></footer></body></html>");
-    h
 }
 
 /// A path segment or query value with everything but unreserved characters percent-encoded.
