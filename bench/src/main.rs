@@ -295,18 +295,7 @@ async fn seed_drain(db: &Db, n: usize, config: &WorkerConfig, sink: &dyn Deliver
         for row in store.claim("seed", now, now + lease_ms, config.batch_size).await? {
             let event = outbox_host::envelope::to_event(&row).map_err(anyhow::Error::msg)?;
             sink.deliver(&event, config.publish_timeout).await.map_err(|f| anyhow::anyhow!(f.message))?;
-            store
-                .mark(
-                    &[Mark {
-                        plugin_digest: None,
-                        id: row.id,
-                        event_id: row.event_id.clone(),
-                        lease: row.lease,
-                        outcome: Outcome::Delivered,
-                    }],
-                    now_ms(),
-                )
-                .await?;
+            store.mark(&[Mark::of(&row, Outcome::Delivered)], now_ms()).await?;
             delivered += 1;
         }
         tokio::time::sleep(config.poll_interval).await;

@@ -16,17 +16,17 @@ pub fn write_config(world: &World, yaml: &str) -> std::path::PathBuf {
 }
 
 /// `outbox-host --config <yaml> run`, stdout discarded, stderr piped.
-pub fn spawn_host(world: &World, yaml: &str) -> Child {
+pub fn spawn_host(world: &World, yaml: &str) -> HostProcess {
     spawn(world, yaml, &[], &[])
 }
 
 /// [`spawn_host`] with extra environment variables.
-pub fn spawn_with(world: &World, yaml: &str, env: &[(&str, &str)]) -> Child {
+pub fn spawn_with(world: &World, yaml: &str, env: &[(&str, &str)]) -> HostProcess {
     spawn(world, yaml, &[], env)
 }
 
 /// `outbox-host --config <yaml> <flags> run` with extra environment variables.
-pub fn spawn(world: &World, yaml: &str, flags: &[&str], env: &[(&str, &str)]) -> Child {
+pub fn spawn(world: &World, yaml: &str, flags: &[&str], env: &[(&str, &str)]) -> HostProcess {
     let config = write_config(world, yaml);
     Command::new(BIN)
         .args(["--config", config.to_str().unwrap()])
@@ -36,7 +36,48 @@ pub fn spawn(world: &World, yaml: &str, flags: &[&str], env: &[(&str, &str)]) ->
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
+        .map(HostProcess::new)
         .expect("starting outbox-host")
+}
+
+/// A host process a test started: killed when dropped while still running, so that a test
+/// that fails or times out leaves no host behind.
+pub struct HostProcess(Option<Child>);
+
+impl HostProcess {
+    /// Owns `child` from now on.
+    pub fn new(child: Child) -> HostProcess {
+        HostProcess(Some(child))
+    }
+
+    /// The process, no longer killed on drop (its waiter owns it).
+    fn into_child(mut self) -> Child {
+        self.0.take().expect("present until taken")
+    }
+}
+
+impl std::ops::Deref for HostProcess {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        self.0.as_ref().expect("present until taken")
+    }
+}
+
+impl std::ops::DerefMut for HostProcess {
+    fn deref_mut(&mut self) -> &mut Child {
+        self.0.as_mut().expect("present until taken")
+    }
+}
+
+impl Drop for HostProcess {
+    fn drop(&mut self) {
+        if let Some(child) = self.0.as_mut()
+            && child.try_wait().ok().flatten().is_none()
+        {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 /// Runs one command of the binary on the world's config file to its end.
@@ -83,21 +124,19 @@ pub async fn wait_table(world: &World, what: &str, check: impl Fn(&outbox_host::
 }
 
 /// Waits for the child to exit and collects what it wrote.
-pub async fn wait_exit(child: Child) -> Output {
+pub async fn wait_exit(child: HostProcess) -> Output {
     wait_exit_within(child, PATIENCE).await
 }
 
 /// [`wait_exit`] with a patience of its own.
-pub async fn wait_exit_within(mut child: Child, patience: Duration) -> Output {
+pub async fn wait_exit_within(mut child: HostProcess, patience: Duration) -> Output {
     let deadline = std::time::Instant::now() + patience;
     while child.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() >= deadline {
-            let _ = child.kill();
-            panic!("outbox-host did not exit within {patience:?}");
-        }
+        // Past the deadline the panic drops `child`, which kills it.
+        assert!(std::time::Instant::now() < deadline, "outbox-host did not exit within {patience:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    child.wait_with_output().unwrap()
+    child.into_child().wait_with_output().unwrap()
 }
 
 /// A loopback port that was free a moment ago, for an admin listener of the binary.

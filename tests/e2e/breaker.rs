@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use outbox_host::store::{NewEvent, Status};
 use outbox_test_support::tencent::{Received, Script, TencentIm};
 
-use crate::support::{Running, World, per_backend};
+use crate::support::{Running, World, metric, per_backend};
 
 per_backend!(an_app_rate_limit_costs_a_few_attempts_no_retry_count_and_keeps_room_order);
 
@@ -20,13 +20,6 @@ const CONCURRENCY: usize = 16;
 pub(crate) async fn get(url: &str) -> (u16, String) {
     let response = reqwest::get(url).await.expect("admin listener answers");
     (response.status().as_u16(), response.text().await.unwrap())
-}
-
-/// The value of one sample line of `/metrics`, e.g. `room_outbox_sink_state{sink="tencent-im"}`.
-pub(crate) async fn metric(base: &str, series: &str) -> f64 {
-    let text = get(&format!("{base}/metrics")).await.1;
-    let line = text.lines().find(|l| l.starts_with(series)).unwrap_or_else(|| panic!("no {series} in\n{text}"));
-    line[series.len()..].trim().parse().unwrap()
 }
 
 /// `ROOMS` rooms of `PER_ROOM` events, inserted in each room's order.

@@ -72,34 +72,10 @@ async fn stale_failure_does_not_overwrite_delivered(world: World) {
     let now = now_ms();
     let a = store.claim("worker-a", now, now + 1_000, 10).await.unwrap().remove(0);
     let b = store.claim("worker-b", now + 2_000, now + 60_000, 10).await.unwrap().remove(0);
-    store
-        .mark(
-            &[Mark {
-                plugin_digest: None,
-                id: b.id,
-                event_id: b.event_id.clone(),
-                lease: b.lease,
-                outcome: Outcome::Delivered,
-            }],
-            now + 2_100,
-        )
-        .await
-        .unwrap();
+    store.mark(&[Mark::of(&b, Outcome::Delivered)], now + 2_100).await.unwrap();
 
-    let late_retry = Mark {
-        plugin_digest: None,
-        id: a.id,
-        event_id: a.event_id.clone(),
-        lease: a.lease.clone(),
-        outcome: Outcome::Retry { error: "late".into(), next_retry_at_ms: now },
-    };
-    let late_fail = Mark {
-        plugin_digest: None,
-        id: a.id,
-        event_id: a.event_id.clone(),
-        lease: a.lease,
-        outcome: Outcome::Fail { error: "late".into() },
-    };
+    let late_retry = Mark::of(&a, Outcome::Retry { error: "late".into(), next_retry_at_ms: now });
+    let late_fail = Mark::of(&a, Outcome::Fail { error: "late".into() });
     assert_eq!(store.mark(&[late_retry], now + 2_200).await.unwrap(), 0);
     assert_eq!(store.mark(&[late_fail], now + 2_300).await.unwrap(), 0);
     let row = world.row(&id).await;
@@ -112,13 +88,7 @@ async fn stale_failure_does_not_touch_a_newer_lease(world: World) {
     let now = now_ms();
     let a = store.claim("worker-a", now, now + 1_000, 10).await.unwrap().remove(0);
     store.claim("worker-b", now + 2_000, now + 60_000, 10).await.unwrap();
-    let late = Mark {
-        plugin_digest: None,
-        id: a.id,
-        event_id: a.event_id.clone(),
-        lease: a.lease,
-        outcome: Outcome::Fail { error: "late".into() },
-    };
+    let late = Mark::of(&a, Outcome::Fail { error: "late".into() });
     assert_eq!(store.mark(&[late], now + 2_100).await.unwrap(), 0);
     let row = world.row(&id).await;
     assert_eq!((row.status, row.worker_id.as_deref(), row.retry_count), (Status::Delivering, Some("worker-b"), 0));
@@ -131,27 +101,9 @@ async fn delivered_wins_even_from_a_stale_lease(world: World) {
     let now = now_ms();
     let a = store.claim("worker-a", now, now + 1_000, 10).await.unwrap().remove(0);
     let b = store.claim("worker-b", now + 2_000, now + 60_000, 10).await.unwrap().remove(0);
-    let fail = Mark {
-        plugin_digest: None,
-        id: b.id,
-        event_id: b.event_id.clone(),
-        lease: b.lease,
-        outcome: Outcome::Fail { error: "permanent".into() },
-    };
+    let fail = Mark::of(&b, Outcome::Fail { error: "permanent".into() });
     store.mark(&[fail], now + 2_100).await.unwrap();
-    store
-        .mark(
-            &[Mark {
-                plugin_digest: None,
-                id: a.id,
-                event_id: a.event_id.clone(),
-                lease: a.lease,
-                outcome: Outcome::Delivered,
-            }],
-            now + 2_200,
-        )
-        .await
-        .unwrap();
+    store.mark(&[Mark::of(&a, Outcome::Delivered)], now + 2_200).await.unwrap();
     let row = world.row(&id).await;
     assert_eq!((row.status, row.last_error, row.delivered_at_ms), (Status::Delivered, None, Some(now + 2_200)));
 }
@@ -162,16 +114,7 @@ async fn retryable_rows_wait_for_next_retry_at(world: World) {
     let now = now_ms();
     let a = store.claim("w", now, now + 60_000, 10).await.unwrap().remove(0);
     let retry = Outcome::Retry { error: "busy".into(), next_retry_at_ms: now + 5_000 };
-    assert_eq!(
-        store
-            .mark(
-                &[Mark { plugin_digest: None, id: a.id, event_id: a.event_id.clone(), lease: a.lease, outcome: retry }],
-                now
-            )
-            .await
-            .unwrap(),
-        1
-    );
+    assert_eq!(store.mark(&[Mark::of(&a, retry)], now).await.unwrap(), 1);
     let row = world.row(&id).await;
     assert_eq!((row.status, row.retry_count, row.last_error.as_deref()), (Status::Retryable, 1, Some("busy")));
     assert_eq!((row.worker_id, row.lock_until_ms, row.next_retry_at_ms), (None, 0, now + 5_000));
@@ -189,19 +132,7 @@ async fn failed_rows_are_never_claimed(world: World) {
     let store = &world.producer;
     let now = now_ms();
     let a = store.claim("w", now, now + 60_000, 10).await.unwrap().remove(0);
-    store
-        .mark(
-            &[Mark {
-                plugin_digest: None,
-                id: a.id,
-                event_id: a.event_id.clone(),
-                lease: a.lease,
-                outcome: Outcome::Fail { error: "bad group".into() },
-            }],
-            now,
-        )
-        .await
-        .unwrap();
+    store.mark(&[Mark::of(&a, Outcome::Fail { error: "bad group".into() })], now).await.unwrap();
     assert!(store.claim("w", now + 86_400_000, now + 86_460_000, 10).await.unwrap().is_empty());
     let row = world.row(&id).await;
     assert_eq!((row.status, row.retry_count, row.last_error.as_deref()), (Status::Failed, 1, Some("bad group")));
@@ -238,16 +169,15 @@ async fn one_mark_call_writes_every_kind_of_outcome(world: World) {
     let marks: Vec<Mark> = claimed
         .iter()
         .enumerate()
-        .map(|(i, c)| Mark {
-            plugin_digest: None,
-            id: c.id,
-            event_id: c.event_id.clone(),
-            lease: c.lease.clone(),
-            outcome: match i % 3 {
-                0 => Outcome::Delivered,
-                1 => Outcome::Retry { error: format!("retry {i}"), next_retry_at_ms: now + i as i64 },
-                _ => Outcome::Fail { error: format!("fail {i}") },
-            },
+        .map(|(i, c)| {
+            Mark::of(
+                c,
+                match i % 3 {
+                    0 => Outcome::Delivered,
+                    1 => Outcome::Retry { error: format!("retry {i}"), next_retry_at_ms: now + i as i64 },
+                    _ => Outcome::Fail { error: format!("fail {i}") },
+                },
+            )
         })
         .collect();
     assert_eq!(world.producer.mark(&marks, now).await.unwrap(), 6);
@@ -305,17 +235,8 @@ async fn stats_count_statuses_age_and_errors(world: World) {
     world.produce("RoomGiftSent", "room-x", Status::Delivered).await;
     let now = now_ms();
     let claimed = store.claim("w", now, now + 60_000, 3).await.unwrap();
-    let marks: Vec<Mark> = claimed
-        .iter()
-        .map(|c| Mark {
-            plugin_digest: None,
-            id: c.id,
-            event_id: c.event_id.clone(),
-            lease: c.lease.clone(),
-            outcome: Outcome::Fail { error: "group not found".into() },
-        })
-        .take(2)
-        .collect();
+    let marks: Vec<Mark> =
+        claimed.iter().map(|c| Mark::of(c, Outcome::Fail { error: "group not found".into() })).take(2).collect();
     store.mark(&marks, now).await.unwrap();
     let stats = store.stats().await.unwrap();
     let counts: Vec<(Status, i64)> = Status::ALL.iter().map(|s| (*s, stats.count(*s))).collect();
@@ -455,15 +376,6 @@ async fn history_and_recent_failures_describe_the_last_hour(world: World) {
 async fn settle(world: &World, outcome_of: impl Fn(&str) -> Outcome) {
     let now = now_ms();
     let claimed = world.producer.claim("w", now, now + 60_000, 100).await.unwrap();
-    let marks: Vec<Mark> = claimed
-        .iter()
-        .map(|c| Mark {
-            plugin_digest: None,
-            id: c.id,
-            event_id: c.event_id.clone(),
-            lease: c.lease.clone(),
-            outcome: outcome_of(&c.room_id),
-        })
-        .collect();
+    let marks: Vec<Mark> = claimed.iter().map(|c| Mark::of(c, outcome_of(&c.room_id))).collect();
     world.producer.mark(&marks, now).await.unwrap();
 }

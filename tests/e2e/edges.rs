@@ -316,7 +316,8 @@ async fn a_declared_endpoint_the_policy_denies_refuses_the_start() {
 /// the config fixed, a restart delivers them all.
 #[tokio::test]
 async fn a_config_mistake_at_run_time_pauses_the_sink_and_fails_no_row() {
-    use crate::breaker::{get, metric};
+    use crate::breaker::get;
+    use crate::support::metric;
     const EVENTS: usize = 35;
     let world = World::new().await;
     let mistaken = world

@@ -20,7 +20,7 @@ fn has_raw_controls(text: &str) -> bool {
 }
 
 async fn metrics(addr: std::net::SocketAddr) -> String {
-    reqwest::get(format!("http://{addr}/metrics")).await.unwrap().text().await.unwrap()
+    crate::support::metrics_text(&format!("http://{addr}")).await
 }
 
 /// A `retry-after-ms` near `i64::MAX` or at `u64::MAX` is clamped to `sink.max_retry_after`

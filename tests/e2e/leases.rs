@@ -50,6 +50,7 @@ async fn a_host_whose_clock_runs_ahead_takes_no_live_lease(world: World) {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
+        .map(crate::binary::HostProcess::new)
         .unwrap();
     first
         .wait_for_within("every event delivered", Duration::from_secs(60), || async {

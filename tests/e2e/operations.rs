@@ -1,27 +1,14 @@
 //! Operating the host: metric values after scripted deliveries, the admin HTTP API, and
 //! the admin commands of the real binary.
 
-use std::collections::HashMap;
 use std::process::Command;
 use std::time::Duration;
 
 use outbox_host::store::{Status, now_ms};
 
-use crate::support::{Running, TestConfig, World};
+use crate::support::{Running, TestConfig, World, scrape};
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox-host");
-
-/// `/metrics` as `name{labels}` → value.
-async fn scrape(base: &str) -> HashMap<String, f64> {
-    let text = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| {
-            let (name, value) = l.rsplit_once(' ').unwrap();
-            (name.to_string(), value.parse().unwrap())
-        })
-        .collect()
-}
 
 async fn json(response: reqwest::Response) -> serde_json::Value {
     serde_json::from_str(&response.text().await.unwrap()).unwrap()
@@ -152,14 +139,13 @@ async fn admin_commands_show_retry_and_purge() {
     let claimed = world.producer.claim("w", now, now + 60_000, 100).await.unwrap();
     let marks: Vec<_> = claimed
         .iter()
-        .map(|c| outbox_host::store::Mark {
-            plugin_digest: None,
-            id: c.id,
-            event_id: c.event_id.clone(),
-            lease: c.lease.clone(),
-            outcome: outbox_host::store::Outcome::Fail {
-                error: format!("Tencent IM error 10010: group {} gone", c.room_id),
-            },
+        .map(|c| {
+            outbox_host::store::Mark::of(
+                c,
+                outbox_host::store::Outcome::Fail {
+                    error: format!("Tencent IM error 10010: group {} gone", c.room_id),
+                },
+            )
         })
         .collect();
     world.producer.mark(&marks, now).await.unwrap();
@@ -219,7 +205,7 @@ async fn the_dashboard_and_alerts_use_only_exported_metrics() {
     host.wait_status(&world, &[&ok, &skipped], Status::Delivered).await;
     host.wait_status(&world, &[&failed], Status::Retryable).await;
     let base = format!("http://{}", host.admin.unwrap());
-    let exported = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
+    let exported = crate::support::metrics_text(&base).await;
     host.stop().await;
     let families: Vec<&str> =
         exported.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split(' ').next()).collect();

@@ -34,13 +34,7 @@ async fn read(store: &dyn Store, owner: &str, owned: &[Fence]) -> Vec<outbox_hos
 
 /// A retryable outcome of `row`, as its reader holds it.
 fn retry(row: &outbox_host::store::Claimed, now: i64) -> Mark {
-    Mark {
-        id: row.id,
-        event_id: row.event_id.clone(),
-        lease: row.lease.clone(),
-        outcome: Outcome::Retry { error: "stale".into(), next_retry_at_ms: now },
-        plugin_digest: None,
-    }
+    Mark::of(row, Outcome::Retry { error: "stale".into(), next_retry_at_ms: now })
 }
 
 /// The store's own fencing: owner `a` reads a row, its lease runs out and `b` takes every

@@ -59,13 +59,7 @@ async fn row_privileges_suffice(world: &World, url: &str) {
     let now = now_ms();
     let claimed = app.claim("w", now, now + 60_000, 10).await.unwrap();
     assert_eq!(claimed.len(), 1);
-    let mark = Mark {
-        plugin_digest: None,
-        id: claimed[0].id,
-        event_id: claimed[0].event_id.clone(),
-        lease: claimed[0].lease.clone(),
-        outcome: Outcome::Delivered,
-    };
+    let mark = Mark::of(&claimed[0], Outcome::Delivered);
     assert_eq!(app.mark(&[mark], now).await.unwrap(), 1);
     assert_eq!(app.get(&id).await.unwrap().unwrap().status, Status::Delivered);
     app.insert(&[world.event("RoomGiftSent", "room-1", Status::Pending)])

@@ -36,8 +36,8 @@ fn unpacked(dir: &Path, args: &[&str]) -> Command {
     command
 }
 
-#[test]
-fn the_dist_tarball_runs_the_host_on_sqlite_from_an_empty_directory() {
+#[tokio::test]
+async fn the_dist_tarball_runs_the_host_on_sqlite_from_an_empty_directory() {
     // The script `make dist` runs, on the debug build the tests already have.
     let out_dir = tempfile::tempdir().unwrap();
     let target_dir = Path::new(BIN).parent().and_then(Path::parent).unwrap();
@@ -111,6 +111,7 @@ fn the_dist_tarball_runs_the_host_on_sqlite_from_an_empty_directory() {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
+        .map(crate::binary::HostProcess::new)
         .unwrap();
     let deadline = std::time::Instant::now() + crate::support::PATIENCE;
     loop {
@@ -123,7 +124,7 @@ fn the_dist_tarball_runs_the_host_on_sqlite_from_an_empty_directory() {
         std::thread::sleep(Duration::from_millis(200));
     }
     crate::binary::signal(&host, "TERM");
-    let output = host.wait_with_output().unwrap();
+    let output = crate::binary::wait_exit_within(host, Duration::from_secs(30)).await;
     assert!(output.status.success(), "the host did not stop cleanly: {}", String::from_utf8_lossy(&output.stderr));
     let logs = String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
     assert_eq!(logs.matches("event delivered").count(), 3, "{logs}");

@@ -43,7 +43,7 @@ fn deploy(path: &Path, bytes: &[u8]) {
     std::fs::rename(&next, path).unwrap();
 }
 
-use crate::breaker::metric;
+use crate::support::metric;
 
 async fn delivered(store: &dyn Store) -> i64 {
     store.stats().await.unwrap().count(Status::Delivered)

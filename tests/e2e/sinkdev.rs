@@ -351,7 +351,12 @@ async fn the_sinks_doc_walkthrough_runs() {
             .env_remove("OUTBOX_CONFIG")
             .stdin(Stdio::null());
         if command == "outbox-host run" {
-            let child = shell.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+            let child = shell
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .map(crate::binary::HostProcess::new)
+                .unwrap();
             wait_until("the event reached the walkthrough's endpoint", || {
                 world
                     .collector

@@ -493,3 +493,32 @@ pub async fn entries_read(conn: &mut sqlx::PgConnection, index: &str, after: Opt
         }
     }
 }
+
+/// `/metrics` of the admin listener at `base` (`http://host:port`), as text.
+pub async fn metrics_text(base: &str) -> String {
+    reqwest::get(format!("{base}/metrics")).await.expect("the admin listener answers").text().await.unwrap()
+}
+
+/// `/metrics` as `name{labels}` → value.
+pub async fn scrape(base: &str) -> std::collections::HashMap<String, f64> {
+    metrics_text(base)
+        .await
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (name, value) = l.rsplit_once(' ').unwrap();
+            (name.to_string(), value.parse().unwrap())
+        })
+        .collect()
+}
+
+/// The value of one series of `/metrics`, e.g. `room_outbox_sink_state{sink="tencent-im"}`
+/// (its labels as the host writes them); a missing one fails the test.
+pub async fn metric(base: &str, series: &str) -> f64 {
+    let samples = scrape(base).await;
+    *samples.get(series).unwrap_or_else(|| {
+        let mut names: Vec<&String> = samples.keys().collect();
+        names.sort();
+        panic!("no {series} in /metrics: {names:?}")
+    })
+}

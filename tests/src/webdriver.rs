@@ -1,6 +1,7 @@
 //! Debian's headless Chromium driven through `chromedriver` with `fantoccini`: open a page,
 //! find elements, read text, type, click.
 
+use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -21,7 +22,11 @@ pub struct Browser {
 }
 
 impl Drop for Browser {
+    /// Ends chromedriver and everything it started (Chromium and its helpers, which a kill
+    /// of chromedriver alone leaves running): they share its process group.
     fn drop(&mut self) {
+        let group = format!("-{}", self.driver.id());
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).stderr(Stdio::null()).status();
         let _ = self.driver.kill();
         let _ = self.driver.wait();
     }
@@ -40,6 +45,7 @@ impl Browser {
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            .process_group(0)
             .spawn()
             .map_err(|e| format!("starting {CHROMEDRIVER}: {e}"))?;
         let profile = tempfile::tempdir().map_err(text)?;

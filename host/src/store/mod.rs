@@ -242,6 +242,13 @@ pub struct Mark {
     pub plugin_digest: Option<std::sync::Arc<str>>,
 }
 
+impl Mark {
+    /// The outcome of `row` under the lease it was read or claimed with, no sink build named.
+    pub fn of(row: &Claimed, outcome: Outcome) -> Mark {
+        Mark { id: row.id, event_id: row.event_id.clone(), lease: row.lease.clone(), outcome, plugin_digest: None }
+    }
+}
+
 /// A claimed row to hand back, and the lease it is held under.
 #[derive(Debug, Clone)]
 pub struct Held {
