@@ -488,6 +488,14 @@ fn row(table: &mut Vec<[String; 5]>, backend: &str, scenario: &str, events: usiz
     ]);
 }
 
+/// What every scenario runs with: the command line, the worker's settings, the WASM no-op.
+#[derive(Clone, Copy)]
+struct Setup<'a> {
+    args: &'a Args,
+    config: &'a WorkerConfig,
+    wasm: &'a Arc<dyn Deliver>,
+}
+
 /// The figures of one run: the printed table's rows, the JSON results, the servers' versions.
 #[derive(Default)]
 struct Report {
@@ -497,15 +505,10 @@ struct Report {
 }
 
 /// The drain of `args.events` through the WASM no-op sink and a native no-op, and the seed's loop; returns the two drains' rates.
-async fn drains(
-    r: &mut Report,
-    backend: Backend,
-    args: &Args,
-    config: &WorkerConfig,
-    wasm: &Arc<dyn Deliver>,
-) -> anyhow::Result<(f64, f64)> {
+async fn drains(r: &mut Report, backend: Backend, setup: Setup<'_>) -> anyhow::Result<(f64, f64)> {
     let r_versions = &mut r.versions;
     let (table, results, name) = (&mut r.table, &mut r.results, db::name(backend));
+    let Setup { args, config, wasm } = setup;
     eprintln!("{name}: drains of {} events …", args.events);
     let version = Db::fresh(backend).await?.version().await?;
     r_versions.insert(name.into(), json!(version));
@@ -553,16 +556,9 @@ async fn drains(
 }
 
 /// What per-room order costs: the same drain with `ordering: none` and `per_room`, over many rooms, few, and one.
-async fn room_order(
-    r: &mut Report,
-    backend: Backend,
-    args: &Args,
-    config: &WorkerConfig,
-    wasm: &Arc<dyn Deliver>,
-) -> anyhow::Result<()> {
+async fn room_order(r: &mut Report, backend: Backend, setup: Setup<'_>) -> anyhow::Result<()> {
     let (table, results, name) = (&mut r.table, &mut r.results, db::name(backend));
-    // What per-room order costs: the same drain with `ordering: none` (row claims) and
-    // with `per_room` (partition ownership).
+    let Setup { args, config, wasm } = setup;
     let free_config = WorkerConfig { ordering: RoomOrdering::None, ..config.clone() };
     let ordered_config = WorkerConfig { ordering: RoomOrdering::PerRoom, ..config.clone() };
     for (label, n, rooms) in [
@@ -715,14 +711,9 @@ async fn floors(r: &mut Report, args: &Args, wasm_rate: f64, native_rate: f64) -
 }
 
 /// Scale-out: the same drain by 1, 2 and 4 workers.
-async fn scale_out(
-    r: &mut Report,
-    backend: Backend,
-    args: &Args,
-    config: &WorkerConfig,
-    wasm: &Arc<dyn Deliver>,
-) -> anyhow::Result<()> {
+async fn scale_out(r: &mut Report, backend: Backend, setup: Setup<'_>) -> anyhow::Result<()> {
     let (table, results, name) = (&mut r.table, &mut r.results, db::name(backend));
+    let Setup { args, config, wasm } = setup;
     let mut scale = Vec::new();
     for workers in [1usize, 2, 4] {
         eprintln!("{name}: {workers} worker(s), {} events …", args.scale_events);
@@ -753,10 +744,11 @@ async fn main() -> anyhow::Result<()> {
     let config = WorkerConfig { claim_growth: args.claim_growth, ..WorkerConfig::default() };
     let wasm: Arc<dyn Deliver> = Arc::new(wasm_noop(config.concurrency, cache.path())?);
     let mut r = Report::default();
+    let setup = Setup { args: &args, config: &config, wasm: &wasm };
 
     for backend in &backends {
-        let (wasm_rate, native_rate) = drains(&mut r, *backend, &args, &config, &wasm).await?;
-        room_order(&mut r, *backend, &args, &config, &wasm).await?;
+        let (wasm_rate, native_rate) = drains(&mut r, *backend, setup).await?;
+        room_order(&mut r, *backend, setup).await?;
         several_sinks(&mut r, *backend, &args, cache.path()).await?;
         latencies(&mut r, *backend, &args, &wasm).await?;
         failover_and_idle(&mut r, *backend, &wasm).await?;
@@ -764,7 +756,7 @@ async fn main() -> anyhow::Result<()> {
             floors(&mut r, &args, wasm_rate, native_rate).await?;
         }
         if *backend != Backend::Sqlite {
-            scale_out(&mut r, *backend, &args, &config, &wasm).await?;
+            scale_out(&mut r, *backend, setup).await?;
         }
     }
 

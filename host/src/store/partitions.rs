@@ -7,9 +7,10 @@
 //! (PostgreSQL's `hashtextextended`, MySQL's `CRC32`), so that the read filters on it; on
 //! SQLite this process does (FNV-1a), after reading.
 
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type};
+use sqlx::{Database, Decode, Encode, Type};
 
 use super::sinks::{KeyValue, bind_key};
+use super::sql::for_every_dialect;
 use super::sql::{Dialect, SqlStore, params};
 use super::{Backend, Claimed, Lease, Mark, Outcome, Status, StoreError};
 
@@ -177,16 +178,7 @@ pub fn share_of(owner: &str, owners: &[String], total: u32) -> usize {
     base + usize::from(index < total as usize % n)
 }
 
-impl<D> SqlStore<D>
-where
-    D: Dialect,
-    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
-    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
-    for<'a> &'a str: ColumnIndex<<D::Db as Database>::Row>,
-    usize: ColumnIndex<<D::Db as Database>::Row>,
-    for<'r> i64: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
-    for<'r> String: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
-{
+for_every_dialect!(impl {
     /// The outbox whose tables hold the leases (this table, or the one it is a copy of).
     pub(super) fn lease_tables(&self) -> (String, String) {
         let outbox = self.copy_of.as_deref().unwrap_or(&self.table);
@@ -757,7 +749,7 @@ where
     fn key_value(&self, m: &Mark) -> KeyValue {
         if self.profile.key.is_text() { KeyValue::Text(m.event_id.clone()) } else { KeyValue::Int(m.id) }
     }
-}
+});
 
 /// One page of an owner's read.
 #[derive(Debug, Clone, Default)]

@@ -3,12 +3,13 @@
 //! one a development version of the host made), installs the routines whose checksum
 //! differs, and refuses a migration file changed after it was applied.
 
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type};
+use sqlx::{Database, Executor};
 
 use super::migrate::{self, BASELINE};
 use super::schema::{self, Key};
+use super::sql::for_every_dialect;
 use super::sql::{Dialect, SqlStore, is_lock_timeout, params};
-use super::{Backend, Schema, Store, StoreError, now_ms};
+use super::{Backend, Schema, StoreError, now_ms};
 
 /// What [`SqlStore::holding_migration_lock`] does while it holds the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,17 +49,7 @@ enum Recorded {
     Checked(Vec<(i64, String)>),
 }
 
-impl<D> SqlStore<D>
-where
-    D: Dialect,
-    Self: Store,
-    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
-    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
-    for<'a> &'a str: ColumnIndex<<D::Db as Database>::Row>,
-    usize: ColumnIndex<<D::Db as Database>::Row>,
-    for<'r> i64: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
-    for<'r> String: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
-{
+for_every_dialect!(impl {
     /// Runs `job` on one connection that holds the table's migration lock. Each DDL statement
     /// waits at most [`DDL_LOCK_TIMEOUT_MS`] for its lock, so that a long transaction on the
     /// table (a producer's) never queues every insert behind a waiting `ALTER`; the job is
@@ -440,4 +431,4 @@ where
         let holders = rows.iter().map(|r| D::text(r, 0)).collect::<Result<Vec<_>, _>>()?;
         Ok(if holders.is_empty() { "none found by now".into() } else { holders.join(", ") })
     }
-}
+});

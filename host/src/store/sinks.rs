@@ -9,8 +9,9 @@
 //! creation order, and registering a sink takes the same lock: every fan-out either ran
 //! before the registration (the back-fill then sees it) or sees the new sink.
 
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type};
+use sqlx::{Database, Encode, Executor, Type};
 
+use super::sql::for_every_dialect;
 use super::sql::{Dialect, SqlStore, params};
 use super::{Backend, StoreError};
 
@@ -78,16 +79,7 @@ pub enum KeyValue {
     Text(String),
 }
 
-impl<D> SqlStore<D>
-where
-    D: Dialect,
-    for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
-    for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
-    for<'a> &'a str: ColumnIndex<<D::Db as Database>::Row>,
-    usize: ColumnIndex<<D::Db as Database>::Row>,
-    for<'r> i64: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
-    for<'r> String: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
-{
+for_every_dialect!(impl {
     /// Takes the registry's lock on `conn`, waiting for it (a minute at most on MySQL): a
     /// registration, a fan-out and a purge of the outbox each run wholly before or after
     /// one another. On PostgreSQL and SQLite it is a transaction (READ COMMITTED, so each
@@ -582,7 +574,7 @@ where
         sqlx::query(&sql).bind(now_ms).bind(name.to_string()).execute(&self.pool).await?;
         Ok(())
     }
-}
+});
 
 /// What makes an `INSERT INTO <sink_table> … SELECT … FROM <outbox> o` leave the events the
 /// sink's table has already alone, and nothing else: a condition for the `WHERE`, and a

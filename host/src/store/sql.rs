@@ -326,6 +326,34 @@ fn still_needed_elsewhere(t: &str) -> String {
     )
 }
 
+// The bounds below say what the shared statements need of a database: sqlx's executors and
+// argument buffers, and the column types the outbox uses. Every dialect here has them; Rust
+// does not carry such bounds along with `Dialect`, so they are spelled out once, here.
+
+/// `impl SqlStore<D> { … }`, or `impl Role for SqlStore<D> { … }` (with the attributes
+/// given, e.g. `#[async_trait]`), under the bounds every dialect meets.
+macro_rules! for_every_dialect {
+    ($(#[$attr:meta])* impl $($role:ident)? { $($body:tt)* }) => {
+        $(#[$attr])*
+        impl<D> $($role for)? SqlStore<D>
+        where
+            D: Dialect,
+            for<'c> &'c mut <D::Db as sqlx::Database>::Connection: sqlx::Executor<'c, Database = D::Db>,
+            for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
+            for<'a> &'a str: sqlx::ColumnIndex<<D::Db as sqlx::Database>::Row>,
+            usize: sqlx::ColumnIndex<<D::Db as sqlx::Database>::Row>,
+            for<'r> i64: sqlx::Encode<'r, D::Db> + sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
+            for<'r> i32: sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
+            for<'r> String: sqlx::Encode<'r, D::Db> + sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
+            for<'r> Vec<u8>: sqlx::Encode<'r, D::Db> + sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
+            for<'r> &'r str: sqlx::Encode<'r, D::Db> + sqlx::Type<D::Db>,
+        {
+            $($body)*
+        }
+    };
+}
+pub(super) use for_every_dialect;
+
 /// The outbox table on database dialect `D`.
 pub struct SqlStore<D: Dialect> {
     pub(super) pool: Pool<D::Db>,

@@ -3,411 +3,407 @@
 //! file of the store that looks at all of them; none of them looks back at it.
 
 use async_trait::async_trait;
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Type};
+use sqlx::Database;
 
 use super::schema::TableInfo;
+use super::sql::for_every_dialect;
 use super::sql::*;
 use super::{
     Backend, Claimed, Claims, Held, Inspection, Mark, Minute, NewEvent, Outcome, Partitions, Producer, RetryFilter,
     Row, Schema, SinkRegistry, Stats, Store, StoreError, now_ms,
 };
 
-// The bounds below say what the shared statements need of a database: sqlx's executors and
-// argument buffers, and the column types the outbox uses. Every dialect here has them; Rust
-// does not carry such bounds along with `Dialect`, so they are spelled out here.
-
-/// `impl $role for SqlStore<D>` under the bounds every dialect meets.
-macro_rules! for_every_dialect {
-    ($role:ident { $($body:tt)* }) => {
-        #[async_trait]
-        impl<D> $role for SqlStore<D>
-        where
-            D: Dialect,
-            for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
-            for<'q> <D::Db as Database>::Arguments<'q>: IntoArguments<'q, D::Db>,
-            for<'a> &'a str: ColumnIndex<<D::Db as Database>::Row>,
-            usize: ColumnIndex<<D::Db as Database>::Row>,
-            for<'r> i64: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
-            for<'r> i32: Decode<'r, D::Db> + Type<D::Db>,
-            for<'r> String: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
-            for<'r> Vec<u8>: Encode<'r, D::Db> + Decode<'r, D::Db> + Type<D::Db>,
-            for<'r> &'r str: Encode<'r, D::Db> + Type<D::Db>,
-        {
-            $($body)*
+for_every_dialect!(
+    #[async_trait]
+    impl Schema {
+        async fn migrate(&self) -> Result<super::Migrated, StoreError> {
+            if self.schema_current().await? {
+                return Ok(super::Migrated::default());
+            }
+            // Apply what is not recorded yet, holding the dialect's migration lock.
+            self.holding_migration_lock(super::runner::Job::Migrate).await
         }
-    };
-}
 
-for_every_dialect!(Schema {
-    async fn migrate(&self) -> Result<super::Migrated, StoreError> {
-        if self.schema_current().await? {
-            return Ok(super::Migrated::default());
+        fn backend(&self) -> Backend {
+            D::BACKEND
         }
-        // Apply what is not recorded yet, holding the dialect's migration lock.
-        self.holding_migration_lock(super::runner::Job::Migrate).await
-    }
 
-    fn backend(&self) -> Backend {
-        D::BACKEND
-    }
+        fn table(&self) -> &str {
+            &self.table
+        }
 
-    fn table(&self) -> &str {
-        &self.table
-    }
+        async fn describe(&self) -> Result<Option<TableInfo>, StoreError> {
+            self.describe_on(&mut *self.pool.acquire().await?).await
+        }
 
-    async fn describe(&self) -> Result<Option<TableInfo>, StoreError> {
-        self.describe_on(&mut *self.pool.acquire().await?).await
-    }
+        async fn ping(&self) -> Result<(), StoreError> {
+            sqlx::query("SELECT 1").execute(&self.pool).await?;
+            Ok(())
+        }
 
-    async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
-    }
+        async fn clock_ms(&self) -> Result<i64, StoreError> {
+            match D::clock_sql() {
+                None => Ok(now_ms()),
+                Some(sql) => Ok(D::int(&sqlx::query(sql).fetch_one(&self.pool).await?, 0)?),
+            }
+        }
 
-    async fn clock_ms(&self) -> Result<i64, StoreError> {
-        match D::clock_sql() {
-            None => Ok(now_ms()),
-            Some(sql) => Ok(D::int(&sqlx::query(sql).fetch_one(&self.pool).await?, 0)?),
+        async fn close(&self) {
+            self.pool.close().await;
         }
     }
+);
 
-    async fn close(&self) {
-        self.pool.close().await;
-    }
-});
+for_every_dialect!(
+    #[async_trait]
+    impl Claims {
+        async fn claim(
+            &self,
+            worker_id: &str,
+            now_ms: i64,
+            lock_until_ms: i64,
+            limit: u32,
+        ) -> Result<Vec<Claimed>, StoreError> {
+            let _writing = self.writing().await;
+            D::claim_rows(self, worker_id, now_ms, lock_until_ms, limit).await
+        }
 
-for_every_dialect!(Claims {
-    async fn claim(
-        &self,
-        worker_id: &str,
-        now_ms: i64,
-        lock_until_ms: i64,
-        limit: u32,
-    ) -> Result<Vec<Claimed>, StoreError> {
-        let _writing = self.writing().await;
-        D::claim_rows(self, worker_id, now_ms, lock_until_ms, limit).await
-    }
-
-    async fn mark(&self, marks: &[Mark], now_ms: i64) -> Result<u64, StoreError> {
-        let _writing = self.writing().await;
-        let mut changed = 0;
-        // One write per build of the sink that produced the outcomes: one, unless a reload
-        // happened between them.
-        let mut digests: Vec<Option<&str>> = marks.iter().map(|m| m.plugin_digest.as_deref()).collect();
-        digests.sort_unstable();
-        digests.dedup();
-        for digest in digests {
-            let ours = |m: &&Mark| m.plugin_digest.as_deref() == digest;
-            let delivered: Vec<&Mark> = marks.iter().filter(|m| m.outcome == Outcome::Delivered).filter(ours).collect();
-            // Delivered wins: any row not yet delivered, whoever holds it.
-            if let Some(n) = D::mark_delivered(self, &delivered, now_ms).await? {
-                changed += n;
-            } else if !delivered.is_empty() {
-                let sql = self.sql.delivered.get(delivered.len());
-                let mut q = sqlx::query(&sql).bind(now_ms).bind(now_ms).bind(digest.unwrap_or("").to_string());
-                for m in &delivered {
-                    q = if self.profile.key.is_text() { q.bind(m.event_id.as_str()) } else { q.bind(m.id) };
+        async fn mark(&self, marks: &[Mark], now_ms: i64) -> Result<u64, StoreError> {
+            let _writing = self.writing().await;
+            let mut changed = 0;
+            // One write per build of the sink that produced the outcomes: one, unless a reload
+            // happened between them.
+            let mut digests: Vec<Option<&str>> = marks.iter().map(|m| m.plugin_digest.as_deref()).collect();
+            digests.sort_unstable();
+            digests.dedup();
+            for digest in digests {
+                let ours = |m: &&Mark| m.plugin_digest.as_deref() == digest;
+                let delivered: Vec<&Mark> =
+                    marks.iter().filter(|m| m.outcome == Outcome::Delivered).filter(ours).collect();
+                // Delivered wins: any row not yet delivered, whoever holds it.
+                if let Some(n) = D::mark_delivered(self, &delivered, now_ms).await? {
+                    changed += n;
+                } else if !delivered.is_empty() {
+                    let sql = self.sql.delivered.get(delivered.len());
+                    let mut q = sqlx::query(&sql).bind(now_ms).bind(now_ms).bind(digest.unwrap_or("").to_string());
+                    for m in &delivered {
+                        q = if self.profile.key.is_text() { q.bind(m.event_id.as_str()) } else { q.bind(m.id) };
+                    }
+                    changed += D::rows_affected(&q.execute(&self.pool).await?);
                 }
-                changed += D::rows_affected(&q.execute(&self.pool).await?);
+                let failed: Vec<&Mark> =
+                    marks.iter().filter(|m| m.outcome != Outcome::Delivered).filter(ours).collect();
+                if !failed.is_empty() {
+                    changed += D::mark_failed(self, &failed, now_ms).await?;
+                }
             }
-            let failed: Vec<&Mark> = marks.iter().filter(|m| m.outcome != Outcome::Delivered).filter(ours).collect();
-            if !failed.is_empty() {
-                changed += D::mark_failed(self, &failed, now_ms).await?;
-            }
+            Ok(changed)
         }
-        Ok(changed)
-    }
 
-    async fn release(&self, rows: &[Held], now_ms: i64) -> Result<u64, StoreError> {
-        if rows.is_empty() {
-            return Ok(0);
-        }
-        let _writing = self.writing().await;
-        D::release_rows(self, rows, now_ms).await
-    }
-
-    async fn has_pending(&self) -> Result<bool, StoreError> {
-        Ok(sqlx::query(&self.sql.has_pending).fetch_optional(&self.pool).await?.is_some())
-    }
-
-    fn inserted(&self) -> std::sync::Arc<tokio::sync::Notify> {
-        self.inserted.clone()
-    }
-
-    fn listen_for_inserts(
-        &self,
-        wake: std::sync::Arc<tokio::sync::Notify>,
-        stop: tokio_util::sync::CancellationToken,
-    ) -> bool {
-        D::listen_for_inserts(self, wake, stop)
-    }
-});
-
-for_every_dialect!(Producer {
-    async fn insert(&self, events: &[NewEvent]) -> Result<(), StoreError> {
-        let _writing = self.writing().await;
-        let mut tx = self.pool.begin().await?;
-        // Several rows per statement; a clash names the event when it can.
-        for chunk in events.chunks(super::INSERT_CHUNK) {
-            let sql = self.sql.insert.get(chunk.len());
-            let mut q = sqlx::query(&sql);
-            for e in chunk {
-                q = q
-                    .bind(e.app_code.clone())
-                    .bind(e.event_id.clone())
-                    .bind(e.event_type.clone())
-                    .bind(e.room_id.clone())
-                    .bind(e.status.as_str().to_string())
-                    .bind(e.envelope.clone())
-                    .bind(e.created_at_ms);
+        async fn release(&self, rows: &[Held], now_ms: i64) -> Result<u64, StoreError> {
+            if rows.is_empty() {
+                return Ok(0);
             }
-            let named = match chunk {
-                [one] => one.event_id.clone(),
-                [first, .., last] => format!("(one of {} … {})", first.event_id, last.event_id),
-                [] => String::new(),
+            let _writing = self.writing().await;
+            D::release_rows(self, rows, now_ms).await
+        }
+
+        async fn has_pending(&self) -> Result<bool, StoreError> {
+            Ok(sqlx::query(&self.sql.has_pending).fetch_optional(&self.pool).await?.is_some())
+        }
+
+        fn inserted(&self) -> std::sync::Arc<tokio::sync::Notify> {
+            self.inserted.clone()
+        }
+
+        fn listen_for_inserts(
+            &self,
+            wake: std::sync::Arc<tokio::sync::Notify>,
+            stop: tokio_util::sync::CancellationToken,
+        ) -> bool {
+            D::listen_for_inserts(self, wake, stop)
+        }
+    }
+);
+
+for_every_dialect!(
+    #[async_trait]
+    impl Producer {
+        async fn insert(&self, events: &[NewEvent]) -> Result<(), StoreError> {
+            let _writing = self.writing().await;
+            let mut tx = self.pool.begin().await?;
+            // Several rows per statement; a clash names the event when it can.
+            for chunk in events.chunks(super::INSERT_CHUNK) {
+                let sql = self.sql.insert.get(chunk.len());
+                let mut q = sqlx::query(&sql);
+                for e in chunk {
+                    q = q
+                        .bind(e.app_code.clone())
+                        .bind(e.event_id.clone())
+                        .bind(e.event_type.clone())
+                        .bind(e.room_id.clone())
+                        .bind(e.status.as_str().to_string())
+                        .bind(e.envelope.clone())
+                        .bind(e.created_at_ms);
+                }
+                let named = match chunk {
+                    [one] => one.event_id.clone(),
+                    [first, .., last] => format!("(one of {} … {})", first.event_id, last.event_id),
+                    [] => String::new(),
+                };
+                q.execute(&mut *tx).await.map_err(|err| super::name_duplicate(err, &named))?;
+            }
+            tx.commit().await?;
+            self.inserted.notify_one();
+            Ok(())
+        }
+    }
+);
+
+for_every_dialect!(
+    #[async_trait]
+    impl Inspection {
+        async fn get(&self, event_id: &str) -> Result<Option<Row>, StoreError> {
+            let row = sqlx::query(&self.sql.get).bind(event_id.to_string()).fetch_optional(&self.pool).await?;
+            Ok(row.as_ref().map(decode_row::<D>).transpose()?)
+        }
+
+        async fn stats(&self) -> Result<Stats, StoreError> {
+            let [counts, oldest, errors] = &self.sql.stats;
+            let pairs = |rows: Vec<<D::Db as Database>::Row>| -> Result<Vec<(String, i64)>, sqlx::Error> {
+                rows.iter().map(|r| Ok((D::text(r, 0)?, D::int(r, 1)?))).collect()
             };
-            q.execute(&mut *tx).await.map_err(|err| super::name_duplicate(err, &named))?;
+            let counts = pairs(sqlx::query(counts).fetch_all(&self.pool).await?)?;
+            let oldest = D::opt_int(&sqlx::query(oldest).fetch_one(&self.pool).await?, 0)?;
+            let errors = pairs(sqlx::query(errors).fetch_all(&self.pool).await?)?;
+            let last_minute: i64 =
+                sqlx::query_scalar(&self.sql.last_minute).bind(now_ms() - 60_000).fetch_one(&self.pool).await?;
+            Ok(super::stats_from(counts, oldest, errors, last_minute))
         }
-        tx.commit().await?;
-        self.inserted.notify_one();
-        Ok(())
-    }
-});
 
-for_every_dialect!(Inspection {
-    async fn get(&self, event_id: &str) -> Result<Option<Row>, StoreError> {
-        let row = sqlx::query(&self.sql.get).bind(event_id.to_string()).fetch_optional(&self.pool).await?;
-        Ok(row.as_ref().map(decode_row::<D>).transpose()?)
-    }
-
-    async fn stats(&self) -> Result<Stats, StoreError> {
-        let [counts, oldest, errors] = &self.sql.stats;
-        let pairs = |rows: Vec<<D::Db as Database>::Row>| -> Result<Vec<(String, i64)>, sqlx::Error> {
-            rows.iter().map(|r| Ok((D::text(r, 0)?, D::int(r, 1)?))).collect()
-        };
-        let counts = pairs(sqlx::query(counts).fetch_all(&self.pool).await?)?;
-        let oldest = D::opt_int(&sqlx::query(oldest).fetch_one(&self.pool).await?, 0)?;
-        let errors = pairs(sqlx::query(errors).fetch_all(&self.pool).await?)?;
-        let last_minute: i64 =
-            sqlx::query_scalar(&self.sql.last_minute).bind(now_ms() - 60_000).fetch_one(&self.pool).await?;
-        Ok(super::stats_from(counts, oldest, errors, last_minute))
-    }
-
-    async fn history(&self, since_ms: i64) -> Result<Vec<Minute>, StoreError> {
-        let rows = sqlx::query(&self.sql.history).bind(since_ms).bind(since_ms).fetch_all(&self.pool).await?;
-        let minute = |r: &<D::Db as Database>::Row| -> Result<Minute, sqlx::Error> {
-            Ok(Minute { start_ms: D::int(r, 0)?, delivered: D::int(r, 1)?, failed: D::int(r, 2)? })
-        };
-        Ok(rows.iter().map(minute).collect::<Result<_, _>>()?)
-    }
-
-    async fn recent_failures(&self, limit: u32) -> Result<Vec<Row>, StoreError> {
-        let rows = sqlx::query(&self.sql.recent_failures).bind(i64::from(limit)).fetch_all(&self.pool).await?;
-        Ok(rows.iter().map(decode_row::<D>).collect::<Result<_, _>>()?)
-    }
-
-    async fn count_failed(&self, filter: &RetryFilter) -> Result<i64, StoreError> {
-        let (filter, value) = failed_filter::<D>(filter, 1);
-        let sql = format!("SELECT COUNT(*) FROM {}{filter}", self.table);
-        let mut q = sqlx::query_scalar(&sql);
-        if let Some(value) = value {
-            q = q.bind(value);
+        async fn history(&self, since_ms: i64) -> Result<Vec<Minute>, StoreError> {
+            let rows = sqlx::query(&self.sql.history).bind(since_ms).bind(since_ms).fetch_all(&self.pool).await?;
+            let minute = |r: &<D::Db as Database>::Row| -> Result<Minute, sqlx::Error> {
+                Ok(Minute { start_ms: D::int(r, 0)?, delivered: D::int(r, 1)?, failed: D::int(r, 2)? })
+            };
+            Ok(rows.iter().map(minute).collect::<Result<_, _>>()?)
         }
-        Ok(q.fetch_one(&self.pool).await?)
-    }
 
-    async fn retry_failed(&self, filter: &RetryFilter, now_ms: i64) -> Result<u64, StoreError> {
-        let (filter, value) = failed_filter::<D>(filter, 2);
-        let sql = format!("{}{filter}", self.sql.retry_set);
-        let mut q = sqlx::query(&sql).bind(now_ms);
-        if let Some(value) = value {
-            q = q.bind(value);
+        async fn recent_failures(&self, limit: u32) -> Result<Vec<Row>, StoreError> {
+            let rows = sqlx::query(&self.sql.recent_failures).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+            Ok(rows.iter().map(decode_row::<D>).collect::<Result<_, _>>()?)
         }
-        Ok(D::rows_affected(&q.execute(&self.pool).await?))
-    }
 
-    async fn purge_delivered(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
-        let picked = sqlx::query(&self.sql.purge_pick)
-            .bind(before_ms)
-            .bind(before_ms)
-            .bind(i64::from(limit))
-            .fetch_all(&self.pool)
-            .await?;
-        if picked.is_empty() {
-            return Ok(0);
-        }
-        let delete = self.sql.purge_delete.get(picked.len());
-        let mut q = sqlx::query(&delete);
-        for row in &picked {
-            q = if self.profile.key.is_text() { q.bind(D::text(row, 0)?) } else { q.bind(D::int(row, 0)?) };
-        }
-        if self.copy_of.is_some() {
-            return Ok(D::rows_affected(&q.execute(&self.pool).await?));
-        }
-        // The outbox: under the registry's lock, so that a sink registered meanwhile either
-        // is seen by the DELETE's own check or comes after the rows are gone.
-        let _writing = self.writing().await;
-        let mut conn = self.pool.acquire().await?;
-        self.lock_registry(&mut conn).await?;
-        let deleted = q.execute(&mut *conn).await;
-        self.unlock_registry(&mut conn, deleted.is_ok()).await?;
-        Ok(D::rows_affected(&deleted?))
-    }
-});
-
-for_every_dialect!(SinkRegistry {
-    async fn sinks(&self) -> Result<Vec<super::RegisteredSink>, StoreError> {
-        self.registered_sinks().await
-    }
-
-    async fn register_sink(
-        &self,
-        name: &str,
-        start_from_ms: i64,
-        may_be_first: bool,
-        now_ms: i64,
-    ) -> Result<super::RegisteredSink, StoreError> {
-        let sink = self.register(name, start_from_ms, may_be_first, now_ms).await?;
-        if !sink.is_first(&self.table) {
-            self.sink_copy(&sink.table).migrate().await?;
-            self.match_copied_types(&sink.table).await?;
-            if !self.fanout_index_ok().await? {
-                self.holding_migration_lock(super::runner::Job::FanOutIndex).await?;
+        async fn count_failed(&self, filter: &RetryFilter) -> Result<i64, StoreError> {
+            let (filter, value) = failed_filter::<D>(filter, 1);
+            let sql = format!("SELECT COUNT(*) FROM {}{filter}", self.table);
+            let mut q = sqlx::query_scalar(&sql);
+            if let Some(value) = value {
+                q = q.bind(value);
             }
+            Ok(q.fetch_one(&self.pool).await?)
         }
-        Ok(sink)
-    }
 
-    async fn sink_store(
-        self: std::sync::Arc<Self>,
-        sink: &super::RegisteredSink,
-    ) -> Result<std::sync::Arc<dyn Store>, StoreError> {
-        if sink.is_first(&self.table) {
-            return Ok(self);
+        async fn retry_failed(&self, filter: &RetryFilter, now_ms: i64) -> Result<u64, StoreError> {
+            let (filter, value) = failed_filter::<D>(filter, 2);
+            let sql = format!("{}{filter}", self.sql.retry_set);
+            let mut q = sqlx::query(&sql).bind(now_ms);
+            if let Some(value) = value {
+                q = q.bind(value);
+            }
+            Ok(D::rows_affected(&q.execute(&self.pool).await?))
         }
-        Ok(std::sync::Arc::new(self.sink_copy(&sink.table)))
-    }
 
-    async fn fan_out(&self, limit: u32, now_ms: i64) -> Result<u64, StoreError> {
-        self.fan_out_rows(limit, now_ms).await
-    }
-
-    async fn backfill(
-        &self,
-        sink: &super::RegisteredSink,
-        after: Option<super::KeyValue>,
-        limit: u32,
-    ) -> Result<super::Step, StoreError> {
-        self.backfill_step(sink, after, limit).await
-    }
-
-    async fn finish_backfill(&self, name: &str, now_ms: i64) -> Result<(), StoreError> {
-        SqlStore::finish_backfill(self, name, now_ms).await
-    }
-
-    async fn count_replayable(&self, filter: &super::ReplayFilter) -> Result<i64, StoreError> {
-        let (conditions, values) = filter.conditions("", D::param, 1);
-        let sql = format!("SELECT COUNT(*) FROM {} WHERE status IN ('delivered', 'failed'){conditions}", self.table);
-        let mut q = sqlx::query(&sql).bind(filter.from_ms).bind(filter.to_ms.unwrap_or(i64::MAX));
-        for value in values {
-            q = q.bind(value);
+        async fn purge_delivered(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
+            let picked = sqlx::query(&self.sql.purge_pick)
+                .bind(before_ms)
+                .bind(before_ms)
+                .bind(i64::from(limit))
+                .fetch_all(&self.pool)
+                .await?;
+            if picked.is_empty() {
+                return Ok(0);
+            }
+            let delete = self.sql.purge_delete.get(picked.len());
+            let mut q = sqlx::query(&delete);
+            for row in &picked {
+                q = if self.profile.key.is_text() { q.bind(D::text(row, 0)?) } else { q.bind(D::int(row, 0)?) };
+            }
+            if self.copy_of.is_some() {
+                return Ok(D::rows_affected(&q.execute(&self.pool).await?));
+            }
+            // The outbox: under the registry's lock, so that a sink registered meanwhile either
+            // is seen by the DELETE's own check or comes after the rows are gone.
+            let _writing = self.writing().await;
+            let mut conn = self.pool.acquire().await?;
+            self.lock_registry(&mut conn).await?;
+            let deleted = q.execute(&mut *conn).await;
+            self.unlock_registry(&mut conn, deleted.is_ok()).await?;
+            Ok(D::rows_affected(&deleted?))
         }
-        Ok(D::int(&q.fetch_one(&self.pool).await?, 0)?)
     }
+);
 
-    async fn replay(
-        &self,
-        filter: &super::ReplayFilter,
-        now_ms: i64,
-        after: Option<super::KeyValue>,
-        limit: u32,
-    ) -> Result<super::Step, StoreError> {
-        let key = self.profile.key.column();
-        let (conditions, values) = filter.conditions("", D::param, 1);
-        let next = 3 + values.len();
-        let pick = format!(
-            "SELECT {key} FROM {} WHERE status IN ('delivered', 'failed'){conditions} AND {key} > {} ORDER BY {key} LIMIT {}",
-            self.table,
-            D::param(next),
-            D::param(next + 1)
-        );
-        let mut q = sqlx::query(&pick).bind(filter.from_ms).bind(filter.to_ms.unwrap_or(i64::MAX));
-        for value in values {
-            q = q.bind(value);
+for_every_dialect!(
+    #[async_trait]
+    impl SinkRegistry {
+        async fn sinks(&self) -> Result<Vec<super::RegisteredSink>, StoreError> {
+            self.registered_sinks().await
         }
-        let after = after.unwrap_or(super::KeyValue::first(self.profile.key));
-        let picked = super::sinks::bind_key::<D>(q, &after).bind(i64::from(limit)).fetch_all(&self.pool).await?;
-        let keys = picked.iter().map(|r| self.key_of(r)).collect::<Result<Vec<_>, _>>()?;
-        if keys.is_empty() {
-            return Ok(super::Step { rows: 0, next: None });
+
+        async fn register_sink(
+            &self,
+            name: &str,
+            start_from_ms: i64,
+            may_be_first: bool,
+            now_ms: i64,
+        ) -> Result<super::RegisteredSink, StoreError> {
+            let sink = self.register(name, start_from_ms, may_be_first, now_ms).await?;
+            if !sink.is_first(&self.table) {
+                self.sink_copy(&sink.table).migrate().await?;
+                self.match_copied_types(&sink.table).await?;
+                if !self.fanout_index_ok().await? {
+                    self.holding_migration_lock(super::runner::Job::FanOutIndex).await?;
+                }
+            }
+            Ok(sink)
         }
-        let _writing = self.writing().await;
-        let update = format!(
-            "{} WHERE status IN ('delivered', 'failed') AND {key} IN ({})",
-            self.sql.retry_set,
-            params::<D>(2, keys.len())
-        );
-        let mut q = sqlx::query(&update).bind(now_ms);
-        for k in &keys {
-            q = super::sinks::bind_key::<D>(q, k);
+
+        async fn sink_store(
+            self: std::sync::Arc<Self>,
+            sink: &super::RegisteredSink,
+        ) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+            if sink.is_first(&self.table) {
+                return Ok(self);
+            }
+            Ok(std::sync::Arc::new(self.sink_copy(&sink.table)))
         }
-        let rows = D::rows_affected(&q.execute(&self.pool).await?);
-        Ok(super::Step { rows, next: if keys.len() < limit as usize { None } else { keys.last().cloned() } })
-    }
 
-    async fn count_recopy(
-        &self,
-        sink: &super::RegisteredSink,
-        filter: &super::ReplayFilter,
-    ) -> Result<i64, StoreError> {
-        self.count_missing(sink, filter).await
-    }
+        async fn fan_out(&self, limit: u32, now_ms: i64) -> Result<u64, StoreError> {
+            self.fan_out_rows(limit, now_ms).await
+        }
 
-    async fn recopy(
-        &self,
-        sink: &super::RegisteredSink,
-        filter: &super::ReplayFilter,
-        after: Option<super::KeyValue>,
-        limit: u32,
-    ) -> Result<super::Step, StoreError> {
-        self.recopy_step(sink, filter, after, limit).await
-    }
-});
+        async fn backfill(
+            &self,
+            sink: &super::RegisteredSink,
+            after: Option<super::KeyValue>,
+            limit: u32,
+        ) -> Result<super::Step, StoreError> {
+            self.backfill_step(sink, after, limit).await
+        }
 
-for_every_dialect!(Partitions {
-    async fn keep_partitions(&self, beat: &super::Heartbeat<'_>) -> Result<super::Holding, StoreError> {
-        self.heartbeat(beat).await
-    }
+        async fn finish_backfill(&self, name: &str, now_ms: i64) -> Result<(), StoreError> {
+            SqlStore::finish_backfill(self, name, now_ms).await
+        }
 
-    async fn read_owned(&self, read: &super::OwnedRead<'_>) -> Result<super::Page, StoreError> {
-        self.read_waiting(read).await
-    }
+        async fn count_replayable(&self, filter: &super::ReplayFilter) -> Result<i64, StoreError> {
+            let (conditions, values) = filter.conditions("", D::param, 1);
+            let sql =
+                format!("SELECT COUNT(*) FROM {} WHERE status IN ('delivered', 'failed'){conditions}", self.table);
+            let mut q = sqlx::query(&sql).bind(filter.from_ms).bind(filter.to_ms.unwrap_or(i64::MAX));
+            for value in values {
+                q = q.bind(value);
+            }
+            Ok(D::int(&q.fetch_one(&self.pool).await?, 0)?)
+        }
 
-    async fn newest_key(&self) -> Result<Option<i64>, StoreError> {
-        self.newest().await
-    }
+        async fn replay(
+            &self,
+            filter: &super::ReplayFilter,
+            now_ms: i64,
+            after: Option<super::KeyValue>,
+            limit: u32,
+        ) -> Result<super::Step, StoreError> {
+            let key = self.profile.key.column();
+            let (conditions, values) = filter.conditions("", D::param, 1);
+            let next = 3 + values.len();
+            let pick = format!(
+                "SELECT {key} FROM {} WHERE status IN ('delivered', 'failed'){conditions} AND {key} > {} ORDER BY {key} LIMIT {}",
+                self.table,
+                D::param(next),
+                D::param(next + 1)
+            );
+            let mut q = sqlx::query(&pick).bind(filter.from_ms).bind(filter.to_ms.unwrap_or(i64::MAX));
+            for value in values {
+                q = q.bind(value);
+            }
+            let after = after.unwrap_or(super::KeyValue::first(self.profile.key));
+            let picked = super::sinks::bind_key::<D>(q, &after).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+            let keys = picked.iter().map(|r| self.key_of(r)).collect::<Result<Vec<_>, _>>()?;
+            if keys.is_empty() {
+                return Ok(super::Step { rows: 0, next: None });
+            }
+            let _writing = self.writing().await;
+            let update = format!(
+                "{} WHERE status IN ('delivered', 'failed') AND {key} IN ({})",
+                self.sql.retry_set,
+                params::<D>(2, keys.len())
+            );
+            let mut q = sqlx::query(&update).bind(now_ms);
+            for k in &keys {
+                q = super::sinks::bind_key::<D>(q, k);
+            }
+            let rows = D::rows_affected(&q.execute(&self.pool).await?);
+            Ok(super::Step { rows, next: if keys.len() < limit as usize { None } else { keys.last().cloned() } })
+        }
 
-    async fn index_partitions(&self, total: u32) -> Result<bool, StoreError> {
-        self.partition_index(total).await
-    }
+        async fn count_recopy(
+            &self,
+            sink: &super::RegisteredSink,
+            filter: &super::ReplayFilter,
+        ) -> Result<i64, StoreError> {
+            self.count_missing(sink, filter).await
+        }
 
-    async fn failed_rooms(&self, rooms: &[(String, String)]) -> Result<Vec<(String, String, i64)>, StoreError> {
-        self.failed_in(rooms).await
+        async fn recopy(
+            &self,
+            sink: &super::RegisteredSink,
+            filter: &super::ReplayFilter,
+            after: Option<super::KeyValue>,
+            limit: u32,
+        ) -> Result<super::Step, StoreError> {
+            self.recopy_step(sink, filter, after, limit).await
+        }
     }
+);
 
-    async fn mark_owned(&self, owner: &str, marks: &[Mark], now_ms: i64) -> Result<(u64, Vec<usize>), StoreError> {
-        self.mark_fenced(owner, marks, now_ms).await
-    }
+for_every_dialect!(
+    #[async_trait]
+    impl Partitions {
+        async fn keep_partitions(&self, beat: &super::Heartbeat<'_>) -> Result<super::Holding, StoreError> {
+            self.heartbeat(beat).await
+        }
 
-    async fn leave_partitions(&self, owner: &str) -> Result<(), StoreError> {
-        self.leave(owner).await
-    }
+        async fn read_owned(&self, read: &super::OwnedRead<'_>) -> Result<super::Page, StoreError> {
+            self.read_waiting(read).await
+        }
 
-    async fn partition_owners(&self, now_ms: i64) -> Result<Vec<super::OwnerView>, StoreError> {
-        self.owners(now_ms).await
-    }
+        async fn newest_key(&self) -> Result<Option<i64>, StoreError> {
+            self.newest().await
+        }
 
-    async fn set_partitions(&self, total: u32, now_ms: i64) -> Result<Result<u32, Vec<String>>, StoreError> {
-        self.set_partition_count(total, now_ms).await
+        async fn index_partitions(&self, total: u32) -> Result<bool, StoreError> {
+            self.partition_index(total).await
+        }
+
+        async fn failed_rooms(&self, rooms: &[(String, String)]) -> Result<Vec<(String, String, i64)>, StoreError> {
+            self.failed_in(rooms).await
+        }
+
+        async fn mark_owned(&self, owner: &str, marks: &[Mark], now_ms: i64) -> Result<(u64, Vec<usize>), StoreError> {
+            self.mark_fenced(owner, marks, now_ms).await
+        }
+
+        async fn leave_partitions(&self, owner: &str) -> Result<(), StoreError> {
+            self.leave(owner).await
+        }
+
+        async fn partition_owners(&self, now_ms: i64) -> Result<Vec<super::OwnerView>, StoreError> {
+            self.owners(now_ms).await
+        }
+
+        async fn set_partitions(&self, total: u32, now_ms: i64) -> Result<Result<u32, Vec<String>>, StoreError> {
+            self.set_partition_count(total, now_ms).await
+        }
     }
-});
+);
