@@ -15,10 +15,10 @@ help: ## List the tasks
 toolchain: ## Install the pinned toolchain's wasm32-wasip2 target (rustup reads rust-toolchain.toml)
 	@rustup target add wasm32-wasip2 >/dev/null
 
-plugins: toolchain ## Build the sink plugins into target/plugins/ (fake_sink.wasm, tencent_im_sink.wasm, webhook_sink.wasm)
+plugins: toolchain ## Build the sink plugins into target/plugins/ (fake_sink.wasm, tencent_im_sink.wasm, webhook_sink.wasm, relay.wasm)
 	CARGO_TARGET_DIR=$(WASM_TARGET_DIR) cargo build --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml
 	@mkdir -p target/plugins
-	@cp $(addprefix $(WASM_TARGET_DIR)/wasm32-wasip2/release/,fake_sink.wasm tencent_im_sink.wasm webhook_sink.wasm) target/plugins/
+	@cp $(addprefix $(WASM_TARGET_DIR)/wasm32-wasip2/release/,fake_sink.wasm tencent_im_sink.wasm webhook_sink.wasm relay.wasm) target/plugins/
 	@ls -l target/plugins/*.wasm
 
 sink-component: build ## Check that `cargo component build` makes a sink the host loads (needs cargo-component)

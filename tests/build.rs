@@ -20,6 +20,7 @@ fn main() {
         "plugins/sink-0-1-0",
         "plugins/sink-0-2-0",
         "plugins/tencent-im",
+        "plugins/relay",
         "wit",
         "proto",
     ] {
@@ -51,6 +52,7 @@ fn main() {
         ("WEBHOOK_SINK", "webhook_sink.wasm"),
         ("SINK_0_1_0", "sink_0_1_0.wasm"),
         ("SINK_0_2_0", "sink_0_2_0.wasm"),
+        ("RELAY", "relay.wasm"),
     ] {
         let path = built.join(file);
         assert!(Path::new(&path).exists(), "{} was not built", path.display());

@@ -19,6 +19,7 @@ pub mod engine;
 pub mod envelope;
 pub mod logging;
 pub mod ops;
+pub mod relay;
 pub mod sandbox;
 pub mod sinkdev;
 pub mod store;

@@ -424,14 +424,9 @@ async fn check_config(config: &Config) -> anyhow::Result<()> {
     let sinks = config.require_sinks("deliver")?;
     let metrics = outbox_host::ops::metrics::Metrics::new(sinks[0].name());
     for sink in sinks {
-        outbox_host::sandbox::SinkRuntime::load_checked(
-            &sink.sandbox,
-            sink.worker.concurrency,
-            sink.worker.publish_timeout,
-            std::sync::Arc::new(metrics.for_sink(sink.name())),
-        )
-        .await
-        .with_context(|| format!("sink {}", sink.name()))?;
+        app::load_sink(config, sink, std::sync::Arc::new(metrics.for_sink(sink.name())))
+            .await
+            .with_context(|| format!("sink {}", sink.name()))?;
     }
     for note in &config.notes {
         say(&format!("note: {note}\n"));

@@ -21,6 +21,7 @@ mod permissions;
 mod pipeline;
 mod process;
 mod producer;
+mod relay;
 mod release;
 mod reload;
 mod sandbox;

@@ -63,6 +63,7 @@ async fn the_dist_tarball_runs_the_host_on_sqlite_from_an_empty_directory() {
         "sinks/fake_sink.wasm",
         "sinks/tencent_im_sink.wasm",
         "sinks/webhook_sink.wasm",
+        "sinks/relay.wasm",
         "outbox.yaml",
         "README.md",
         "CHANGELOG.md",

@@ -9,6 +9,7 @@ use axum::extract::State;
 use axum::routing::post;
 
 pub mod db;
+pub mod nats;
 pub mod proxy;
 pub mod skip;
 pub mod tencent;

@@ -11,11 +11,14 @@ use std::sync::atomic::Ordering;
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use crate::config::{Config, SinkConfig};
 use crate::engine::Worker;
 use crate::ops::admin::{self, AdminState};
 use crate::ops::metrics::Metrics;
-use crate::sandbox::SinkRuntime;
+use crate::relay::RelaySink;
+use crate::relay::nats::NatsPublisher;
+use crate::sandbox::relay::RelayRuntime;
+use crate::sandbox::{Deliver, SinkRuntime};
 use crate::store::{self, RegisteredSink, Store};
 use crate::text::redact_url;
 use reload::Reloader;
@@ -93,6 +96,19 @@ pub async fn register_sinks(
     Ok(registered)
 }
 
+/// The sink a worker delivers through: the WebAssembly sink, or, for a sink with a
+/// `broker:`, a relay publishing to that broker (connected, its stream checked).
+pub async fn load_sink(config: &Config, sink: &SinkConfig, metrics: Arc<Metrics>) -> anyhow::Result<Arc<dyn Deliver>> {
+    let (concurrency, timeout) = (sink.worker.concurrency, sink.worker.publish_timeout);
+    let Some(name) = &sink.broker else {
+        return Ok(Arc::new(SinkRuntime::load_checked(&sink.sandbox, concurrency, timeout, metrics).await?));
+    };
+    let broker = config.brokers.iter().find(|b| b.name == *name).context("no such broker")?;
+    let publisher = Arc::new(NatsPublisher::connect(broker).await?);
+    let runtime = RelayRuntime::load_checked(&sink.sandbox, concurrency, timeout, metrics).await?;
+    Ok(Arc::new(RelaySink::new(runtime, publisher)))
+}
+
 impl Host {
     /// Opens and migrates the database and loads the sink (unless the worker is disabled).
     pub async fn start(config: Config) -> anyhow::Result<Host> {
@@ -113,17 +129,12 @@ impl Host {
             let sink_store = store.clone().sink_store(&registered).await?;
             let sink_metrics = if i == 0 { metrics.clone() } else { Arc::new(metrics.for_sink(sink_config.name())) };
             let worker = if config.worker.enabled {
-                let runtime = SinkRuntime::load_checked(
-                    &sink_config.sandbox,
-                    sink_config.worker.concurrency,
-                    sink_config.worker.publish_timeout,
-                    sink_metrics.clone(),
-                )
-                .await
-                .with_context(|| format!("sink {}", sink_config.name()))?;
+                let sink = load_sink(&config, sink_config, sink_metrics.clone())
+                    .await
+                    .with_context(|| format!("sink {}", sink_config.name()))?;
                 Some(Worker::new(
                     sink_store.clone(),
-                    Arc::new(runtime),
+                    sink,
                     sink_config.worker.clone(),
                     &config.node_id,
                     sink_metrics.clone(),
@@ -131,7 +142,8 @@ impl Host {
             } else {
                 None
             };
-            if let Some(worker) = &worker {
+            // A relay is not reloaded yet: its broker connection would move with it.
+            if let Some(worker) = worker.as_ref().filter(|_| sink_config.broker.is_none()) {
                 reloader.add(sink_config.clone(), worker.sink_slot().clone(), sink_metrics.clone());
             }
             sinks.push(SinkHost { registered, store: sink_store, worker, metrics: sink_metrics });

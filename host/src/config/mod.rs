@@ -50,6 +50,9 @@ pub struct SinkConfig {
     /// `outbox_worker` with this sink's own `concurrency`, `publish_timeout`, retry keys,
     /// `rate_limit` and `breaker` applied.
     pub worker: WorkerConfig,
+    /// A relay's broker (`broker:`, a name of `brokers:`): the plugin is then a relay
+    /// (world `outbox:relay/relay`) whose records the host publishes there.
+    pub broker: Option<String>,
 }
 
 impl SinkConfig {
@@ -98,6 +101,8 @@ pub struct Config {
     /// or the one-sink shorthand `sink:`; required by `run` and `check-config`). The first
     /// is the one the outbox's own status columns are for.
     pub sinks: Vec<SinkConfig>,
+    /// The brokers relays publish to (`brokers:`, by name).
+    pub brokers: Vec<crate::relay::settings::BrokerConfig>,
     /// The admin HTTP listener.
     pub admin: AdminConfig,
     /// Log output.
@@ -206,7 +211,7 @@ impl Config {
 /// lists the same (a test checks).
 pub fn known_keys() -> std::collections::BTreeSet<String> {
     read::recording(|| {
-        let every_section = "sink: {breaker: {}}\nsinks: [{breaker: {}}]\n";
+        let every_section = "sink: {breaker: {}}\nsinks: [{breaker: {}}]\nbrokers: {NAME: {}}\n";
         let _ = Config::from_yaml(every_section, std::iter::empty(), &|_| None);
     })
 }
@@ -274,6 +279,14 @@ fn read_config(f: &mut Fields<'_>, notes: &mut Vec<String>) -> Config {
     } else {
         check_sink_names(f, &sinks, listed, &table, backend);
     }
+    let brokers = f.entries("brokers", read_broker);
+    for sink in &sinks {
+        if let Some(broker) = &sink.broker
+            && !brokers.iter().any(|b| b.name == *broker)
+        {
+            f.problem("brokers", format!("has no broker {broker:?}, which sink {} names", sink.name()));
+        }
+    }
     let admin = f.section("admin", |f| read_admin(f, notes));
     let log = f.section("log", |f| {
         let format = match f.take::<String>("format").as_deref() {
@@ -290,7 +303,7 @@ fn read_config(f: &mut Fields<'_>, notes: &mut Vec<String>) -> Config {
         }
         LogConfig { format, level }
     });
-    Config { node_id, database, table, worker, sinks, admin, log, notes: Vec::new() }
+    Config { node_id, database, table, worker, sinks, brokers, admin, log, notes: Vec::new() }
 }
 
 /// Sink names are unique (state is keyed by them), and so are the tables they give
@@ -720,6 +733,7 @@ fn read_sink(f: &mut Fields<'_>, notes: &mut Vec<String>, global: &WorkerConfig,
         if f.has("breaker") { f.section("breaker", |f| read_breaker(f, notes)) } else { BreakerSettings::default() };
     let start_from = read_start_from(f);
     let watch_plugin = f.take::<bool>("watch_plugin").unwrap_or(true);
+    let broker = f.take::<String>("broker").filter(|b| !b.is_empty());
     let worker = WorkerConfig { rate_limit, breaker, ..read_delivery_overrides(f, notes, global, lease_explicit) };
     let sandbox = PluginConfig {
         name,
@@ -733,7 +747,46 @@ fn read_sink(f: &mut Fields<'_>, notes: &mut Vec<String>, global: &WorkerConfig,
         budgets,
         config,
     };
-    SinkConfig { sandbox, start_from, watch_plugin, worker }
+    SinkConfig { sandbox, start_from, watch_plugin, worker, broker }
+}
+
+/// One entry of `brokers:`: `kind` (`nats`), `url`, `stream`, `create_stream` (default
+/// false), `subjects` (required to create the stream), `token` or `user` and `password`.
+fn read_broker(name: &str, f: &mut Fields<'_>) -> crate::relay::settings::BrokerConfig {
+    use crate::relay::settings::{BrokerConfig, BrokerKind};
+    if !is_name(name, 64) {
+        f.problem("", "a broker's name is 1-64 characters of letters, digits, '.', '_' or '-'");
+    }
+    let kind = match f.take::<String>("kind") {
+        Some(kind) => BrokerKind::parse(&kind).unwrap_or_else(|| {
+            f.problem("kind", format!("{kind:?} is not one of {}", BrokerKind::NAMES.join(", ")));
+            BrokerKind::Nats
+        }),
+        None => {
+            f.problem("kind", format!("is required: one of {}", BrokerKind::NAMES.join(", ")));
+            BrokerKind::Nats
+        }
+    };
+    let url = f.take::<String>("url").unwrap_or_default();
+    if !url.starts_with("nats://") && !url.starts_with("tls://") {
+        f.problem("url", "is required: nats://host:port (or tls://host:port)");
+    }
+    let stream = f.take::<String>("stream").unwrap_or_default();
+    if !is_name(&stream, 64) {
+        f.problem("stream", "is required: the JetStream stream's name (letters, digits, '.', '_' or '-')");
+    }
+    let create_stream = f.take::<bool>("create_stream").unwrap_or(false);
+    let subjects = f.take::<Vec<String>>("subjects").unwrap_or_default();
+    if create_stream && subjects.is_empty() {
+        f.problem("subjects", "is required with create_stream: true (e.g. [\"rooms.>\"])");
+    }
+    let token = f.take::<String>("token").filter(|t| !t.is_empty());
+    let user = f.take::<String>("user").filter(|u| !u.is_empty());
+    let password = f.take::<String>("password").filter(|p| !p.is_empty());
+    if user.is_some() != password.is_some() {
+        f.problem("user", "and password go together");
+    }
+    BrokerConfig { name: name.to_string(), kind, url, stream, create_stream, subjects, token, user, password }
 }
 
 /// `sink.breaker`: `failures` (0: only the sink's push-back opens it), `cool_down`,

@@ -160,6 +160,36 @@ impl<'p> Fields<'p> {
         out
     }
 
+    /// Removes `key` as a mapping of names to sections, reading each as `key.<name>`.
+    pub fn entries<R>(&mut self, key: &str, mut read: impl FnMut(&str, &mut Fields<'_>) -> R) -> Vec<R> {
+        let path = self.key_path(key);
+        note_read(&path);
+        let entries = match self.map.remove(key) {
+            None | Some(Value::Null) => Mapping::new(),
+            Some(Value::Mapping(map)) => map,
+            Some(_) => {
+                self.problems.push(format!("{path}: must be a mapping of names to sections"));
+                Mapping::new()
+            }
+        };
+        let mut out = Vec::new();
+        for (name, value) in entries {
+            let name = scalar_text(&name).unwrap_or_default();
+            let path = format!("{path}.{name}");
+            let map = match value {
+                Value::Mapping(map) => map,
+                _ => {
+                    self.problems.push(format!("{path}: must be a mapping of keys to values"));
+                    continue;
+                }
+            };
+            let mut fields = Fields { path, map, problems: self.problems };
+            out.push(read(&name, &mut fields));
+            fields.finish();
+        }
+        out
+    }
+
     /// Removes `key` as a map of strings (numbers and booleans are turned into text).
     pub fn string_map(&mut self, key: &str) -> std::collections::BTreeMap<String, String> {
         let mut out = std::collections::BTreeMap::new();

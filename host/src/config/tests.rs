@@ -481,3 +481,35 @@ fn the_readmes_fifteen_line_config_is_accepted() {
     assert_eq!(config.require_sinks("run").unwrap()[0].name(), "tencent-im");
     assert_eq!(config.worker.concurrency, 16);
 }
+
+#[test]
+fn brokers_are_checked_and_a_relay_names_one_that_exists() {
+    let yaml = "sink:\n  name: to-nats\n  plugin: relay.wasm\n  broker: missing\n\
+                brokers:\n  events:\n    kind: kafka\n    stream: ROOMS\n    create_stream: true\n    user: u\n";
+    let problems = problems(yaml);
+    for expected in [
+        "brokers.events.kind: \"kafka\" is not one of nats",
+        "brokers.events.url: is required",
+        "brokers.events.subjects: is required with create_stream: true",
+        "brokers.events.user: and password go together",
+        "brokers: has no broker \"missing\", which sink to-nats names",
+    ] {
+        assert!(problems.iter().any(|p| p.starts_with(expected)), "no {expected:?} in {problems:?}");
+    }
+    let fine = "sink:\n  name: to-nats\n  plugin: relay.wasm\n  broker: events\n\
+                brokers:\n  events:\n    kind: nats\n    url: nats://127.0.0.1:4222\n    stream: ROOMS\n    token: ${NATS_TOKEN}\n";
+    let config =
+        Config::from_yaml(fine, std::iter::empty(), &|v| (v == "NATS_TOKEN").then(|| "t0ken".to_string())).unwrap();
+    assert_eq!(config.sinks[0].broker.as_deref(), Some("events"));
+    assert_eq!(config.brokers[0].token.as_deref(), Some("t0ken"));
+    assert!(!format!("{:?}", config.brokers[0]).contains("t0ken"), "the token is never printed");
+}
+
+#[test]
+fn the_relay_docs_config_is_accepted() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/relay.md")).unwrap();
+    let yaml = doc.split("```yaml\n").nth(1).and_then(|b| b.split("```").next()).unwrap();
+    let config = parse(yaml).unwrap();
+    assert_eq!(config.sinks[0].broker.as_deref(), Some("events"));
+    assert_eq!((config.brokers[0].stream.as_str(), config.brokers[0].create_stream), ("ROOMS", true));
+}

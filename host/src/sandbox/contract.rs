@@ -42,7 +42,12 @@ impl std::fmt::Display for Version {
 /// The versions of the contract a component's imports name (`outbox:sink/log@0.1.0` names
 /// `0.1.0`), as written.
 pub fn targets(engine: &Engine, component: &Component) -> BTreeSet<String> {
-    let prefix = format!("{PACKAGE}/");
+    targets_of(engine, component, PACKAGE)
+}
+
+/// [`targets`] of another contract's `package` (a relay's `outbox:relay`).
+pub fn targets_of(engine: &Engine, component: &Component, package: &str) -> BTreeSet<String> {
+    let prefix = format!("{package}/");
     component
         .component_type()
         .imports(engine)
@@ -53,20 +58,26 @@ pub fn targets(engine: &Engine, component: &Component) -> BTreeSet<String> {
 /// Whether this host runs a sink built for these contract versions; the refusal names the
 /// version the sink was built for and the versions the host offers.
 pub fn check(targets: &BTreeSet<String>) -> Result<(), String> {
+    check_package(PACKAGE, VERSION, "the sink against this host's wit/sink.wit", targets)
+}
+
+/// [`check`] for another contract: `package` at `version` (the relay's); `rebuild` says
+/// what to build against what.
+pub fn check_package(package: &str, version: Version, rebuild: &str, targets: &BTreeSet<String>) -> Result<(), String> {
     let offered = format!(
-        "this host offers {PACKAGE}@{}.{}.0 to {VERSION} (a sink built for any of them loads)",
-        VERSION.major, VERSION.minor
+        "this host offers {package}@{}.{}.0 to {version} (a sink built for any of them loads)",
+        version.major, version.minor
     );
     for target in targets {
         let why = match Version::parse(target) {
-            Some(v) if (v.major, v.minor) == (VERSION.major, VERSION.minor) && v <= VERSION => continue,
-            Some(v) if (v.major, v.minor) == (VERSION.major, VERSION.minor) => {
+            Some(v) if (v.major, v.minor) == (version.major, version.minor) && v <= version => continue,
+            Some(v) if (v.major, v.minor) == (version.major, version.minor) => {
                 "newer than this host: it may call what this host does not have; run a newer host"
             }
-            Some(_) => "a contract this host does not speak: build the sink against this host's wit/sink.wit",
+            Some(_) => &format!("a contract this host does not speak: build {rebuild}"),
             None => "not a version this host knows",
         };
-        return Err(format!("was built for {PACKAGE}@{target}, {why}; {offered}"));
+        return Err(format!("was built for {package}@{target}, {why}; {offered}"));
     }
     Ok(())
 }

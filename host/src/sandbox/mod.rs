@@ -11,6 +11,7 @@ mod capture;
 pub mod contract;
 mod egress;
 mod http;
+pub mod relay;
 mod state;
 pub mod trial;
 
@@ -78,7 +79,7 @@ impl Deliver for SinkRuntime {
     }
 
     fn digest(&self) -> Option<Arc<str>> {
-        Some(self.digest.clone())
+        Some(self.core.digest.clone())
     }
 }
 
@@ -169,38 +170,44 @@ impl AttemptFailure {
 
 /// A loaded sink, ready to deliver events concurrently.
 pub struct SinkRuntime {
-    engine: Engine,
+    core: Core,
     pre: SinkPre<DeliveryState>,
+}
+
+/// What every loaded component has, a sink's or a relay's: its engine, its settings and
+/// budgets, the memory cap, the epoch ticker, and the digest of its build.
+struct Core {
+    engine: Engine,
     shared: Arc<Shared>,
     memory_limit: usize,
     ticker_stop: Arc<AtomicBool>,
     digest: Arc<str>,
 }
 
-impl Drop for SinkRuntime {
+impl Drop for Core {
     fn drop(&mut self) {
         self.ticker_stop.store(true, Ordering::Relaxed);
     }
 }
 
-impl SinkRuntime {
-    /// Compiles (or loads from cache), links and pre-instantiates the sink's component.
-    /// `concurrency` sizes the instance pool. Errors say what is wrong with the plugin.
-    pub fn load(config: &PluginConfig, concurrency: u32) -> anyhow::Result<SinkRuntime> {
-        Self::load_with(config, concurrency, Arc::new(Metrics::new(&config.name)))
-    }
+/// A component read and compiled (or taken from the cache) for one world, its imports
+/// checked against the contract `contract` names, and a linker with WASI p2 in it.
+struct Compiled {
+    engine: Engine,
+    component: wasmtime::component::Component,
+    linker: Linker<DeliveryState>,
+    memory_limit: usize,
+    bytes: Vec<u8>,
+}
 
-    /// [`SinkRuntime::load`], counting what the sink exceeds into `metrics`.
-    pub fn load_with(config: &PluginConfig, concurrency: u32, metrics: Arc<Metrics>) -> anyhow::Result<SinkRuntime> {
-        Self::load_inner(config, concurrency, metrics, None)
-    }
-
-    fn load_inner(
+impl Compiled {
+    /// Reads and compiles `config.plugin` for a pool of `concurrency` instances;
+    /// `contract` checks the versions of the world it was built for.
+    fn load(
         config: &PluginConfig,
         concurrency: u32,
-        metrics: Arc<Metrics>,
-        trial: Option<Arc<trial::Trial>>,
-    ) -> anyhow::Result<SinkRuntime> {
+        contract: impl Fn(&Engine, &wasmtime::component::Component) -> Result<(), String>,
+    ) -> anyhow::Result<Compiled> {
         let plugin = &config.plugin;
         let bytes = std::fs::read(plugin).with_context(|| format!("sink.plugin: cannot read {}", plugin.display()))?;
         let memory_limit = usize::try_from(config.memory_limit).unwrap_or(usize::MAX);
@@ -214,25 +221,19 @@ impl SinkRuntime {
             };
             anyhow::anyhow!("sink.plugin: {} is not a usable WebAssembly component{hint}: {e:#}", plugin.display())
         })?;
-        contract::check(&contract::targets(&engine, &component))
-            .map_err(|why| anyhow::anyhow!("sink.plugin: {} {why}", plugin.display()))?;
+        contract(&engine, &component).map_err(|why| anyhow::anyhow!("sink.plugin: {} {why}", plugin.display()))?;
         let mut linker = Linker::<DeliveryState>::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
-        bindings::Sink::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
-        let instance_pre = linker.instantiate_pre(&component).map_err(|e| {
-            anyhow::anyhow!(
-                "sink.plugin: {} needs imports the host does not grant (only outbox:sink config/http/log/flow and WASI p2 without files, env or sockets): {e:#}",
-                plugin.display()
-            )
-        })?;
-        let pre = SinkPre::new(instance_pre).map_err(|e| {
-            anyhow::anyhow!(
-                "sink.plugin: {} does not implement world {}/sink@{} (it must export `deliver`): {e:#}",
-                plugin.display(),
-                contract::PACKAGE,
-                contract::VERSION
-            )
-        })?;
+        Ok(Compiled { engine, component, linker, memory_limit, bytes })
+    }
+
+    /// The core of the loaded component, its host state shared by its calls.
+    fn core(
+        self,
+        config: &PluginConfig,
+        metrics: Arc<Metrics>,
+        trial: Option<Arc<trial::Trial>>,
+    ) -> anyhow::Result<Core> {
         let allowed = config
             .allowed_hosts
             .iter()
@@ -255,9 +256,50 @@ impl SinkRuntime {
             trial,
         });
         let ticker_stop = Arc::new(AtomicBool::new(false));
-        spawn_epoch_ticker(engine.weak(), ticker_stop.clone());
-        let digest = format!("sha256:{:x}", <sha2::Sha256 as sha2::Digest>::digest(&bytes)).into();
-        Ok(SinkRuntime { engine, pre, shared, memory_limit, ticker_stop, digest })
+        spawn_epoch_ticker(self.engine.weak(), ticker_stop.clone());
+        let digest = format!("sha256:{:x}", <sha2::Sha256 as sha2::Digest>::digest(&self.bytes)).into();
+        Ok(Core { engine: self.engine, shared, memory_limit: self.memory_limit, ticker_stop, digest })
+    }
+}
+
+impl SinkRuntime {
+    /// Compiles (or loads from cache), links and pre-instantiates the sink's component.
+    /// `concurrency` sizes the instance pool. Errors say what is wrong with the plugin.
+    pub fn load(config: &PluginConfig, concurrency: u32) -> anyhow::Result<SinkRuntime> {
+        Self::load_with(config, concurrency, Arc::new(Metrics::new(&config.name)))
+    }
+
+    /// [`SinkRuntime::load`], counting what the sink exceeds into `metrics`.
+    pub fn load_with(config: &PluginConfig, concurrency: u32, metrics: Arc<Metrics>) -> anyhow::Result<SinkRuntime> {
+        Self::load_inner(config, concurrency, metrics, None)
+    }
+
+    fn load_inner(
+        config: &PluginConfig,
+        concurrency: u32,
+        metrics: Arc<Metrics>,
+        trial: Option<Arc<trial::Trial>>,
+    ) -> anyhow::Result<SinkRuntime> {
+        let plugin = &config.plugin;
+        let mut compiled = Compiled::load(config, concurrency, |engine, component| {
+            contract::check(&contract::targets(engine, component))
+        })?;
+        bindings::Sink::add_to_linker::<_, HasSelf<_>>(&mut compiled.linker, |s| s)?;
+        let instance_pre = compiled.linker.instantiate_pre(&compiled.component).map_err(|e| {
+            anyhow::anyhow!(
+                "sink.plugin: {} needs imports the host does not grant (only outbox:sink config/http/log/flow and WASI p2 without files, env or sockets): {e:#}",
+                plugin.display()
+            )
+        })?;
+        let pre = SinkPre::new(instance_pre).map_err(|e| {
+            anyhow::anyhow!(
+                "sink.plugin: {} does not implement world {}/sink@{} (it must export `deliver`): {e:#}",
+                plugin.display(),
+                contract::PACKAGE,
+                contract::VERSION
+            )
+        })?;
+        Ok(SinkRuntime { core: compiled.core(config, metrics, trial)?, pre })
     }
 
     /// Loads the sink (compiling off the async runtime) and asks it to check its config;
@@ -304,12 +346,12 @@ impl SinkRuntime {
 
     /// The sink's configured name.
     pub fn name(&self) -> &str {
-        &self.shared.name
+        &self.core.shared.name
     }
 
     /// `sha256:<hex>` of the component this runtime was loaded from.
     pub fn digest_text(&self) -> &str {
-        &self.digest
+        &self.core.digest
     }
 
     /// Runs one delivery in a fresh store, bounded by `timeout`.
@@ -322,7 +364,7 @@ impl SinkRuntime {
     /// [`SinkRuntime::deliver`], also saying where its time went (the benchmark's breakdown).
     pub async fn deliver_timed(&self, event: &Event, timeout: Duration) -> (Result<Delivered, AttemptFailure>, Phases) {
         let started = std::time::Instant::now();
-        let mut call = self.fresh_store(timeout);
+        let mut call = self.core.fresh_store(timeout);
         let stored = std::time::Instant::now();
         let mut instantiated = stored;
         let run = async {
@@ -334,7 +376,7 @@ impl SinkRuntime {
         let called = std::time::Instant::now();
         let pressure = call.store.data().pressure();
         let denied = call.store.data().denied_by_policy().map(str::to_string);
-        let outcome = self.finish(call, returned, timeout);
+        let outcome = self.core.finish(call, returned, timeout);
         let finished = std::time::Instant::now();
         let phases = Phases {
             store: stored - started,
@@ -347,7 +389,7 @@ impl SinkRuntime {
             // sink made of it: deferred, never failed for good (see `Pressure::Misconfigured`).
             (Ok(Err(_)), Some(why)) => Err(AttemptFailure {
                 class: FailureClass::Retryable,
-                message: printable_within(&why, self.shared.budgets.max_message_bytes as usize).0,
+                message: printable_within(&why, self.core.shared.budgets.max_message_bytes as usize).0,
                 retry_after: None,
                 pressure: Some(Pressure::Misconfigured),
             }),
@@ -363,20 +405,20 @@ impl SinkRuntime {
         outcome: Result<Outcome, bindings::Failure>,
         pressure: Option<Pressure>,
     ) -> Result<Delivered, AttemptFailure> {
-        let budgets = &self.shared.budgets;
+        let budgets = &self.core.shared.budgets;
         match outcome {
             Ok(Outcome::Delivered) => Ok(Delivered::Delivered),
             Ok(Outcome::Skipped(reason)) => {
                 let (reason, clipped) = printable_within(&reason, budgets.max_skip_reason_bytes as usize);
                 if clipped {
-                    self.shared.metrics.sink_limit("skip_reason");
+                    self.core.shared.metrics.sink_limit("skip_reason");
                 }
                 Ok(Delivered::Skipped(reason))
             }
             Err(failure) => {
                 let (message, clipped) = printable_within(&failure.message, budgets.max_message_bytes as usize);
                 if clipped {
-                    self.shared.metrics.sink_limit("message");
+                    self.core.shared.metrics.sink_limit("message");
                 }
                 let (class, pressure) = match failure.kind {
                     FailureKind::Retryable => (FailureClass::Retryable, pressure),
@@ -393,15 +435,15 @@ impl SinkRuntime {
     }
 
     fn clamp_retry_after(&self, ms: u64) -> Duration {
-        let max = self.shared.budgets.max_retry_after;
+        let max = self.core.shared.budgets.max_retry_after;
         let asked = Duration::from_millis(ms);
         if asked <= max {
             return asked;
         }
-        self.shared.metrics.sink_limit("retry_after");
-        if !self.shared.retry_after_clamp_said.swap(true, Ordering::Relaxed) {
+        self.core.shared.metrics.sink_limit("retry_after");
+        if !self.core.shared.retry_after_clamp_said.swap(true, Ordering::Relaxed) {
             tracing::warn!(
-                sink = %self.shared.name,
+                sink = %self.core.shared.name,
                 asked_ms = ms,
                 max = %crate::units::format_duration(max),
                 "sink asked to wait longer than sink.max_retry_after; clamped (said once, counted in room_outbox_sink_limit_hits_total)"
@@ -415,7 +457,7 @@ impl SinkRuntime {
     /// egress policy denies is a problem too, naming the sink's key, the URL and the host's
     /// key to change: a config that cannot deliver is refused before it consumes any event.
     pub async fn check_config(&self, timeout: Duration) -> Result<Vec<String>, AttemptFailure> {
-        let mut call = self.fresh_store(timeout);
+        let mut call = self.core.fresh_store(timeout);
         call.store.data_mut().checking_config();
         let run = async {
             let sink = self.pre.instantiate_async(&mut call.store).await?;
@@ -423,17 +465,19 @@ impl SinkRuntime {
         };
         let returned = tokio::time::timeout_at(call.deadline, run).await;
         let declared = call.store.data().declared().to_vec();
-        let mut problems = self.finish(call, returned, timeout)?;
+        let mut problems = self.core.finish(call, returned, timeout)?;
         // Only what the policy denies: a declared URL that does not parse is the sink's own
         // to report (and an empty one is a key it found missing).
         for (key, url) in declared {
-            if let Err(bindings::HttpError::Denied(why)) = self.shared.http.check_destination(&url) {
+            if let Err(bindings::HttpError::Denied(why)) = self.core.shared.http.check_destination(&url) {
                 problems.push(format!("{key}: {} cannot be reached: {why}", printable(&url, 512)));
             }
         }
         Ok(problems)
     }
+}
 
+impl Core {
     /// A fresh store for one call of an export: a locked-down WASI context with captured
     /// stdout and stderr, the memory cap, and an epoch deadline at `timeout`.
     fn fresh_store(&self, timeout: Duration) -> ExportCall {

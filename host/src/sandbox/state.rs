@@ -43,7 +43,7 @@ pub struct DeliveryState {
     wasi: WasiCtx,
     table: ResourceTable,
     pub limits: StoreLimits,
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
     deadline: Instant,
     spent: Spent,
     /// The last `flow.push-back` of this attempt.
@@ -77,7 +77,7 @@ impl DeliveryState {
 
     /// One line into the host's log, within the attempt's line and byte budgets: escaped
     /// onto one line, clipped to `max_message_bytes`, dropped (and counted) past the budget.
-    fn emit(&mut self, level: tracing::Level, stream: Option<&'static str>, message: &str) {
+    pub(super) fn emit(&mut self, level: tracing::Level, stream: Option<&'static str>, message: &str) {
         let budgets = &self.shared.budgets;
         if self.spent.log_lines >= budgets.max_log_lines || self.spent.log_bytes >= budgets.max_log_bytes {
             self.spent.dropped_lines += 1;

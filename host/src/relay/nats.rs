@@ -1,0 +1,118 @@
+//! NATS JetStream: each record published with `Nats-Msg-Id` set to the event's id (with the
+//! record's index when an event makes several), so that the stream keeps one message per
+//! record however often the event is delivered within the stream's duplicate window. An
+//! event's records are sent at once and their acks awaited together.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, stream};
+
+use super::settings::BrokerConfig;
+use crate::sandbox::relay::Record;
+
+/// How long connecting and the stream check may take at start.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A JetStream publisher on one connection.
+pub struct NatsPublisher {
+    name: String,
+    jetstream: jetstream::Context,
+    duplicates: AtomicU64,
+}
+
+impl NatsPublisher {
+    /// Connects and finds the stream (creating it when `create_stream` says so); an
+    /// unreachable broker or a missing stream is an error naming the broker.
+    pub async fn connect(config: &BrokerConfig) -> anyhow::Result<NatsPublisher> {
+        let name = &config.name;
+        let mut options = async_nats::ConnectOptions::new().connection_timeout(START_TIMEOUT);
+        if let Some(token) = &config.token {
+            options = options.token(token.clone());
+        }
+        if let (Some(user), Some(password)) = (&config.user, &config.password) {
+            options = options.user_and_password(user.clone(), password.clone());
+        }
+        let url = crate::text::redact_url(&config.url);
+        let client = tokio::time::timeout(START_TIMEOUT, options.connect(config.url.as_str()))
+            .await
+            .map_err(|_| anyhow::anyhow!("broker {name}: no answer from {url} within {START_TIMEOUT:?}"))?
+            .with_context(|| format!("broker {name}: cannot connect to {url}"))?;
+        let jetstream = jetstream::new(client);
+        let stream = if config.create_stream {
+            let wanted =
+                stream::Config { name: config.stream.clone(), subjects: config.subjects.clone(), ..Default::default() };
+            tokio::time::timeout(START_TIMEOUT, jetstream.get_or_create_stream(wanted))
+                .await
+                .map(|r| r.map_err(|e| e.to_string()))
+        } else {
+            tokio::time::timeout(START_TIMEOUT, jetstream.get_stream(&config.stream))
+                .await
+                .map(|r| r.map_err(|e| e.to_string()))
+        };
+        let stream = stream
+            .map_err(|_| {
+                anyhow::anyhow!("broker {name}: no answer about stream {} within {START_TIMEOUT:?}", config.stream)
+            })?
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "broker {name}: stream {} {} ({e})",
+                    config.stream,
+                    if config.create_stream {
+                        "could not be created"
+                    } else {
+                        "does not exist (set create_stream: true, or create it)"
+                    }
+                )
+            })?;
+        tracing::info!(broker = %name, stream = %config.stream, subjects = ?stream.cached_info().config.subjects, "relaying to NATS JetStream");
+        Ok(NatsPublisher { name: name.clone(), jetstream, duplicates: AtomicU64::new(0) })
+    }
+
+    /// The broker's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Records the broker said it already had (dedup by `Nats-Msg-Id`).
+    pub fn duplicates(&self) -> u64 {
+        self.duplicates.load(Ordering::Relaxed)
+    }
+
+    /// Publishes `records` of event `event_id` and waits until the broker has acknowledged
+    /// every one, or `timeout` has passed. The error is short and secret-free.
+    pub async fn publish(&self, event_id: &str, records: &[Record], timeout: Duration) -> Result<(), String> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut acks = Vec::with_capacity(records.len());
+        for (i, record) in records.iter().enumerate() {
+            let mut headers = HeaderMap::new();
+            for (name, value) in &record.headers {
+                if !name.eq_ignore_ascii_case("Nats-Msg-Id") {
+                    headers.insert(name.as_str(), value.as_str());
+                }
+            }
+            let id = if records.len() == 1 { event_id.to_string() } else { format!("{event_id}:{i}") };
+            headers.insert("Nats-Msg-Id", id.as_str());
+            let sent = tokio::time::timeout_at(
+                deadline,
+                self.jetstream.publish_with_headers(record.destination.clone(), headers, record.payload.clone().into()),
+            )
+            .await
+            .map_err(|_| format!("broker {}: the publish was not sent within {timeout:?}", self.name))?
+            .map_err(|e| format!("broker {}: publish to {}: {e}", self.name, record.destination))?;
+            acks.push(sent);
+        }
+        for ack in acks {
+            let ack = tokio::time::timeout_at(deadline, ack.into_future())
+                .await
+                .map_err(|_| format!("broker {}: no ack within {timeout:?}", self.name))?
+                .map_err(|e| format!("broker {}: {e}", self.name))?;
+            if ack.duplicate {
+                self.duplicates.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+}
