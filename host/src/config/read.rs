@@ -67,7 +67,11 @@ impl<'p> Fields<'p> {
 
     /// The dotted name of `key` under this section, as problems name it.
     pub fn key_path(&self, key: &str) -> String {
-        if self.path.is_empty() { key.to_string() } else { format!("{}.{key}", self.path) }
+        if self.path.is_empty() || key.is_empty() {
+            format!("{}{key}", self.path)
+        } else {
+            format!("{}.{key}", self.path)
+        }
     }
 
     /// Records a problem with `key`.

@@ -40,7 +40,7 @@ impl Deliver for RelaySink {
             return Ok(Delivered::Skipped("not for this relay".to_string()));
         }
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        self.publisher.publish(&event.event_id, &records, left).await.map_err(|message| AttemptFailure {
+        self.publisher.publish(&event.event_id, records, left).await.map_err(|message| AttemptFailure {
             class: FailureClass::Retryable,
             message,
             retry_after: None,

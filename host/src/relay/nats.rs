@@ -83,21 +83,21 @@ impl NatsPublisher {
 
     /// Publishes `records` of event `event_id` and waits until the broker has acknowledged
     /// every one, or `timeout` has passed. The error is short and secret-free.
-    pub async fn publish(&self, event_id: &str, records: &[Record], timeout: Duration) -> Result<(), String> {
+    pub async fn publish(&self, event_id: &str, records: Vec<Record>, timeout: Duration) -> Result<(), String> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut acks = Vec::with_capacity(records.len());
-        for (i, record) in records.iter().enumerate() {
+        let (count, mut acks) = (records.len(), Vec::with_capacity(records.len()));
+        for (i, record) in records.into_iter().enumerate() {
             let mut headers = HeaderMap::new();
             for (name, value) in &record.headers {
                 if !name.eq_ignore_ascii_case("Nats-Msg-Id") {
                     headers.insert(name.as_str(), value.as_str());
                 }
             }
-            let id = if records.len() == 1 { event_id.to_string() } else { format!("{event_id}:{i}") };
+            let id = if count == 1 { event_id.to_string() } else { format!("{event_id}:{i}") };
             headers.insert("Nats-Msg-Id", id.as_str());
             let sent = tokio::time::timeout_at(
                 deadline,
-                self.jetstream.publish_with_headers(record.destination.clone(), headers, record.payload.clone().into()),
+                self.jetstream.publish_with_headers(record.destination.clone(), headers, record.payload.into()),
             )
             .await
             .map_err(|_| format!("broker {}: the publish was not sent within {timeout:?}", self.name))?
