@@ -470,10 +470,12 @@ pub async fn query_strings(db: &TestDb, sql: &str) -> Vec<String> {
 
 /// The entries `index` has returned to scans so far, by the server's own counters, with
 /// this connection's own reads flushed to them first. `after`: wait (up to 15 s) until the
-/// count has moved past it, since a flush may land a moment later (another idle backend's
-/// within about 10 s); a claim reads something.
+/// count has moved past it and then holds still for 300 ms, since other backends' counts
+/// land when they flush (an idle one within about 10 s, a closing one as it exits), not
+/// necessarily all at once; a claim reads something.
 pub async fn entries_read(conn: &mut sqlx::PgConnection, index: &str, after: Option<i64>) -> i64 {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let mut last = None;
     loop {
         sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut *conn).await.unwrap();
         sqlx::query("SELECT pg_stat_clear_snapshot()").execute(&mut *conn).await.unwrap();
@@ -485,11 +487,15 @@ pub async fn entries_read(conn: &mut sqlx::PgConnection, index: &str, after: Opt
         .await
         .unwrap();
         match after {
-            Some(before) if read <= before => {
+            None => return read,
+            Some(before) if read > before && last == Some(read) => return read,
+            Some(before) => {
+                let moved = read > before;
                 assert!(std::time::Instant::now() < deadline, "{index}: no reads counted after the claim");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                last = moved.then_some(read);
+                let pause = if moved { 300 } else { 50 };
+                tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
             }
-            _ => return read,
         }
     }
 }

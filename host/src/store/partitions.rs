@@ -165,6 +165,21 @@ fn share_lock(backend: Backend) -> &'static str {
 }
 
 /// Partition numbers as an SQL list: `3, 5, 8`.
+/// Rows after the cursor `(created_at_ms, key)` bound at parameters `first` (twice, the
+/// time) and `first + 2` (the key), written so the read seeks to the cursor in its index
+/// rather than reading again, on every page, each row of the cursor's millisecond before it
+/// (a burst puts hundreds in one): a row comparison on PostgreSQL, ranges MySQL's optimizer
+/// merges in order on MySQL. SQLite seeks on neither; it reads its millisecond's earlier
+/// rows again.
+fn after_cursor<D: Dialect>(key: &str, first: usize) -> String {
+    let (at, again, last) = (D::param(first), D::param(first + 1), D::param(first + 2));
+    match D::BACKEND {
+        Backend::Postgres => format!("created_at_ms >= {at} AND (created_at_ms, {key}) > ({again}, {last})"),
+        Backend::Mysql => format!("(created_at_ms > {at} OR (created_at_ms = {again} AND {key} > {last}))"),
+        Backend::Sqlite => format!("created_at_ms >= {at} AND (created_at_ms > {again} OR {key} > {last})"),
+    }
+}
+
 fn list(parts: &[u32]) -> String {
     parts.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
 }
@@ -472,11 +487,8 @@ for_every_dialect!(impl {
             format!(
                 "SELECT {id}, app_code, event_id, event_type, room_id, envelope, created_at_ms, retry_count, \
                  status, next_retry_at_ms, lock_until_ms, {part} AS part_no, {key} AS sort_key FROM {from} \
-                 WHERE {status} AND created_at_ms >= {} AND (created_at_ms > {} OR {key} > {}){only} \
-                 ORDER BY created_at_ms, {key} LIMIT {}",
-                D::param(first),
-                D::param(first + 1),
-                D::param(first + 2),
+                 WHERE {status} AND {}{only} ORDER BY created_at_ms, {key} LIMIT {}",
+                after_cursor::<D>(key, first),
                 D::param(first + 3),
             )
         };
@@ -532,20 +544,12 @@ for_every_dialect!(impl {
         );
         // Everything is bound, so that the statement's text (and its prepared plan) depends
         // only on how many partitions are read.
-        let after = |first: usize| {
-            format!(
-                "created_at_ms >= {} AND (created_at_ms > {} OR {key} > {})",
-                D::param(first),
-                D::param(first + 1),
-                D::param(first + 2)
-            )
-        };
         // One range of the partial index per partition, merged in order.
         let sql = format!(
             "SELECT * FROM (SELECT w.* FROM unnest(string_to_array($4, ',')::INT8[]) AS p(n) CROSS JOIN LATERAL ( \
                SELECT {columns} FROM {t} WHERE {expr} = p.n AND status IN ('pending', 'retryable', 'delivering') \
                   AND {} ORDER BY created_at_ms, {key} LIMIT $5) AS w) AS waiting ORDER BY created_at_ms, sort_key",
-            after(1)
+            after_cursor::<D>(key, 1)
         );
         let (after_at, after_key) = read.after.clone().unwrap_or((i64::MIN, KeyValue::first(self.profile.key)));
         let parts = parts.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
