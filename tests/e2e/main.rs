@@ -6,6 +6,7 @@ mod admin;
 mod adoption;
 mod binary;
 mod breaker;
+mod brokers;
 mod browser;
 mod claims;
 mod conformance;

@@ -1,35 +1,70 @@
-//! A NATS server with JetStream of a test's own (`nats-server -js`), on a free loopback port
-//! with its store in a temporary directory; stopped when dropped, and restartable on the
-//! same port and store (a broker restart).
+//! Brokers of a test's own: a `nats-server -js`, a `redis-server` or a `mosquitto`, on a
+//! free loopback port (NATS with its store in a temporary directory); killed when dropped,
+//! and restartable on the same port and store (a broker restart).
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-/// The server binary (Debian's `nats-server`).
-pub const NATS_SERVER: &str = "nats-server";
+/// Which server.
+#[derive(Clone, Copy, Debug)]
+pub enum Broker {
+    /// Debian's `nats-server`, with JetStream.
+    Nats,
+    /// Debian's `redis-server`, keeping nothing on disk.
+    Redis,
+    /// Debian's `mosquitto`.
+    Mosquitto,
+}
 
-/// A running `nats-server -js`.
-pub struct NatsServer {
+impl Broker {
+    fn program(self) -> &'static str {
+        match self {
+            Broker::Nats => "nats-server",
+            Broker::Redis => "redis-server",
+            Broker::Mosquitto => "mosquitto",
+        }
+    }
+
+    fn scheme(self) -> &'static str {
+        match self {
+            Broker::Nats => "nats",
+            Broker::Redis => "redis",
+            Broker::Mosquitto => "mqtt",
+        }
+    }
+}
+
+/// A running broker of a test's own.
+pub struct BrokerServer {
+    broker: Broker,
     port: u16,
     store: tempfile::TempDir,
     child: Option<Child>,
 }
 
-impl NatsServer {
-    /// Starts one and waits until it accepts connections.
-    pub async fn start() -> NatsServer {
+/// The NATS server of the relay tests.
+pub type NatsServer = BrokerServer;
+
+impl BrokerServer {
+    /// A `nats-server -js`, listening.
+    pub async fn start() -> BrokerServer {
+        BrokerServer::of(Broker::Nats).await
+    }
+
+    /// One of `broker`, listening.
+    pub async fn of(broker: Broker) -> BrokerServer {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let mut server = NatsServer { port, store: tempfile::tempdir().unwrap(), child: None };
+        let mut server = BrokerServer { broker, port, store: tempfile::tempdir().unwrap(), child: None };
         server.restart().await;
         server
     }
 
-    /// `nats://127.0.0.1:<port>`.
+    /// `<scheme>://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        format!("{}://127.0.0.1:{}", self.broker.scheme(), self.port)
     }
 
-    /// Kills the server (SIGKILL: nothing is flushed beyond what JetStream already wrote).
+    /// Kills the server (SIGKILL: nothing is flushed beyond what it already wrote).
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
@@ -40,13 +75,19 @@ impl NatsServer {
     /// Starts it again on the same port and store.
     pub async fn restart(&mut self) {
         self.stop();
-        let child = Command::new(NATS_SERVER)
-            .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string(), "-sd"])
-            .arg(self.store.path())
+        let port = self.port.to_string();
+        let mut command = Command::new(self.broker.program());
+        match self.broker {
+            Broker::Nats => command.args(["-js", "-a", "127.0.0.1", "-p", &port, "-sd"]).arg(self.store.path()),
+            Broker::Redis => command.args(["--port", &port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]),
+            Broker::Mosquitto => command.args(["-p", &port]),
+        };
+        let program = self.broker.program();
+        let child = command
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .unwrap_or_else(|e| panic!("starting {NATS_SERVER}: {e} (Debian's package nats-server)"));
+            .unwrap_or_else(|e| panic!("starting {program}: {e} (Debian's package of that name)"));
         self.child = Some(child);
         for _ in 0..200 {
             if tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.is_ok() {
@@ -54,11 +95,11 @@ impl NatsServer {
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        panic!("{NATS_SERVER} did not listen on port {} within 5 s", self.port);
+        panic!("{program} did not listen on port {} within 5 s", self.port);
     }
 }
 
-impl Drop for NatsServer {
+impl Drop for BrokerServer {
     fn drop(&mut self) {
         self.stop();
     }

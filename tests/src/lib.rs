@@ -8,8 +8,8 @@ use axum::Router;
 use axum::extract::State;
 use axum::routing::post;
 
+pub mod brokers;
 pub mod db;
-pub mod nats;
 pub mod proxy;
 pub mod skip;
 pub mod tencent;

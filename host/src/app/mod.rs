@@ -16,7 +16,6 @@ use crate::engine::Worker;
 use crate::ops::admin::{self, AdminState};
 use crate::ops::metrics::Metrics;
 use crate::relay::RelaySink;
-use crate::relay::nats::NatsPublisher;
 use crate::sandbox::relay::RelayRuntime;
 use crate::sandbox::{Deliver, SinkRuntime};
 use crate::store::{self, RegisteredSink, Store};
@@ -104,9 +103,9 @@ pub async fn load_sink(config: &Config, sink: &SinkConfig, metrics: Arc<Metrics>
         return Ok(Arc::new(SinkRuntime::load_checked(&sink.sandbox, concurrency, timeout, metrics).await?));
     };
     let broker = config.brokers.iter().find(|b| b.name == *name).context("no such broker")?;
-    let publisher = Arc::new(NatsPublisher::connect(broker).await?);
-    let runtime = RelayRuntime::load_checked(&sink.sandbox, concurrency, timeout, metrics).await?;
-    Ok(Arc::new(RelaySink::new(runtime, publisher)))
+    let publisher = crate::relay::connect(broker).await?;
+    let runtime = RelayRuntime::load_checked(&sink.sandbox, concurrency, timeout, metrics.clone()).await?;
+    Ok(Arc::new(RelaySink::new(runtime, publisher, metrics)))
 }
 
 impl Host {

@@ -750,8 +750,11 @@ fn read_sink(f: &mut Fields<'_>, notes: &mut Vec<String>, global: &WorkerConfig,
     SinkConfig { sandbox, start_from, watch_plugin, worker, broker }
 }
 
-/// One entry of `brokers:`: `kind` (`nats`), `url`, `stream`, `create_stream` (default
-/// false), `subjects` (required to create the stream), `token` or `user` and `password`.
+/// One entry of `brokers:`: `kind`, `url`, credentials (`token` for NATS, or `user` and
+/// `password`), and the keys of its kind: NATS `stream`, `create_stream` (default false) and
+/// `subjects` (required to create the stream); Redis `dedup_window` (default 24h) and
+/// `max_len`; RabbitMQ `exchange` (default: the default exchange). A key of another kind
+/// is refused, naming the kind it belongs to.
 fn read_broker(name: &str, f: &mut Fields<'_>) -> crate::relay::settings::BrokerConfig {
     use crate::relay::settings::{BrokerConfig, BrokerKind};
     if !is_name(name, 64) {
@@ -767,26 +770,57 @@ fn read_broker(name: &str, f: &mut Fields<'_>) -> crate::relay::settings::Broker
             BrokerKind::Nats
         }
     };
-    let url = f.take::<String>("url").unwrap_or_default();
-    if !url.starts_with("nats://") && !url.starts_with("tls://") {
-        f.problem("url", "is required: nats://host:port (or tls://host:port)");
+    let mut broker = BrokerConfig::new(name, kind, &f.take::<String>("url").unwrap_or_default());
+    let schemes = kind.schemes();
+    if !schemes.iter().any(|scheme| broker.url.starts_with(&format!("{scheme}://"))) {
+        let forms: Vec<String> = schemes.iter().map(|s| format!("{s}://host:port")).collect();
+        f.problem("url", format!("is required: {}", forms.join(" or ")));
     }
-    let stream = f.take::<String>("stream").unwrap_or_default();
-    if !is_name(&stream, 64) {
+    // Each kind's own keys: present under another kind, they are refused.
+    let only = |f: &mut Fields<'_>, key: &str, of: BrokerKind| {
+        if kind != of && f.has(key) {
+            f.problem(key, format!("is a key of kind {} brokers, not {}", of.name(), kind.name()));
+        }
+    };
+    for key in ["stream", "create_stream", "subjects", "token"] {
+        only(f, key, BrokerKind::Nats);
+    }
+    for key in ["dedup_window", "max_len"] {
+        only(f, key, BrokerKind::Redis);
+    }
+    only(f, "exchange", BrokerKind::Rabbitmq);
+    broker.stream = f.take::<String>("stream").unwrap_or_default();
+    if kind == BrokerKind::Nats && !is_name(&broker.stream, 64) {
         f.problem("stream", "is required: the JetStream stream's name (letters, digits, '.', '_' or '-')");
     }
-    let create_stream = f.take::<bool>("create_stream").unwrap_or(false);
-    let subjects = f.take::<Vec<String>>("subjects").unwrap_or_default();
-    if create_stream && subjects.is_empty() {
+    broker.create_stream = f.take::<bool>("create_stream").unwrap_or(false);
+    broker.subjects = f.take::<Vec<String>>("subjects").unwrap_or_default();
+    if broker.create_stream && broker.subjects.is_empty() {
         f.problem("subjects", "is required with create_stream: true (e.g. [\"rooms.>\"])");
     }
-    let token = f.take::<String>("token").filter(|t| !t.is_empty());
-    let user = f.take::<String>("user").filter(|u| !u.is_empty());
-    let password = f.take::<String>("password").filter(|p| !p.is_empty());
-    if user.is_some() != password.is_some() {
+    if let Some(text) = f.take_duration("dedup_window") {
+        match units::parse_duration_ms(&text) {
+            Ok(ms) if ms >= 1_000 => broker.dedup_window = Duration::from_millis(ms as u64),
+            Ok(_) => f.problem("dedup_window", format!("{text:?} is shorter than a second")),
+            Err(why) => f.problem("dedup_window", why),
+        }
+    }
+    broker.max_len = match f.take::<i64>("max_len") {
+        Some(n) if n > 0 => Some(n as u64),
+        Some(n) => {
+            f.problem("max_len", format!("{n} is not a positive number of entries"));
+            None
+        }
+        None => None,
+    };
+    broker.exchange = f.take::<String>("exchange").unwrap_or_default();
+    broker.token = f.take::<String>("token").filter(|t| !t.is_empty());
+    broker.user = f.take::<String>("user").filter(|u| !u.is_empty());
+    broker.password = f.take::<String>("password").filter(|p| !p.is_empty());
+    if broker.user.is_some() != broker.password.is_some() {
         f.problem("user", "and password go together");
     }
-    BrokerConfig { name: name.to_string(), kind, url, stream, create_stream, subjects, token, user, password }
+    broker
 }
 
 /// `sink.breaker`: `failures` (0: only the sink's push-back opens it), `cool_down`,

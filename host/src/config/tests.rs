@@ -506,10 +506,43 @@ fn brokers_are_checked_and_a_relay_names_one_that_exists() {
 }
 
 #[test]
+fn a_brokers_keys_are_those_of_its_kind() {
+    let yaml = "sink: {name: to-redis, plugin: relay.wasm, broker: events}\n\
+                brokers:\n  events: {kind: redis, url: \"nats://127.0.0.1:4222\", stream: ROOMS, \
+                dedup_window: 10ms, max_len: 0, exchange: rooms}\n";
+    let problems = problems(yaml);
+    for expected in [
+        "brokers.events.url: is required: redis://host:port",
+        "brokers.events.stream: is a key of kind nats brokers, not redis",
+        "brokers.events.exchange: is a key of kind rabbitmq brokers, not redis",
+        "brokers.events.dedup_window: \"10ms\" is shorter than a second",
+        "brokers.events.max_len: 0 is not a positive number of entries",
+    ] {
+        assert!(problems.iter().any(|p| p.starts_with(expected)), "no {expected:?} in {problems:?}");
+    }
+    let fine = "sink: {name: to-redis, plugin: relay.wasm, broker: events}\n\
+                brokers:\n  events: {kind: redis, url: \"redis://127.0.0.1:6379/0\", dedup_window: 1h, max_len: 100000}\n\
+                \x20 queue: {kind: rabbitmq, url: \"amqp://127.0.0.1:5672/%2f\", exchange: rooms, user: guest, password: guest}\n";
+    let config = parse(fine).unwrap();
+    let redis = config.brokers.iter().find(|b| b.name == "events").unwrap();
+    assert_eq!((redis.dedup_window, redis.max_len), (std::time::Duration::from_secs(3600), Some(100_000)));
+    let rabbit = config.brokers.iter().find(|b| b.name == "queue").unwrap();
+    assert_eq!((rabbit.exchange.as_str(), rabbit.user.as_deref()), ("rooms", Some("guest")));
+}
+
+#[test]
 fn the_relay_docs_config_is_accepted() {
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/relay.md")).unwrap();
     let yaml = doc.split("```yaml\n").nth(1).and_then(|b| b.split("```").next()).unwrap();
     let config = parse(yaml).unwrap();
     assert_eq!(config.sinks[0].broker.as_deref(), Some("events"));
     assert_eq!((config.brokers[0].stream.as_str(), config.brokers[0].create_stream), ("ROOMS", true));
+    // The other kinds' example, with a relay naming each broker in turn.
+    let kinds = doc.split("```yaml\n").nth(2).and_then(|b| b.split("```").next()).unwrap();
+    for broker in ["streams", "queues", "devices"] {
+        let yaml = format!("{kinds}sink:\n  name: relay\n  plugin: relay.wasm\n  broker: {broker}\n");
+        let env = |v: &str| (v == "AMQP_PASSWORD").then(|| "secret".to_string());
+        let config = Config::from_yaml(&yaml, std::iter::empty(), &env).unwrap();
+        assert_eq!(config.brokers.len(), 3);
+    }
 }

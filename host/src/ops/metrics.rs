@@ -125,6 +125,20 @@ struct StatusLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BrokerLabel {
+    broker: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BrokerErrorLabels {
+    broker: String,
+    kind: String,
+}
+
+/// The kinds of a broker's publish errors: `unavailable` (push-back) and `refused`.
+pub const BROKER_ERRORS: [&str; 2] = ["unavailable", "refused"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OpLabel {
     op: String,
 }
@@ -163,6 +177,10 @@ struct Families {
     sink_state: Family<SinkLabel, Gauge>,
     breaker_transitions: Family<TransitionLabels, Counter>,
     reloads: Family<ReloadLabels, Counter>,
+    broker_latency: Family<BrokerLabel, Histogram, fn() -> Histogram>,
+    broker_in_flight: Family<BrokerLabel, Gauge>,
+    broker_duplicates: Family<BrokerLabel, Counter>,
+    broker_errors: Family<BrokerErrorLabels, Counter>,
     /// The sinks paused as misconfigured, with why (readiness names them).
     misconfigured: Mutex<std::collections::BTreeMap<String, String>>,
     /// The `event_type` label values in use: at most [`MAX_EVENT_TYPES`], the rest `other`.
@@ -246,6 +264,26 @@ impl Families {
             self.reloads.clone(),
         );
         r.register(
+            "room_outbox_broker_publish_latency_ms",
+            "Time from publishing an event's records to the broker's last ack",
+            self.broker_latency.clone(),
+        );
+        r.register(
+            "room_outbox_broker_acks_in_flight",
+            "Records published to the broker and not yet acknowledged",
+            self.broker_in_flight.clone(),
+        );
+        r.register(
+            "room_outbox_broker_duplicates",
+            "Records the broker reported it already had (its dedup dropped them)",
+            self.broker_duplicates.clone(),
+        );
+        r.register(
+            "room_outbox_broker_errors",
+            "Publishes that failed by kind: unavailable (deferred, no attempt counted) or refused",
+            self.broker_errors.clone(),
+        );
+        r.register(
             "room_outbox_log_lines_dropped",
             "Log lines dropped because the log output was closed, broken or too slow",
             self.log_dropped.clone(),
@@ -293,6 +331,10 @@ impl Metrics {
             sink_state: Family::default(),
             breaker_transitions: Family::default(),
             reloads: Family::default(),
+            broker_latency: Family::new_with_constructor(latency_histogram),
+            broker_in_flight: Family::default(),
+            broker_duplicates: Family::default(),
+            broker_errors: Family::default(),
             misconfigured: Mutex::default(),
             event_types: Default::default(),
         };
@@ -355,6 +397,38 @@ impl Metrics {
     /// A reload of the sink ended: `ok` (a new build delivers), `unchanged`, or `refused`.
     pub fn reloaded(&self, result: &'static str) {
         self.shared.reloads.get_or_create(&ReloadLabels { sink: self.sink.clone(), result: result.into() }).inc();
+    }
+
+    /// Broker `broker`'s series, at 0 before its first publish.
+    pub fn broker_started(&self, broker: &str) {
+        let f = &self.shared;
+        let label = BrokerLabel { broker: broker.to_string() };
+        let _ = f.broker_in_flight.get_or_create(&label);
+        let _ = f.broker_duplicates.get_or_create(&label);
+        for kind in BROKER_ERRORS {
+            let _ = f.broker_errors.get_or_create(&BrokerErrorLabels { broker: broker.into(), kind: kind.into() });
+        }
+    }
+
+    /// `records` published to `broker` now wait for its acks (negative: no longer).
+    pub fn broker_in_flight(&self, broker: &str, records: i64) {
+        self.shared.broker_in_flight.get_or_create(&BrokerLabel { broker: broker.to_string() }).inc_by(records);
+    }
+
+    /// A publish to `broker` ended after `took`: acknowledged, with `duplicates` records the
+    /// broker already had, or failed with an error of `error_kind` (of [`BROKER_ERRORS`]).
+    pub fn broker_published(&self, broker: &str, took: Duration, result: Result<u64, &'static str>) {
+        let f = &self.shared;
+        let label = BrokerLabel { broker: broker.to_string() };
+        match result {
+            Ok(duplicates) => {
+                f.broker_latency.get_or_create(&label).observe(took.as_secs_f64() * 1000.0);
+                f.broker_duplicates.get_or_create(&label).inc_by(duplicates);
+            }
+            Err(kind) => {
+                f.broker_errors.get_or_create(&BrokerErrorLabels { broker: broker.into(), kind: kind.into() }).inc();
+            }
+        }
     }
 
     /// The sink these metrics are labelled with.

@@ -2,28 +2,78 @@
 //! records, and the host publishes them to a broker of `brokers:` and waits for its acks.
 //! Delivered means the broker acknowledged every record of the event. A broker that cannot
 //! take a record (down, unreachable, no ack in time) is push-back: the event is deferred,
-//! no attempt is burned, and the sink's breaker pauses it while the broker stays away.
+//! no attempt is burned, and the sink's breaker pauses it while the broker stays away. A
+//! broker that answers but refuses a record (RabbitMQ returning it as unroutable, a Redis
+//! key of another type) fails the attempt, which is retried and counted as any other.
 
+pub mod mqtt;
 pub mod nats;
+pub mod rabbitmq;
+pub mod redis;
 pub mod settings;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::sandbox::relay::RelayRuntime;
+use crate::ops::metrics::Metrics;
+use crate::sandbox::relay::{Record, RelayRuntime};
 use crate::sandbox::{AttemptFailure, Deliver, Delivered, Event, FailureClass, Pressure};
-use nats::NatsPublisher;
+use settings::{BrokerConfig, BrokerKind};
+
+/// Why a broker did not take an event's records.
+#[derive(Debug)]
+pub enum PublishError {
+    /// Down, unreachable, or no ack in time: push-back, no attempt burned.
+    Unavailable(String),
+    /// It answered and refused a record: the attempt fails.
+    Refused(String),
+}
+
+/// A broker connection that publishes an event's records and waits for their acks.
+#[async_trait::async_trait]
+pub trait Publish: Send + Sync {
+    /// The broker's name in `brokers:`.
+    fn name(&self) -> &str;
+
+    /// Publishes `records` of event `event_id`, in order, and returns once the broker has
+    /// acknowledged every one, with how many of them it said it already had (its dedup
+    /// dropped them); gives up at `timeout`. Messages are short and secret-free.
+    async fn publish(&self, event_id: &str, records: Vec<Record>, timeout: Duration) -> Result<u64, PublishError>;
+}
+
+/// Connects to `broker` and checks what it needs there (a stream, an exchange); an
+/// unreachable broker or a missing stream or exchange is an error naming the broker.
+pub async fn connect(broker: &BrokerConfig) -> anyhow::Result<Arc<dyn Publish>> {
+    Ok(match broker.kind {
+        BrokerKind::Nats => Arc::new(nats::NatsPublisher::connect(broker).await?),
+        BrokerKind::Redis => Arc::new(redis::RedisPublisher::connect(broker).await?),
+        BrokerKind::Rabbitmq => Arc::new(rabbitmq::RabbitPublisher::connect(broker).await?),
+        BrokerKind::Mqtt => Arc::new(mqtt::MqttPublisher::connect(broker).await?),
+    })
+}
+
+/// The dedup id of record `index` of `count` an event makes: the event id, with the
+/// record's index when there are several.
+pub fn dedup_id(event_id: &str, index: usize, count: usize) -> String {
+    if count == 1 { event_id.to_string() } else { format!("{event_id}:{index}") }
+}
+
+/// How long connecting and the checks at start may take.
+pub const START_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A sink that relays: the mapping in WebAssembly, the publishing in the host.
 pub struct RelaySink {
     runtime: RelayRuntime,
-    publisher: Arc<NatsPublisher>,
+    publisher: Arc<dyn Publish>,
+    metrics: Arc<Metrics>,
 }
 
 impl RelaySink {
-    /// The relay `runtime` publishing through `publisher`.
-    pub fn new(runtime: RelayRuntime, publisher: Arc<NatsPublisher>) -> RelaySink {
-        RelaySink { runtime, publisher }
+    /// The relay `runtime` publishing through `publisher`, recording into `metrics` under
+    /// the broker's name.
+    pub fn new(runtime: RelayRuntime, publisher: Arc<dyn Publish>, metrics: Arc<Metrics>) -> RelaySink {
+        metrics.broker_started(publisher.name());
+        RelaySink { runtime, publisher, metrics }
     }
 }
 
@@ -40,12 +90,29 @@ impl Deliver for RelaySink {
             return Ok(Delivered::Skipped("not for this relay".to_string()));
         }
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        self.publisher.publish(&event.event_id, records, left).await.map_err(|message| AttemptFailure {
-            class: FailureClass::Retryable,
-            message,
-            retry_after: None,
-            pressure: Some(Pressure::Unavailable),
-        })?;
+        let (broker, count) = (self.publisher.name(), records.len() as i64);
+        let started = std::time::Instant::now();
+        self.metrics.broker_in_flight(broker, count);
+        let published = self.publisher.publish(&event.event_id, records, left).await;
+        self.metrics.broker_in_flight(broker, -count);
+        let took = started.elapsed();
+        match published {
+            Ok(duplicates) => self.metrics.broker_published(broker, took, Ok(duplicates)),
+            Err(PublishError::Unavailable(message)) => {
+                self.metrics.broker_published(broker, took, Err("unavailable"));
+                let pressure = Some(Pressure::Unavailable);
+                return Err(AttemptFailure { class: FailureClass::Retryable, message, retry_after: None, pressure });
+            }
+            Err(PublishError::Refused(message)) => {
+                self.metrics.broker_published(broker, took, Err("refused"));
+                return Err(AttemptFailure {
+                    class: FailureClass::Retryable,
+                    message,
+                    retry_after: None,
+                    pressure: None,
+                });
+            }
+        }
         Ok(Delivered::Delivered)
     }
 

@@ -3,7 +3,6 @@
 //! record however often the event is delivered within the stream's duplicate window. An
 //! event's records are sent at once and their acks awaited together.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -11,16 +10,13 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::{self, stream};
 
 use super::settings::BrokerConfig;
+use super::{Publish, PublishError, START_TIMEOUT, dedup_id};
 use crate::sandbox::relay::Record;
-
-/// How long connecting and the stream check may take at start.
-const START_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A JetStream publisher on one connection.
 pub struct NatsPublisher {
     name: String,
     jetstream: jetstream::Context,
-    duplicates: AtomicU64,
 }
 
 impl NatsPublisher {
@@ -68,24 +64,21 @@ impl NatsPublisher {
                 )
             })?;
         tracing::info!(broker = %name, stream = %config.stream, subjects = ?stream.cached_info().config.subjects, "relaying to NATS JetStream");
-        Ok(NatsPublisher { name: name.clone(), jetstream, duplicates: AtomicU64::new(0) })
+        Ok(NatsPublisher { name: name.clone(), jetstream })
     }
+}
 
-    /// The broker's name.
-    pub fn name(&self) -> &str {
+#[async_trait::async_trait]
+impl Publish for NatsPublisher {
+    fn name(&self) -> &str {
         &self.name
     }
 
-    /// Records the broker said it already had (dedup by `Nats-Msg-Id`).
-    pub fn duplicates(&self) -> u64 {
-        self.duplicates.load(Ordering::Relaxed)
-    }
-
-    /// Publishes `records` of event `event_id` and waits until the broker has acknowledged
-    /// every one, or `timeout` has passed. The error is short and secret-free.
-    pub async fn publish(&self, event_id: &str, records: Vec<Record>, timeout: Duration) -> Result<(), String> {
+    /// Sends every record at once, then awaits their acks.
+    async fn publish(&self, event_id: &str, records: Vec<Record>, timeout: Duration) -> Result<u64, PublishError> {
+        let unavailable = PublishError::Unavailable;
         let deadline = tokio::time::Instant::now() + timeout;
-        let (count, mut acks) = (records.len(), Vec::with_capacity(records.len()));
+        let (count, mut acks, mut duplicates) = (records.len(), Vec::with_capacity(records.len()), 0);
         for (i, record) in records.into_iter().enumerate() {
             let mut headers = HeaderMap::new();
             for (name, value) in &record.headers {
@@ -93,26 +86,23 @@ impl NatsPublisher {
                     headers.insert(name.as_str(), value.as_str());
                 }
             }
-            let id = if count == 1 { event_id.to_string() } else { format!("{event_id}:{i}") };
-            headers.insert("Nats-Msg-Id", id.as_str());
+            headers.insert("Nats-Msg-Id", dedup_id(event_id, i, count).as_str());
             let sent = tokio::time::timeout_at(
                 deadline,
                 self.jetstream.publish_with_headers(record.destination.clone(), headers, record.payload.into()),
             )
             .await
-            .map_err(|_| format!("broker {}: the publish was not sent within {timeout:?}", self.name))?
-            .map_err(|e| format!("broker {}: publish to {}: {e}", self.name, record.destination))?;
+            .map_err(|_| unavailable(format!("broker {}: the publish was not sent within {timeout:?}", self.name)))?
+            .map_err(|e| unavailable(format!("broker {}: publish to {}: {e}", self.name, record.destination)))?;
             acks.push(sent);
         }
         for ack in acks {
             let ack = tokio::time::timeout_at(deadline, ack.into_future())
                 .await
-                .map_err(|_| format!("broker {}: no ack within {timeout:?}", self.name))?
-                .map_err(|e| format!("broker {}: {e}", self.name))?;
-            if ack.duplicate {
-                self.duplicates.fetch_add(1, Ordering::Relaxed);
-            }
+                .map_err(|_| unavailable(format!("broker {}: no ack within {timeout:?}", self.name)))?
+                .map_err(|e| unavailable(format!("broker {}: {e}", self.name)))?;
+            duplicates += u64::from(ack.duplicate);
         }
-        Ok(())
+        Ok(duplicates)
     }
 }

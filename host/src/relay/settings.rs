@@ -1,24 +1,58 @@
 //! The brokers a relay publishes to, as the config names them (`brokers:`).
 
+use std::time::Duration;
+
 /// Which broker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BrokerKind {
     /// NATS JetStream.
     Nats,
+    /// Redis Streams.
+    Redis,
+    /// RabbitMQ (AMQP 0-9-1).
+    Rabbitmq,
+    /// An MQTT 5 broker.
+    Mqtt,
 }
 
 impl BrokerKind {
     /// The kinds this host relays to, by their config name.
-    pub const NAMES: &[&str] = &["nats"];
+    pub const NAMES: &[&str] = &["nats", "redis", "rabbitmq", "mqtt"];
 
     /// The kind named `name` in the config.
     pub fn parse(name: &str) -> Option<BrokerKind> {
         match name {
             "nats" => Some(BrokerKind::Nats),
+            "redis" => Some(BrokerKind::Redis),
+            "rabbitmq" => Some(BrokerKind::Rabbitmq),
+            "mqtt" => Some(BrokerKind::Mqtt),
             _ => None,
         }
     }
+
+    /// Its config name.
+    pub fn name(self) -> &'static str {
+        match self {
+            BrokerKind::Nats => "nats",
+            BrokerKind::Redis => "redis",
+            BrokerKind::Rabbitmq => "rabbitmq",
+            BrokerKind::Mqtt => "mqtt",
+        }
+    }
+
+    /// The URL schemes its `url` may have.
+    pub fn schemes(self) -> &'static [&'static str] {
+        match self {
+            BrokerKind::Nats => &["nats", "tls"],
+            BrokerKind::Redis => &["redis"],
+            BrokerKind::Rabbitmq => &["amqp"],
+            BrokerKind::Mqtt => &["mqtt"],
+        }
+    }
 }
+
+/// Default `dedup_window` of a Redis broker: how long a record's dedup marker lives.
+pub const DEFAULT_DEDUP_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
 /// One entry of `brokers:`.
 #[derive(Clone, PartialEq, Eq)]
@@ -27,20 +61,48 @@ pub struct BrokerConfig {
     pub name: String,
     /// Which broker.
     pub kind: BrokerKind,
-    /// Where it listens: `nats://host:port`.
+    /// Where it listens: `nats://host:port`, `redis://host:port/db`, `amqp://host:port/vhost`, `mqtt://host:port`.
     pub url: String,
-    /// The JetStream stream the records go to.
+    /// NATS: the JetStream stream the records go to.
     pub stream: String,
-    /// Create the stream (with `subjects`) when it is missing; otherwise it must exist.
+    /// NATS: create the stream (with `subjects`) when it is missing; otherwise it must exist.
     pub create_stream: bool,
-    /// The subjects of a stream the host creates.
+    /// NATS: the subjects of a stream the host creates.
     pub subjects: Vec<String>,
-    /// Credentials, if the broker wants them (write them as `${ENV}`).
+    /// Redis: how long a record's dedup marker is kept (an event delivered again within it
+    /// adds no entry).
+    pub dedup_window: Duration,
+    /// Redis: trim each stream to about this many entries (`XADD MAXLEN ~`); none: no trim.
+    pub max_len: Option<u64>,
+    /// RabbitMQ: the exchange records are published to (`""`: the default exchange, where
+    /// the destination is a queue's name).
+    pub exchange: String,
+    /// NATS: a token, if the broker wants one (write it as `${ENV}`).
     pub token: Option<String>,
     /// A user name and password, if the broker wants them.
     pub user: Option<String>,
     /// See [`BrokerConfig::user`].
     pub password: Option<String>,
+}
+
+impl BrokerConfig {
+    /// A broker of `kind` at `url` with every other key at its default.
+    pub fn new(name: &str, kind: BrokerKind, url: &str) -> BrokerConfig {
+        BrokerConfig {
+            name: name.to_string(),
+            kind,
+            url: url.to_string(),
+            stream: String::new(),
+            create_stream: false,
+            subjects: Vec::new(),
+            dedup_window: DEFAULT_DEDUP_WINDOW,
+            max_len: None,
+            exchange: String::new(),
+            token: None,
+            user: None,
+            password: None,
+        }
+    }
 }
 
 impl std::fmt::Debug for BrokerConfig {
@@ -53,6 +115,9 @@ impl std::fmt::Debug for BrokerConfig {
             .field("stream", &self.stream)
             .field("create_stream", &self.create_stream)
             .field("subjects", &self.subjects)
+            .field("dedup_window", &self.dedup_window)
+            .field("max_len", &self.max_len)
+            .field("exchange", &self.exchange)
             .finish_non_exhaustive()
     }
 }

@@ -1,0 +1,182 @@
+//! MQTT 5: each record published at QoS 1 to the topic its destination names, its headers
+//! as user properties (with `outbox-dedup-id` and, when it has one, `outbox-key`), and
+//! delivered once the broker's PUBACK for it has come with a success code. MQTT has no
+//! dedup: an event delivered again is a second message with the same `outbox-dedup-id`.
+//!
+//! One client per broker, its event loop driven by a task of its own. Publishes enter the
+//! client's queue in order and leave it in order, so each `Outgoing::Publish(pkid)` the
+//! loop reports belongs to the oldest publish still unsent; its PUBACK then settles it.
+//! When the connection breaks, every unsettled publish fails (push-back) and the client's
+//! own resend of them is dropped, so that no packet id can be matched to the wrong event;
+//! the loop reconnects on its next poll.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rumqttc::Outgoing;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason, PublishProperties};
+use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop, MqttOptions};
+use tokio::sync::oneshot;
+
+use super::settings::BrokerConfig;
+use super::{Publish, PublishError, START_TIMEOUT, dedup_id};
+use crate::sandbox::relay::Record;
+
+/// Publishes waiting in the client's queue at most; past it a publish is push-back.
+const QUEUE: usize = 4_096;
+/// How long the loop waits before it reconnects after a broken connection.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(500);
+
+type Settle = oneshot::Sender<Result<(), PublishError>>;
+
+/// Publishes not yet settled: in the client's queue (in order), and sent awaiting a PUBACK.
+#[derive(Default)]
+struct Unsettled {
+    queued: VecDeque<Settle>,
+    sent: HashMap<u16, Settle>,
+}
+
+/// An MQTT 5 publisher.
+pub struct MqttPublisher {
+    name: String,
+    client: AsyncClient,
+    unsettled: Arc<Mutex<Unsettled>>,
+    driver: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for MqttPublisher {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+impl MqttPublisher {
+    /// Connects (with `user` and `password` when given) and waits for the broker's CONNACK.
+    pub async fn connect(config: &BrokerConfig) -> anyhow::Result<MqttPublisher> {
+        let name = config.name.clone();
+        let shown = crate::text::redact_url(&config.url);
+        let url = url::Url::parse(&config.url).map_err(|e| anyhow::anyhow!("broker {name}: {shown}: {e}"))?;
+        let host = url.host_str().ok_or_else(|| anyhow::anyhow!("broker {name}: {shown} names no host"))?;
+        let client_id = format!("outbox-host-{}-{:08x}", std::process::id(), crate::clock::random_u64() as u32);
+        let mut options = MqttOptions::new(client_id, host, url.port().unwrap_or(1883));
+        options.set_keep_alive(Duration::from_secs(15)).set_clean_start(true);
+        if let (Some(user), Some(password)) = (&config.user, &config.password) {
+            options.set_credentials(user.clone(), password.clone());
+        }
+        let (client, mut events) = AsyncClient::new(options, QUEUE);
+        let connected = tokio::time::timeout(START_TIMEOUT, async {
+            loop {
+                match events.poll().await {
+                    Ok(Event::Incoming(Packet::ConnAck(_))) => return Ok(()),
+                    Ok(_) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        })
+        .await
+        .map_err(|_| anyhow::anyhow!("broker {name}: no answer from {shown} within {START_TIMEOUT:?}"))?;
+        connected.map_err(|e| anyhow::anyhow!("broker {name}: cannot connect to {shown}: {e}"))?;
+        let unsettled = Arc::new(Mutex::new(Unsettled::default()));
+        let driver = tokio::spawn(drive(name.clone(), events, unsettled.clone()));
+        tracing::info!(broker = %name, "relaying to MQTT");
+        Ok(MqttPublisher { name, client, unsettled, driver })
+    }
+
+    /// Queues one record; its settlement comes through the returned receiver.
+    fn queue(&self, id: &str, record: Record) -> Result<oneshot::Receiver<Result<(), PublishError>>, PublishError> {
+        let mut properties = PublishProperties::default();
+        for (name, value) in record.headers {
+            if name.eq_ignore_ascii_case("content-type") {
+                properties.content_type = Some(value.clone());
+            }
+            properties.user_properties.push((name, value));
+        }
+        properties.user_properties.push(("outbox-dedup-id".into(), id.to_string()));
+        if let Some(key) = record.key {
+            properties.user_properties.push(("outbox-key".into(), key));
+        }
+        let (settle, settled) = oneshot::channel();
+        // In the client's queue and in `queued` in the same order: under the lock.
+        let mut unsettled = self.unsettled.lock().unwrap_or_else(|e| e.into_inner());
+        self.client
+            .try_publish_with_properties(record.destination, QoS::AtLeastOnce, false, record.payload, properties)
+            .map_err(|e| PublishError::Unavailable(format!("broker {}: {e}", self.name)))?;
+        unsettled.queued.push_back(settle);
+        Ok(settled)
+    }
+}
+
+/// Drives the client's event loop: matches sent publishes to their packet ids and PUBACKs
+/// to their publishes, and fails every unsettled publish when the connection breaks.
+async fn drive(name: String, mut events: EventLoop, unsettled: Arc<Mutex<Unsettled>>) {
+    loop {
+        let event = events.poll().await;
+        let lost = {
+            let mut waiting = unsettled.lock().unwrap_or_else(|e| e.into_inner());
+            settle(&name, &mut waiting, event)
+        };
+        if let Some(error) = lost {
+            // The loop put what was unsettled aside to send again; it will not be.
+            events.pending.clear();
+            tracing::warn!(broker = %name, error = %error, "MQTT connection lost; reconnecting");
+            tokio::time::sleep(RECONNECT_PAUSE).await;
+        }
+    }
+}
+
+/// Settles what `event` settles; a broken connection fails everything unsettled, and is
+/// returned.
+fn settle(name: &str, waiting: &mut Unsettled, event: Result<Event, ConnectionError>) -> Option<ConnectionError> {
+    match event {
+        Ok(Event::Outgoing(Outgoing::Publish(pkid))) => {
+            if let Some(settle) = waiting.queued.pop_front() {
+                waiting.sent.insert(pkid, settle);
+            }
+        }
+        Ok(Event::Incoming(Packet::PubAck(ack))) => {
+            if let Some(settle) = waiting.sent.remove(&ack.pkid) {
+                let result = match ack.reason {
+                    PubAckReason::Success | PubAckReason::NoMatchingSubscribers => Ok(()),
+                    refused => Err(PublishError::Refused(format!("broker {name}: the broker refused it: {refused:?}"))),
+                };
+                let _ = settle.send(result);
+            }
+        }
+        Ok(_) => {}
+        Err(error) => {
+            let message = format!("broker {name}: connection lost: {error}");
+            let Unsettled { queued, sent } = waiting;
+            for settle in queued.drain(..).chain(sent.drain().map(|(_, s)| s)) {
+                let _ = settle.send(Err(PublishError::Unavailable(message.clone())));
+            }
+            return Some(error);
+        }
+    }
+    None
+}
+
+#[async_trait::async_trait]
+impl Publish for MqttPublisher {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Queues every record, then awaits their PUBACKs.
+    async fn publish(&self, event_id: &str, records: Vec<Record>, timeout: Duration) -> Result<u64, PublishError> {
+        let count = records.len();
+        let mut settled = Vec::with_capacity(count);
+        for (i, record) in records.into_iter().enumerate() {
+            settled.push(self.queue(&dedup_id(event_id, i, count), record)?);
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        for one in settled {
+            tokio::time::timeout_at(deadline, one)
+                .await
+                .map_err(|_| PublishError::Unavailable(format!("broker {}: no PUBACK within {timeout:?}", self.name)))?
+                .map_err(|_| PublishError::Unavailable(format!("broker {}: the client stopped", self.name)))??;
+        }
+        Ok(0) // it reports no duplicates
+    }
+}

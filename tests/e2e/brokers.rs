@@ -1,0 +1,394 @@
+//! Relaying into Redis Streams, RabbitMQ and MQTT through the default relay
+//! (`plugins/relay`): Redis and Mosquitto of each test's own, RabbitMQ the machine's, with
+//! an exchange and queues of each test's own. What each broker holds afterwards is read back
+//! with its own client.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use outbox_host::store::{NewEvent, ReplayFilter, Status};
+use outbox_test_support::RELAY;
+use outbox_test_support::brokers::{Broker, BrokerServer};
+
+use crate::support::{PATIENCE, Running, SinkSpec, TestConfig, World, metric};
+
+/// The machine's RabbitMQ (Debian's package, started before the session).
+const RABBITMQ: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// A host's config relaying through the default relay to broker `events` of `kind` at
+/// `url` with the broker's extra `keys`, each event to `destination` (a relay template).
+fn relay_config(world: &World, kind: &str, url: &str, destination: &str, keys: &[(&str, &str)]) -> TestConfig {
+    let relay = SinkSpec {
+        name: "relay",
+        plugin: RELAY,
+        allowed_hosts: Vec::new(),
+        config: format!("destination: \"{destination}\""),
+    };
+    let mut config = world
+        .setup_with("ordering: per_room\nbatch_size: 50\nconcurrency: 8", &relay)
+        .set(&["sink", "broker"], "events")
+        .set(&["brokers", "events", "kind"], kind)
+        .set(&["brokers", "events", "url"], url);
+    for (key, value) in keys {
+        config = config.set(&["brokers", "events", key], value);
+    }
+    config
+}
+
+/// `per_room` events over `rooms` rooms, room after room in turn.
+fn events(world: &World, rooms: usize, per_room: usize) -> Vec<NewEvent> {
+    (0..rooms * per_room)
+        .map(|i| world.event("RoomGiftSent", &format!("room-{}", i % rooms), Status::Pending))
+        .collect()
+}
+
+/// Each room's event ids, in the order they were produced.
+fn by_room(events: &[NewEvent]) -> HashMap<String, Vec<String>> {
+    let mut rooms: HashMap<String, Vec<String>> = HashMap::new();
+    for e in events {
+        rooms.entry(e.room_id.clone()).or_default().push(e.event_id.clone());
+    }
+    rooms
+}
+
+fn ids(events: &[NewEvent]) -> Vec<&str> {
+    events.iter().map(|e| e.event_id.as_str()).collect()
+}
+
+/// Waits until every row of `ids` is delivered, however many attempts that takes.
+async fn wait_delivered(host: &mut Running, world: &World, ids: &[&str]) {
+    host.wait_for_within("every event delivered", PATIENCE, || async {
+        for id in ids {
+            if world.row(id).await.status != Status::Delivered {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+}
+
+/// A unique name for this test's exchange, queue or key prefix.
+fn unique(what: &str) -> String {
+    format!("outbox-test-{what}-{:08x}", outbox_host::clock::random_u64() as u32)
+}
+
+mod redis_streams {
+    use super::*;
+    use redis::AsyncCommands as _;
+
+    /// Every entry of stream `key`: its `outbox-event-id` field, in stream order.
+    async fn entries(server: &BrokerServer, key: &str) -> Vec<String> {
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+        let reply: redis::streams::StreamRangeReply = connection.xrange_all(key).await.unwrap();
+        reply
+            .ids
+            .iter()
+            .map(|entry| entry.get::<String>("outbox-event-id").expect("an outbox-event-id field"))
+            .collect()
+    }
+
+    /// 200 events over 10 rooms, each room to a stream of its own: every event lands once,
+    /// in its room's order, with its key and payload fields; a replay of all of them adds
+    /// no entry (each record's dedup marker is still there).
+    #[tokio::test]
+    async fn every_event_lands_once_in_its_rooms_stream_in_order_and_a_replay_adds_nothing() {
+        let world = World::new().await;
+        let server = BrokerServer::of(Broker::Redis).await;
+        let events = events(&world, 10, 20);
+        world.producer.insert(&events).await.unwrap();
+        let config = relay_config(&world, "redis", &server.url(), "rooms:{room_id}", &[("dedup_window", "1h")]);
+        let mut host = Running::start(config.with_admin().parse()).await;
+        let base = format!("http://{}", host.admin.unwrap());
+        host.wait_status(&world, &ids(&events), Status::Delivered).await;
+        for (room, expected) in by_room(&events) {
+            assert_eq!(entries(&server, &format!("rooms:{room}")).await, expected, "{room}: once each, in order");
+        }
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+        let first: redis::streams::StreamRangeReply =
+            connection.xrange_count("rooms:room-0", "-", "+", 1).await.unwrap();
+        let entry = &first.ids[0];
+        assert_eq!(entry.get::<String>("key").as_deref(), Some("room-0"), "the record's key");
+        let payload: serde_json::Value = serde_json::from_slice(&entry.get::<Vec<u8>>("payload").unwrap()).unwrap();
+        assert_eq!(payload["event_id"], events[0].event_id.as_str(), "the payload is the event as JSON: {payload}");
+
+        let everything = ReplayFilter { from_ms: 0, to_ms: None, event_type: None, room_id: None };
+        let replayed = outbox_host::ops::replay(world.producer.clone(), "relay", &everything).await.unwrap();
+        assert_eq!(replayed, events.len() as u64);
+        host.wait_status(&world, &ids(&events), Status::Delivered).await;
+        let series = |name: &str| format!("room_outbox_broker_{name}{{broker=\"events\"}}");
+        assert_eq!(metric(&base, &series("duplicates_total")).await, 200.0, "every replayed record a duplicate");
+        assert_eq!(metric(&base, &series("publish_latency_ms_count")).await, 400.0, "400 acknowledged publishes");
+        assert_eq!(metric(&base, &series("acks_in_flight")).await, 0.0);
+        host.stop().await;
+        for (room, expected) in by_room(&events) {
+            assert_eq!(entries(&server, &format!("rooms:{room}")).await, expected, "{room}: the replay added nothing");
+        }
+    }
+
+    /// A key of another type refuses the record: that attempt fails and counts, naming
+    /// Redis's reason. A server that goes away defers the events with no attempt counted,
+    /// and they land once it is back.
+    #[tokio::test]
+    async fn a_key_of_another_type_fails_the_attempt_and_a_server_away_burns_none() {
+        let world = World::new().await;
+        let mut server = BrokerServer::of(Broker::Redis).await;
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+        let _: () = connection.set("rooms:room-taken", "a string").await.unwrap();
+        let config = relay_config(&world, "redis", &server.url(), "rooms:{room_id}", &[]);
+        let mut host = Running::start(config.with_admin().parse()).await;
+        let base = format!("http://{}", host.admin.unwrap());
+        let errors = |kind: &str| format!("room_outbox_broker_errors_total{{broker=\"events\",kind=\"{kind}\"}}");
+        let refused = world.produce("RoomGiftSent", "room-taken", Status::Pending).await;
+        host.wait_for("the refused record's attempt to count", || async { world.row(&refused).await.retry_count >= 1 })
+            .await;
+        let row = world.row(&refused).await;
+        assert_ne!(row.status, Status::Delivered);
+        assert!(row.last_error.as_deref().unwrap_or_default().contains("WRONGTYPE"), "{row:?}");
+
+        server.stop();
+        let during = events(&world, 3, 3);
+        world.producer.insert(&during).await.unwrap();
+        host.wait_for("an attempt to meet the missing server", || async {
+            world.row(&during[0].event_id).await.status == Status::Retryable
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for e in &during {
+            let row = world.row(&e.event_id).await;
+            assert_eq!(row.retry_count, 0, "a server away burned an attempt: {row:?}");
+        }
+        assert!(metric(&base, &errors("refused")).await >= 1.0, "the WRONGTYPE reply counted as refused");
+        assert!(metric(&base, &errors("unavailable")).await >= 1.0, "the missing server counted as unavailable");
+        server.restart().await;
+        wait_delivered(&mut host, &world, &ids(&during)).await;
+        host.stop().await;
+        for (room, expected) in by_room(&during) {
+            assert_eq!(
+                entries(&server, &format!("rooms:{room}")).await,
+                expected,
+                "{room} once each after the restart"
+            );
+        }
+    }
+}
+
+mod rabbitmq {
+    use super::*;
+    use lapin::options::{BasicGetOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+    use lapin::types::{AMQPValue, FieldTable};
+    use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+
+    async fn channel() -> (Connection, Channel) {
+        let connection = Connection::connect(RABBITMQ, ConnectionProperties::default())
+            .await
+            .expect("the machine's RabbitMQ at 127.0.0.1:5672");
+        let channel = connection.create_channel().await.unwrap();
+        (connection, channel)
+    }
+
+    /// A topic exchange of this test's own, auto-deleted once unused.
+    async fn exchange(channel: &Channel) -> String {
+        let name = unique("exchange");
+        let options = ExchangeDeclareOptions { auto_delete: true, ..Default::default() };
+        channel.exchange_declare(&name, ExchangeKind::Topic, options, FieldTable::default()).await.unwrap();
+        name
+    }
+
+    /// A queue of this test's own bound to `exchange` by `pattern`.
+    async fn queue(channel: &Channel, exchange: &str, pattern: &str) -> String {
+        let name = unique("queue");
+        let options = QueueDeclareOptions { auto_delete: true, ..Default::default() };
+        channel.queue_declare(&name, options, FieldTable::default()).await.unwrap();
+        channel.queue_bind(&name, exchange, pattern, QueueBindOptions::default(), FieldTable::default()).await.unwrap();
+        name
+    }
+
+    /// Every message in `queue`: (routing key, message id, `outbox-event-id` header,
+    /// delivery mode), taken off it.
+    async fn drain(channel: &Channel, queue: &str) -> Vec<(String, String, String, u8)> {
+        let mut out = Vec::new();
+        let take = BasicGetOptions { no_ack: true };
+        while let Some(message) = channel.basic_get(queue, take).await.unwrap() {
+            let properties = &message.delivery.properties;
+            let header = properties
+                .headers()
+                .as_ref()
+                .and_then(|h| match h.inner().get("outbox-event-id") {
+                    Some(AMQPValue::LongString(s)) => Some(s.to_string()),
+                    _ => None,
+                })
+                .unwrap_or_default();
+            out.push((
+                message.delivery.routing_key.to_string(),
+                properties.message_id().as_ref().map(|m| m.to_string()).unwrap_or_default(),
+                header,
+                properties.delivery_mode().unwrap_or_default(),
+            ));
+        }
+        out
+    }
+
+    /// 200 events over 10 rooms through a topic exchange into one bound queue: each once,
+    /// confirmed, persistent, `message_id` = event id, each room's in order.
+    #[tokio::test]
+    async fn every_event_is_confirmed_into_the_bound_queue_once_in_room_order() {
+        let world = World::new().await;
+        let (_connection, channel) = channel().await;
+        let exchange = exchange(&channel).await;
+        let queue = queue(&channel, &exchange, "rooms.#").await;
+        let events = events(&world, 10, 20);
+        world.producer.insert(&events).await.unwrap();
+        let config = relay_config(&world, "rabbitmq", RABBITMQ, "rooms.{room_id}", &[("exchange", &exchange)]);
+        let mut host = Running::start(config.parse()).await;
+        host.wait_status(&world, &ids(&events), Status::Delivered).await;
+        host.stop().await;
+        let messages = drain(&channel, &queue).await;
+        assert_eq!(messages.len(), events.len(), "one message per event");
+        let mut per_room: HashMap<String, Vec<String>> = HashMap::new();
+        for (routing_key, message_id, event_id, mode) in messages {
+            assert_eq!(message_id, event_id, "message_id is the event id");
+            assert_eq!(mode, 2, "persistent");
+            per_room.entry(routing_key.trim_start_matches("rooms.").to_string()).or_default().push(event_id);
+        }
+        assert_eq!(per_room, by_room(&events), "each room's events in order");
+    }
+
+    /// An event no queue is bound for is returned unroutable: its attempts fail and count,
+    /// naming the routing key; once a queue is bound it is delivered there.
+    #[tokio::test]
+    async fn an_unroutable_event_fails_its_attempts_until_a_queue_is_bound() {
+        let world = World::new().await;
+        let (_connection, channel) = channel().await;
+        let exchange = exchange(&channel).await;
+        let config = relay_config(&world, "rabbitmq", RABBITMQ, "rooms.{room_id}", &[("exchange", &exchange)]);
+        let mut host = Running::start(config.parse()).await;
+        let event = world.produce("RoomGiftSent", "room-1", Status::Pending).await;
+        host.wait_for("an unroutable attempt to count", || async { world.row(&event).await.retry_count >= 1 }).await;
+        let row = world.row(&event).await;
+        assert_ne!(row.status, Status::Delivered, "an unroutable message was taken for delivered");
+        let error = row.last_error.unwrap_or_default();
+        assert!(error.contains("unroutable") && error.contains("rooms.room-1"), "{error}");
+
+        let queue = queue(&channel, &exchange, "rooms.#").await;
+        wait_delivered(&mut host, &world, &[&event]).await;
+        host.stop().await;
+        let messages = drain(&channel, &queue).await;
+        assert_eq!(messages.iter().map(|m| m.2.as_str()).collect::<Vec<_>>(), vec![event.as_str()]);
+    }
+
+    #[tokio::test]
+    async fn a_missing_exchange_refuses_start_naming_it() {
+        let world = World::new().await;
+        let missing = unique("missing");
+        let config = relay_config(&world, "rabbitmq", RABBITMQ, "rooms.{room_id}", &[("exchange", &missing)]);
+        let refused = outbox_host::app::Host::start(config.parse()).await.err().expect("refused");
+        let text = format!("{refused:#}");
+        assert!(text.contains(&format!("broker events: exchange {missing} does not exist")), "{text}");
+    }
+}
+
+mod mqtt {
+    use super::*;
+    use rumqttc::v5::mqttbytes::QoS;
+    use rumqttc::v5::mqttbytes::v5::Packet;
+    use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+
+    /// What a subscriber to `rooms/#` received: (topic, user properties), in order.
+    type Received = std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<(String, String)>)>>>;
+
+    /// A subscriber to `rooms/#` at QoS 1, subscribed when this returns.
+    async fn subscribe(server: &BrokerServer) -> (AsyncClient, Received) {
+        let port: u16 = server.url().rsplit(':').next().unwrap().parse().unwrap();
+        let (client, mut events) = AsyncClient::new(MqttOptions::new(unique("subscriber"), "127.0.0.1", port), 64);
+        client.subscribe("rooms/#", QoS::AtLeastOnce).await.unwrap();
+        let received: Received = Default::default();
+        let (subscribed, mut on_subscribed) = tokio::sync::mpsc::channel(1);
+        let into = received.clone();
+        tokio::spawn(async move {
+            while let Ok(event) = events.poll().await {
+                match event {
+                    Event::Incoming(Packet::SubAck(_)) => {
+                        let _ = subscribed.try_send(());
+                    }
+                    Event::Incoming(Packet::Publish(p)) => {
+                        let topic = String::from_utf8_lossy(&p.topic).to_string();
+                        let properties = p.properties.map(|p| p.user_properties).unwrap_or_default();
+                        into.lock().unwrap().push((topic, properties));
+                    }
+                    _ => {}
+                }
+            }
+        });
+        on_subscribed.recv().await.expect("subscribed");
+        (client, received)
+    }
+
+    /// 100 events over 5 rooms, each room to a topic of its own at QoS 1: each arrives once
+    /// (nothing was lost, so nothing was sent twice), with its headers as user properties
+    /// and its dedup id, each room's in order.
+    #[tokio::test]
+    async fn every_event_arrives_once_with_its_headers_as_user_properties_in_room_order() {
+        let world = World::new().await;
+        let server = BrokerServer::of(Broker::Mosquitto).await;
+        let (_subscriber, received) = subscribe(&server).await;
+        let events = events(&world, 5, 20);
+        world.producer.insert(&events).await.unwrap();
+        let mut host =
+            Running::start(relay_config(&world, "mqtt", &server.url(), "rooms/{room_id}", &[]).parse()).await;
+        host.wait_status(&world, &ids(&events), Status::Delivered).await;
+        host.stop().await;
+        let mut per_room: HashMap<String, Vec<String>> = HashMap::new();
+        for _ in 0..100 {
+            if received.lock().unwrap().len() >= events.len() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let received = received.lock().unwrap().clone();
+        assert_eq!(received.len(), events.len(), "one message per event");
+        for (topic, properties) in received {
+            let property = |name: &str| properties.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
+            let event_id = property("outbox-event-id").expect("an outbox-event-id user property");
+            assert_eq!(property("outbox-dedup-id").as_ref(), Some(&event_id));
+            assert_eq!(property("outbox-key").as_deref(), topic.strip_prefix("rooms/"), "the key is the room");
+            per_room.entry(topic.trim_start_matches("rooms/").to_string()).or_default().push(event_id);
+        }
+        assert_eq!(per_room, by_room(&events), "each room's events in order");
+    }
+
+    /// A broker killed and restarted: the events meanwhile are deferred with no attempt
+    /// counted, and delivered (PUBACKed by the new broker) once it is back.
+    #[tokio::test]
+    async fn a_broker_that_goes_away_defers_the_events_and_burns_no_attempts() {
+        let world = World::new().await;
+        let mut server = BrokerServer::of(Broker::Mosquitto).await;
+        let mut host =
+            Running::start(relay_config(&world, "mqtt", &server.url(), "rooms/{room_id}", &[]).parse()).await;
+        let first = world.produce("RoomGiftSent", "room-1", Status::Pending).await;
+        host.wait_status(&world, &[&first], Status::Delivered).await;
+        server.stop();
+        let during = events(&world, 3, 3);
+        world.producer.insert(&during).await.unwrap();
+        host.wait_for("an attempt to meet the missing broker", || async {
+            world.row(&during[0].event_id).await.status == Status::Retryable
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for e in &during {
+            let row = world.row(&e.event_id).await;
+            assert_eq!(row.retry_count, 0, "a broker away burned an attempt: {row:?}");
+        }
+        server.restart().await;
+        // Delivered means the restarted broker PUBACKed each (no subscriber: nothing
+        // would hold the messages published before it subscribed).
+        wait_delivered(&mut host, &world, &ids(&during)).await;
+        host.stop().await;
+        for e in &during {
+            assert_eq!(world.row(&e.event_id).await.retry_count, 0, "an attempt counted after the restart");
+        }
+    }
+}
