@@ -7,6 +7,7 @@ mod db;
 mod failover;
 mod floor;
 mod idle;
+mod relay;
 mod sinks;
 
 use std::path::Path;
@@ -56,6 +57,12 @@ struct Args {
     /// Length of each latency run, seconds.
     #[arg(long, default_value_t = 30)]
     seconds: u64,
+    /// Events of the relay drains (into a JetStream of the run's own).
+    #[arg(long, default_value_t = 50_000)]
+    relay_events: usize,
+    /// Producer rates for the relay's insert-to-ack latency runs, events per second.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    relay_rates: Vec<u32>,
     /// Sink calls for the per-call cost.
     #[arg(long, default_value_t = 10_000)]
     calls: usize,
@@ -67,6 +74,9 @@ struct Args {
     /// server databases, 1 on SQLite). `--claim-growth 1` runs with claims of `batch_size`.
     #[arg(long)]
     claim_growth: Option<u32>,
+    /// Only the relay's figures (`--only relay`).
+    #[arg(long)]
+    only: Option<String>,
     /// Where to write the JSON results.
     #[arg(long, default_value = "target/bench/latest.json")]
     json: std::path::PathBuf,
@@ -317,7 +327,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 /// A steady producer while one host runs with the default config: insert-to-delivered
 /// latency.
-async fn latency(db: &Db, rate: u32, args: &Args, sink: Arc<dyn Deliver>) -> anyhow::Result<Value> {
+async fn latency(db: &Db, rate: u32, seconds: u64, sink: Arc<dyn Deliver>) -> anyhow::Result<Value> {
     let producer = db.open().await?;
     let shutdown = CancellationToken::new();
     let metrics = Arc::new(Metrics::new(sink.name()));
@@ -327,7 +337,7 @@ async fn latency(db: &Db, rate: u32, args: &Args, sink: Arc<dyn Deliver>) -> any
     let per_tick = (rate / 100).max(1) as usize;
     let mut tick = tokio::time::interval(Duration::from_millis(10));
     let mut produced = 0;
-    let end = Instant::now() + Duration::from_secs(args.seconds);
+    let end = Instant::now() + Duration::from_secs(seconds);
     while Instant::now() < end {
         tick.tick().await;
         producer.insert(&events(&format!("lat-{produced}"), per_tick, 50)).await?;
@@ -352,7 +362,7 @@ async fn latency(db: &Db, rate: u32, args: &Args, sink: Arc<dyn Deliver>) -> any
         "events": produced,
         "undelivered_after_120_s": produced.saturating_sub(ms.len()),
         "rate_per_s": rate,
-        "seconds": args.seconds,
+        "seconds": seconds,
         "p50_ms": percentile(&ms, 50.0),
         "p95_ms": percentile(&ms, 95.0),
         "p99_ms": percentile(&ms, 99.0),
@@ -623,7 +633,7 @@ async fn latencies(r: &mut Report, backend: Backend, args: &Args, wasm: &Arc<dyn
     let (table, results, name) = (&mut r.table, &mut r.results, db::name(backend));
     for rate in &args.rates {
         eprintln!("{name}: latency at {rate}/s for {}s …", args.seconds);
-        let lat = latency(&Db::fresh(backend).await?, *rate, args, wasm.clone()).await?;
+        let lat = latency(&Db::fresh(backend).await?, *rate, args.seconds, wasm.clone()).await?;
         let behind = match lat["undelivered_after_120_s"].as_u64() {
             Some(0) | None => String::new(),
             Some(n) => format!("FELL BEHIND: {n} undelivered 120 s after the producer stopped; of the rest: "),
@@ -646,6 +656,52 @@ async fn latencies(r: &mut Report, backend: Backend, args: &Args, wasm: &Arc<dyn
         ]);
         results.push(json!({ "backend": name, "latency": lat }));
     }
+    Ok(())
+}
+
+/// The relay into JetStream: its floor, the drain through the WebAssembly and the native
+/// mapping, and insert-to-ack latency.
+async fn relays(r: &mut Report, backend: Backend, setup: Setup<'_>, cache: &Path) -> anyhow::Result<()> {
+    let (table, results, name) = (&mut r.table, &mut r.results, db::name(backend));
+    let Setup { args, config, .. } = setup;
+    eprintln!("{name}: relay into JetStream, {} events …", args.relay_events);
+    let relay = relay::run(backend, args.relay_events, &args.relay_rates, args.seconds, config, cache).await?;
+    let n = args.relay_events;
+    let seconds = |per_s: &Value| n as f64 / per_s.as_f64().unwrap_or(f64::INFINITY);
+    row(
+        table,
+        name,
+        "JetStream publish floor (no database)",
+        n,
+        seconds(&relay["jetstream_floor_per_s"]),
+        String::new(),
+    );
+    row(
+        table,
+        name,
+        "relay drain, WebAssembly mapping",
+        n,
+        seconds(&relay["drain_wasm_per_s"]),
+        format!(
+            "{:.2}× the JetStream floor; mapping costs {:.0}% of the native drain",
+            relay["ratio_wasm_over_floor"].as_f64().unwrap_or(0.0),
+            relay["mapping_cost"].as_f64().unwrap_or(0.0) * 100.0
+        ),
+    );
+    row(table, name, "relay drain, native mapping", n, seconds(&relay["drain_native_per_s"]), String::new());
+    for lat in relay["latency"].as_array().into_iter().flatten() {
+        table.push([
+            name.into(),
+            format!("relay insert→ack @{}/s for {}s", lat["rate_per_s"], args.seconds),
+            format!("{}", lat["events"]),
+            "-".into(),
+            format!(
+                "p50 {} ms, p95 {} ms, p99 {} ms, max {} ms; {} undelivered after 120 s",
+                lat["p50_ms"], lat["p95_ms"], lat["p99_ms"], lat["max_ms"], lat["undelivered_after_120_s"]
+            ),
+        ]);
+    }
+    results.push(json!({ "backend": name, "relay": relay }));
     Ok(())
 }
 
@@ -747,6 +803,12 @@ async fn main() -> anyhow::Result<()> {
     let setup = Setup { args: &args, config: &config, wasm: &wasm };
 
     for backend in &backends {
+        if *backend != Backend::Mysql {
+            relays(&mut r, *backend, setup, cache.path()).await?;
+        }
+        if args.only.as_deref() == Some("relay") {
+            continue;
+        }
         let (wasm_rate, native_rate) = drains(&mut r, *backend, setup).await?;
         room_order(&mut r, *backend, setup).await?;
         several_sinks(&mut r, *backend, &args, cache.path()).await?;

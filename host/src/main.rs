@@ -434,8 +434,12 @@ async fn check_config(config: &Config) -> anyhow::Result<()> {
     for sink in sinks {
         let w = &sink.worker;
         say(&format!(
-            "config OK: sink {} loads; database {}; table {}; batch_size {}{}, publish_timeout {}, concurrency {}, lease {}\n",
+            "config OK: sink {} loads{}; database {}; table {}; batch_size {}{}, publish_timeout {}, concurrency {}, lease {}\n",
             sink.name(),
+            match &sink.broker {
+                Some(broker) => format!(" and relays to broker {broker}, which answers"),
+                None => String::new(),
+            },
             outbox_host::text::redact_url(&config.database.url),
             config.table,
             w.batch_size,

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
+use crate::sandbox::relay::RelayRuntime;
 use crate::sandbox::settings::PluginConfig;
 use crate::sandbox::trial::{ScriptedReply, Step, Trial};
 use crate::sandbox::{Delivered, Event, SinkRuntime};
@@ -41,6 +42,8 @@ pub struct TryOptions {
 pub struct TryReport {
     /// What the sink did, in order.
     pub steps: Vec<Step>,
+    /// A relay's records for the event (a relay publishes nothing here: it has no broker).
+    pub records: Vec<crate::sandbox::relay::Record>,
     /// The values of the sink's config keys that name credentials (`--set secret_key=…`):
     /// shown as `***` wherever they appear.
     pub secrets: Vec<String>,
@@ -91,7 +94,21 @@ impl TryReport {
                 }
             }
         }
+        for (i, record) in self.records.iter().enumerate() {
+            let key = record.key.as_deref().map(|k| format!(" (key {k})")).unwrap_or_default();
+            let _ = writeln!(out, "record   {} of {}: {}{key}", i + 1, self.records.len(), record.destination);
+            for (name, value) in &record.headers {
+                let _ = writeln!(out, "         {name}: {value}");
+            }
+            let _ =
+                writeln!(out, "         payload ({} bytes): {}", record.payload.len(), shown_payload(&record.payload));
+        }
         let _ = match &self.outcome {
+            Ok(Delivered::Delivered) if !self.records.is_empty() => writeln!(
+                out,
+                "outcome  routed: {} record(s), which the host would publish to the relay's broker (try-sink publishes nothing)",
+                self.records.len()
+            ),
             Ok(Delivered::Delivered) => writeln!(out, "outcome  delivered"),
             Ok(Delivered::Skipped(why)) => writeln!(out, "outcome  skipped: {why}"),
             Err(failure) => {
@@ -119,7 +136,22 @@ impl TryReport {
 /// would hide nothing and garble the rest).
 const MIN_SECRET_CHARS: usize = 4;
 
-/// Loads the sink as `run` would, checks its config, and delivers one event.
+/// A payload as the report shows it: printable UTF-8 up to 2 KiB (escaped), or the first
+/// 64 bytes in hex.
+fn shown_payload(payload: &[u8]) -> String {
+    const SHOWN: usize = 2 << 10;
+    match std::str::from_utf8(payload) {
+        Ok(text) => crate::text::printable(text, SHOWN),
+        Err(_) => {
+            let hex: String = payload.iter().take(64).map(|b| format!("{b:02x}")).collect();
+            format!("{hex}{}", if payload.len() > 64 { "…" } else { "" })
+        }
+    }
+}
+
+/// Loads the sink as `run` would, checks its config, and delivers one event. A relay (a
+/// component of world `outbox:relay/relay`) routes the event instead, and the report shows
+/// its records.
 pub async fn try_sink(options: TryOptions) -> anyhow::Result<TryReport> {
     let body = crate::envelope::body_from_json_text(&options.event_type, options.body.as_deref())?;
     let mut config = PluginConfig::with_defaults("try", options.plugin.clone());
@@ -129,8 +161,6 @@ pub async fn try_sink(options: TryOptions) -> anyhow::Result<TryReport> {
     config.allowed_hosts = options.allowed_hosts.clone();
     config.allow_http = options.allow_http;
     config.config.0 = options.settings.iter().cloned().collect();
-    let trial = Arc::new(Trial::new(options.dry_run.clone()));
-    let runtime = SinkRuntime::load_trial(&config, options.timeout, trial.clone()).await?;
     let now = crate::store::now_ms();
     let event = Event {
         app_code: "default".into(),
@@ -142,7 +172,6 @@ pub async fn try_sink(options: TryOptions) -> anyhow::Result<TryReport> {
         body,
         attempt: options.attempt.max(1),
     };
-    let outcome = runtime.deliver(&event, options.timeout).await;
     // Longest first, so that a secret containing another is hidden whole.
     let mut secrets: Vec<String> = options
         .settings
@@ -151,7 +180,29 @@ pub async fn try_sink(options: TryOptions) -> anyhow::Result<TryReport> {
         .map(|(_, value)| value.clone())
         .collect();
     secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-    Ok(TryReport { steps: trial.steps(), secrets, outcome })
+    let trial = Arc::new(Trial::new(options.dry_run.clone()));
+    let runtime = match SinkRuntime::load_trial(&config, options.timeout, trial.clone()).await {
+        Ok(runtime) => runtime,
+        Err(not_a_sink) => {
+            let metrics = Arc::new(crate::ops::metrics::Metrics::new("try"));
+            let relay = match RelayRuntime::load_checked(&config, 1, options.timeout, metrics).await {
+                Ok(relay) => relay,
+                // A relay whose config has problems: those, not "not a sink".
+                Err(e) if e.is::<crate::sandbox::SinkConfigProblems>() => return Err(e),
+                Err(_) => return Err(not_a_sink),
+            };
+            let (records, outcome) = match relay.route(&event, options.timeout).await {
+                Ok(records) if records.is_empty() => {
+                    (records, Ok(Delivered::Skipped("not for this relay".to_string())))
+                }
+                Ok(records) => (records, Ok(Delivered::Delivered)),
+                Err(failure) => (Vec::new(), Err(failure)),
+            };
+            return Ok(TryReport { steps: Vec::new(), records, secrets, outcome });
+        }
+    };
+    let outcome = runtime.deliver(&event, options.timeout).await;
+    Ok(TryReport { steps: trial.steps(), records: Vec::new(), secrets, outcome })
 }
 
 /// `new-sink`'s crate: the template in `plugins/template`, renamed.

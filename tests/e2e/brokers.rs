@@ -280,6 +280,30 @@ mod rabbitmq {
         assert_eq!(messages.iter().map(|m| m.2.as_str()).collect::<Vec<_>>(), vec![event.as_str()]);
     }
 
+    /// `check-config` loads the relay and asks the broker: an exchange that exists passes,
+    /// a missing one is named.
+    #[tokio::test]
+    async fn check_config_asks_the_broker_for_the_exchange() {
+        use crate::binary::{run_cli_beside, write_config};
+        let world = World::new().await;
+        let (_connection, channel) = channel().await;
+        let exchange = exchange(&channel).await;
+        let config = relay_config(&world, "rabbitmq", RABBITMQ, "rooms.{room_id}", &[("exchange", &exchange)]);
+        write_config(&world, &config.yaml());
+        let out = run_cli_beside(&world, &["check-config"]).await;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains("config OK: sink relay loads and relays to broker events, which answers;"), "{stdout}");
+
+        let missing = unique("missing");
+        let config = relay_config(&world, "rabbitmq", RABBITMQ, "rooms.{room_id}", &[("exchange", &missing)]);
+        write_config(&world, &config.yaml());
+        let out = run_cli_beside(&world, &["check-config"]).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(stderr.contains(&format!("broker events: exchange {missing} does not exist")), "{stderr}");
+    }
+
     #[tokio::test]
     async fn a_missing_exchange_refuses_start_naming_it() {
         let world = World::new().await;

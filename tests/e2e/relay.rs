@@ -182,3 +182,38 @@ async fn fifty_thousand_events_through_a_killed_host_make_exactly_fifty_thousand
     let state = stream.info().await.unwrap().state.clone();
     assert_eq!(state.messages as i64, EVENTS, "exactly one message per event (killed at {killed_at} delivered)");
 }
+
+/// A hot room through a room pipeline of 4 (concurrency 16), against a frozen NATS server:
+/// exactly 4 of the room's events are published and wait for their acks together (the
+/// pipeline bounds them, not the concurrency); thawed, the room's 40 events are all in the
+/// stream, in order, once each.
+#[tokio::test]
+async fn a_hot_rooms_events_are_pipelined_in_order_up_to_the_room_pipeline() {
+    use crate::support::metric;
+    let world = World::new().await;
+    let nats = NatsServer::start().await;
+    let config = relay_config(&world, &nats, true)
+        .set(&["brokers", "events", "room_pipeline"], "4")
+        .set(&["outbox_worker", "concurrency"], "16")
+        .set(&["outbox_worker", "publish_timeout"], "20s")
+        .with_admin();
+    let mut host = Running::start(config.parse()).await;
+    let base = format!("http://{}", host.admin.unwrap());
+    let in_flight = || metric(&base, "room_outbox_broker_acks_in_flight{broker=\"events\"}");
+    let first = world.produce("RoomGiftSent", "room-hot", Status::Pending).await;
+    host.wait_status(&world, &[&first], Status::Delivered).await;
+
+    nats.signal("STOP");
+    let events: Vec<_> = (0..40).map(|_| world.event("RoomGiftSent", "room-hot", Status::Pending)).collect();
+    world.producer.insert(&events).await.unwrap();
+    host.wait_for("4 of the room's events awaiting their acks", || async { in_flight().await >= 4.0 }).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(in_flight().await, 4.0, "the room pipeline bounds what is in flight");
+    nats.signal("CONT");
+    let ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
+    host.wait_status(&world, &ids, Status::Delivered).await;
+    host.stop().await;
+    let in_stream: Vec<String> = stream_messages(&nats).await.into_iter().map(|(_, _, id)| id).collect();
+    let expected: Vec<String> = std::iter::once(first).chain(events.iter().map(|e| e.event_id.clone())).collect();
+    assert_eq!(in_stream, expected, "the room's events once each, in order");
+}

@@ -9,7 +9,7 @@ use std::process::{Command, Output, Stdio};
 use outbox_host::store::Status;
 use outbox_test_support::tencent::{IDENTIFIER, SDK_APP_ID, SECRET_KEY, Script, TencentIm};
 use outbox_test_support::webhook::{Receiver, SECRET};
-use outbox_test_support::{FAKE_SINK, TENCENT_IM_SINK, WEBHOOK_SINK};
+use outbox_test_support::{FAKE_SINK, RELAY, TENCENT_IM_SINK, WEBHOOK_SINK};
 
 use crate::binary::BIN;
 use crate::support::{Running, SinkSpec, World};
@@ -31,6 +31,29 @@ async fn try_sink(args: &[String]) -> (i32, String, String) {
 
 fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|a| a.to_string()).collect()
+}
+
+/// `try-sink` on a relay shows the records it makes of the event (publishing nothing: it
+/// has no broker); the relay's config problems refuse it, as a sink's do.
+#[tokio::test]
+async fn try_sink_shows_a_relays_records() {
+    let base = ["--plugin", RELAY, "-t", "RoomGiftSent", "-r", "room-1", "-b", r#"{"gift_id":"rose","gift_count":2}"#];
+    let routed = [&base[..], &["--set", "destination=rooms.{room_id}"]].concat();
+    let (code, stdout, stderr) = try_sink(&args(&routed)).await;
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.starts_with("record   1 of 1: rooms.room-1 (key room-1)\n"), "{stdout}");
+    assert!(stdout.contains("         outbox-room-id: room-1\n"), "{stdout}");
+    assert!(stdout.contains(r#""gift_id":"rose""#), "the JSON payload: {stdout}");
+    assert!(stdout.ends_with("(try-sink publishes nothing)\n"), "{stdout}");
+
+    let other_type = [&routed[..], &["--set", "types=RoomHeatChanged"]].concat();
+    let (code, stdout, _) = try_sink(&args(&other_type)).await;
+    assert_eq!((code, stdout.as_str()), (0, "outcome  skipped: not for this relay\n"));
+
+    let (code, _, stderr) = try_sink(&args(&[&base[..], &["--set", "format=yaml"]].concat())).await;
+    assert_eq!(code, 2);
+    assert!(stderr.contains("sink.config.destination: required"), "{stderr}");
+    assert!(stderr.contains("format: \"yaml\" is not json or protobuf"), "{stderr}");
 }
 
 #[tokio::test]

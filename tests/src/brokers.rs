@@ -64,6 +64,14 @@ impl BrokerServer {
         format!("{}://127.0.0.1:{}", self.broker.scheme(), self.port)
     }
 
+    /// Sends it `kill -<signal>` (`STOP` freezes it with its connections open, `CONT`
+    /// thaws it).
+    pub fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("the server runs");
+        let status = Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status().unwrap();
+        assert!(status.success(), "kill -{signal} {}", child.id());
+    }
+
     /// Kills the server (SIGKILL: nothing is flushed beyond what it already wrote).
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {

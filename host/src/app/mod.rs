@@ -105,7 +105,7 @@ pub async fn load_sink(config: &Config, sink: &SinkConfig, metrics: Arc<Metrics>
     let broker = config.brokers.iter().find(|b| b.name == *name).context("no such broker")?;
     let publisher = crate::relay::connect(broker).await?;
     let runtime = RelayRuntime::load_checked(&sink.sandbox, concurrency, timeout, metrics.clone()).await?;
-    Ok(Arc::new(RelaySink::new(runtime, publisher, metrics)))
+    Ok(Arc::new(RelaySink::new(runtime, publisher, metrics, broker.room_pipeline)))
 }
 
 impl Host {

@@ -750,13 +750,13 @@ fn read_sink(f: &mut Fields<'_>, notes: &mut Vec<String>, global: &WorkerConfig,
     SinkConfig { sandbox, start_from, watch_plugin, worker, broker }
 }
 
-/// One entry of `brokers:`: `kind`, `url`, credentials (`token` for NATS, or `user` and
-/// `password`), and the keys of its kind: NATS `stream`, `create_stream` (default false) and
+/// One entry of `brokers:`: `kind`, `url`, `room_pipeline` (default 8), credentials (`token`
+/// for NATS, or `user` and `password`), and the keys of its kind: NATS `stream`, `create_stream` (default false) and
 /// `subjects` (required to create the stream); Redis `dedup_window` (default 24h) and
 /// `max_len`; RabbitMQ `exchange` (default: the default exchange). A key of another kind
 /// is refused, naming the kind it belongs to.
 fn read_broker(name: &str, f: &mut Fields<'_>) -> crate::relay::settings::BrokerConfig {
-    use crate::relay::settings::{BrokerConfig, BrokerKind};
+    use crate::relay::settings::{BrokerConfig, BrokerKind, MAX_ROOM_PIPELINE};
     if !is_name(name, 64) {
         f.problem("", "a broker's name is 1-64 characters of letters, digits, '.', '_' or '-'");
     }
@@ -775,6 +775,11 @@ fn read_broker(name: &str, f: &mut Fields<'_>) -> crate::relay::settings::Broker
     if !schemes.iter().any(|scheme| broker.url.starts_with(&format!("{scheme}://"))) {
         let forms: Vec<String> = schemes.iter().map(|s| format!("{s}://host:port")).collect();
         f.problem("url", format!("is required: {}", forms.join(" or ")));
+    }
+    match f.take::<i64>("room_pipeline") {
+        None => {}
+        Some(n) if (1..=i64::from(MAX_ROOM_PIPELINE)).contains(&n) => broker.room_pipeline = n as u32,
+        Some(n) => f.problem("room_pipeline", format!("{n} is not between 1 and {MAX_ROOM_PIPELINE}")),
     }
     // Each kind's own keys: present under another kind, they are refused.
     let only = |f: &mut Fields<'_>, key: &str, of: BrokerKind| {

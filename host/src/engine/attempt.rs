@@ -11,18 +11,17 @@ use super::breaker::Verdict;
 use super::retry::after_failure;
 use super::settings::WorkerConfig;
 use crate::ops::metrics::Metrics;
-use crate::sandbox::{AttemptFailure, Deliver, Delivered, FailureClass, Pressure};
+use crate::sandbox::{AttemptFailure, Deliver, Delivered, FailureClass, Pressure, Turn};
 use crate::store::{Claimed, Outcome};
 
 /// Delivers `row` through `sink` and returns the outcome to record, and what the attempt
 /// says about the destination (for the circuit breaker).
+/// Under a room pipeline, `turn` is the event's place in its room's line (see [`Turn`]).
 pub async fn deliver_one(
     sink: &dyn Deliver,
-    config: &WorkerConfig,
-    metrics: &Metrics,
-    node_id: &str,
-    clock: &super::dbclock::DbClock,
+    (config, metrics, node_id, clock): (&WorkerConfig, &Metrics, &str, &super::dbclock::DbClock),
     row: &Claimed,
+    turn: Turn,
 ) -> (Outcome, Verdict) {
     let span = tracing::info_span!(
         "deliver",
@@ -38,7 +37,7 @@ pub async fn deliver_one(
         let started = Instant::now();
         let (result, took) = match crate::envelope::to_event(row) {
             Err(reason) => (Err(AttemptFailure::permanent(reason)), None),
-            Ok(event) => (sink.deliver(&event, config.publish_timeout).await, Some(started.elapsed())),
+            Ok(event) => (sink.deliver_in_turn(&event, config.publish_timeout, turn).await, Some(started.elapsed())),
         };
         let outcome = match &result {
             Ok(_) => Outcome::Delivered,

@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
+use crate::sandbox::Turn;
 use crate::store::Claimed;
 
 /// A room: events of different apps are never merged, even when their room ids match.
@@ -129,18 +130,26 @@ impl Buffer {
 /// what the table records of a room is always in its order.
 pub struct InOrder<T> {
     rooms: HashMap<RoomKey, VecDeque<(String, Option<T>)>>,
+    /// The turn of each room's latest delivery in flight, which the room's next one waits for.
+    turns: HashMap<RoomKey, tokio::sync::oneshot::Receiver<()>>,
 }
 
 impl<T> Default for InOrder<T> {
     fn default() -> Self {
-        InOrder { rooms: HashMap::new() }
+        InOrder { rooms: HashMap::new(), turns: HashMap::new() }
     }
 }
 
 impl<T> InOrder<T> {
-    /// A delivery of `event_id` in `room` started.
-    pub fn started(&mut self, room: &RoomKey, event_id: &str) {
-        self.rooms.entry(room.clone()).or_default().push_back((event_id.to_string(), None));
+    /// A delivery of `event_id` in `room` started: its turn to send comes after the room's
+    /// delivery started before it, if that one is still in flight.
+    pub fn started(&mut self, room: &RoomKey, event_id: &str) -> Turn {
+        let queue = self.rooms.entry(room.clone()).or_default();
+        let previous = if queue.is_empty() { None } else { self.turns.remove(room) };
+        queue.push_back((event_id.to_string(), None));
+        let (turn, after) = Turn::after(previous);
+        self.turns.insert(room.clone(), after);
+        turn
     }
 
     /// A delivery finished with `outcome`: the outcomes now due, in order (none while an
@@ -157,6 +166,7 @@ impl<T> InOrder<T> {
         }
         if queue.is_empty() {
             self.rooms.remove(room);
+            self.turns.remove(room);
         }
         due
     }
@@ -204,7 +214,7 @@ mod tests {
         let mut acks = InOrder::default();
         let room = ("app".to_string(), "a".to_string());
         for id in ["e1", "e2", "e3"] {
-            acks.started(&room, id);
+            let _turn = acks.started(&room, id);
         }
         assert!(acks.finished(&room, "e2", 2).is_empty(), "e2 waits for e1");
         assert_eq!(acks.finished(&room, "e1", 1), vec![1, 2]);

@@ -29,7 +29,7 @@ mod sizing;
 use breaker::{Admit, Breaker, Transition, Verdict};
 use buffer::{Buffer, InOrder, RoomKey, room_of};
 
-use crate::sandbox::{Deliver, FailureClass};
+use crate::sandbox::{Deliver, FailureClass, Turn};
 use crate::store::{Claimed, Held, Mark, Outcome, Store, now_ms};
 use crate::text::printable;
 use crate::text::short_error;
@@ -541,9 +541,10 @@ impl Worker {
             }
             let this = self.clone();
             let sink = self.sink.get();
-            acks.started(&key, &row.event_id);
+            let turn = acks.started(&key, &row.event_id);
             running.spawn(async move {
-                let (outcome, verdict) = match AssertUnwindSafe(this.deliver_one(&*sink, &row)).catch_unwind().await {
+                let delivery = AssertUnwindSafe(this.deliver_one(&*sink, &row, turn));
+                let (outcome, verdict) = match delivery.catch_unwind().await {
                     Ok(done) => done,
                     Err(panic) => (this.after_panic(&row, panic), Verdict::Neutral),
                 };
@@ -674,8 +675,8 @@ impl Worker {
     }
 
     /// Delivers one row through `sink` and decides its outcome (see `attempt.rs`).
-    async fn deliver_one(&self, sink: &dyn Deliver, row: &Claimed) -> (Outcome, Verdict) {
-        attempt::deliver_one(sink, &self.config, &self.metrics, &self.node_id, &self.clock, row).await
+    async fn deliver_one(&self, sink: &dyn Deliver, row: &Claimed, turn: Turn) -> (Outcome, Verdict) {
+        attempt::deliver_one(sink, (&self.config, &self.metrics, &self.node_id, &self.clock), row, turn).await
     }
 
     /// Writes a batch of outcomes: fenced by partition under per-room order, where a mark

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use crate::ops::metrics::Metrics;
 use crate::sandbox::relay::{Record, RelayRuntime};
-use crate::sandbox::{AttemptFailure, Deliver, Delivered, Event, FailureClass, Pressure};
+use crate::sandbox::{AttemptFailure, Deliver, Delivered, Event, FailureClass, Pressure, Turn};
 use settings::{BrokerConfig, BrokerKind};
 
 /// Why a broker did not take an event's records.
@@ -37,8 +37,16 @@ pub trait Publish: Send + Sync {
 
     /// Publishes `records` of event `event_id`, in order, and returns once the broker has
     /// acknowledged every one, with how many of them it said it already had (its dedup
-    /// dropped them); gives up at `timeout`. Messages are short and secret-free.
-    async fn publish(&self, event_id: &str, records: Vec<Record>, timeout: Duration) -> Result<u64, PublishError>;
+    /// dropped them); gives up at `timeout`. Calls `turn.sent()` once every record is on
+    /// the wire, in the connection's order, so that the room's next event may follow while
+    /// these acks are awaited. Messages are short and secret-free.
+    async fn publish(
+        &self,
+        event_id: &str,
+        records: Vec<Record>,
+        timeout: Duration,
+        turn: &mut Turn,
+    ) -> Result<u64, PublishError>;
 }
 
 /// Connects to `broker` and checks what it needs there (a stream, an exchange); an
@@ -66,14 +74,21 @@ pub struct RelaySink {
     runtime: RelayRuntime,
     publisher: Arc<dyn Publish>,
     metrics: Arc<Metrics>,
+    room_pipeline: u32,
 }
 
 impl RelaySink {
     /// The relay `runtime` publishing through `publisher`, recording into `metrics` under
     /// the broker's name.
-    pub fn new(runtime: RelayRuntime, publisher: Arc<dyn Publish>, metrics: Arc<Metrics>) -> RelaySink {
+    /// `room_pipeline` of a room's events may be in flight at once.
+    pub fn new(
+        runtime: RelayRuntime,
+        publisher: Arc<dyn Publish>,
+        metrics: Arc<Metrics>,
+        room_pipeline: u32,
+    ) -> RelaySink {
         metrics.broker_started(publisher.name());
-        RelaySink { runtime, publisher, metrics }
+        RelaySink { runtime, publisher, metrics, room_pipeline: room_pipeline.max(1) }
     }
 }
 
@@ -84,24 +99,56 @@ impl Deliver for RelaySink {
     }
 
     async fn deliver(&self, event: &Event, timeout: Duration) -> Result<Delivered, AttemptFailure> {
+        self.deliver_in_turn(event, timeout, Turn::default()).await
+    }
+
+    fn room_pipeline(&self) -> u32 {
+        self.room_pipeline
+    }
+
+    /// Routes the event (while the room's earlier events may still be routing or awaiting
+    /// their acks), waits for its turn, publishes, and waits for the broker's acks.
+    async fn deliver_in_turn(
+        &self,
+        event: &Event,
+        timeout: Duration,
+        mut turn: Turn,
+    ) -> Result<Delivered, AttemptFailure> {
         let deadline = tokio::time::Instant::now() + timeout;
         let records = self.runtime.route(event, timeout).await?;
+        let (broker, count) = (self.publisher.name(), records.len() as i64);
+        let away = |message: String| AttemptFailure {
+            class: FailureClass::Retryable,
+            message,
+            retry_after: None,
+            pressure: Some(Pressure::Unavailable),
+        };
+        let in_line = tokio::time::timeout_at(deadline, turn.wait()).await;
+        if !matches!(in_line, Ok(true)) {
+            // Publishing now would put this event ahead of an earlier one of its room: the
+            // room is deferred (no attempt counted), the broker is not judged by it.
+            return Err(AttemptFailure {
+                class: FailureClass::Retryable,
+                message: format!("broker {broker}: an earlier event of room {} was not published", event.room_id),
+                retry_after: None,
+                pressure: Some(Pressure::RoomThrottled),
+            });
+        }
         if records.is_empty() {
+            turn.sent();
             return Ok(Delivered::Skipped("not for this relay".to_string()));
         }
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let (broker, count) = (self.publisher.name(), records.len() as i64);
         let started = std::time::Instant::now();
         self.metrics.broker_in_flight(broker, count);
-        let published = self.publisher.publish(&event.event_id, records, left).await;
+        let published = self.publisher.publish(&event.event_id, records, left, &mut turn).await;
         self.metrics.broker_in_flight(broker, -count);
         let took = started.elapsed();
         match published {
             Ok(duplicates) => self.metrics.broker_published(broker, took, Ok(duplicates)),
             Err(PublishError::Unavailable(message)) => {
                 self.metrics.broker_published(broker, took, Err("unavailable"));
-                let pressure = Some(Pressure::Unavailable);
-                return Err(AttemptFailure { class: FailureClass::Retryable, message, retry_after: None, pressure });
+                return Err(away(message));
             }
             Err(PublishError::Refused(message)) => {
                 self.metrics.broker_published(broker, took, Err("refused"));

@@ -22,6 +22,7 @@ use tokio::sync::oneshot;
 
 use super::settings::BrokerConfig;
 use super::{Publish, PublishError, START_TIMEOUT, dedup_id};
+use crate::sandbox::Turn;
 use crate::sandbox::relay::Record;
 
 /// Publishes waiting in the client's queue at most; past it a publish is push-back.
@@ -164,12 +165,19 @@ impl Publish for MqttPublisher {
     }
 
     /// Queues every record, then awaits their PUBACKs.
-    async fn publish(&self, event_id: &str, records: Vec<Record>, timeout: Duration) -> Result<u64, PublishError> {
+    async fn publish(
+        &self,
+        event_id: &str,
+        records: Vec<Record>,
+        timeout: Duration,
+        turn: &mut Turn,
+    ) -> Result<u64, PublishError> {
         let count = records.len();
         let mut settled = Vec::with_capacity(count);
         for (i, record) in records.into_iter().enumerate() {
             settled.push(self.queue(&dedup_id(event_id, i, count), record)?);
         }
+        turn.sent();
         let deadline = tokio::time::Instant::now() + timeout;
         for one in settled {
             tokio::time::timeout_at(deadline, one)

@@ -11,6 +11,7 @@ use async_nats::jetstream::{self, stream};
 
 use super::settings::BrokerConfig;
 use super::{Publish, PublishError, START_TIMEOUT, dedup_id};
+use crate::sandbox::Turn;
 use crate::sandbox::relay::Record;
 
 /// A JetStream publisher on one connection.
@@ -75,7 +76,13 @@ impl Publish for NatsPublisher {
     }
 
     /// Sends every record at once, then awaits their acks.
-    async fn publish(&self, event_id: &str, records: Vec<Record>, timeout: Duration) -> Result<u64, PublishError> {
+    async fn publish(
+        &self,
+        event_id: &str,
+        records: Vec<Record>,
+        timeout: Duration,
+        turn: &mut Turn,
+    ) -> Result<u64, PublishError> {
         let unavailable = PublishError::Unavailable;
         let deadline = tokio::time::Instant::now() + timeout;
         let (count, mut acks, mut duplicates) = (records.len(), Vec::with_capacity(records.len()), 0);
@@ -96,6 +103,7 @@ impl Publish for NatsPublisher {
             .map_err(|e| unavailable(format!("broker {}: publish to {}: {e}", self.name, record.destination)))?;
             acks.push(sent);
         }
+        turn.sent();
         for ack in acks {
             let ack = tokio::time::timeout_at(deadline, ack.into_future())
                 .await

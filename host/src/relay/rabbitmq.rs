@@ -15,6 +15,7 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
 use super::settings::BrokerConfig;
 use super::{Publish, PublishError, START_TIMEOUT, dedup_id};
+use crate::sandbox::Turn;
 use crate::sandbox::relay::Record;
 
 /// AMQP's limit on a short string: a routing key, a header's name, a message id.
@@ -132,7 +133,13 @@ impl Publish for RabbitPublisher {
     }
 
     /// Publishes every record, then awaits their confirms in order.
-    async fn publish(&self, event_id: &str, records: Vec<Record>, timeout: Duration) -> Result<u64, PublishError> {
+    async fn publish(
+        &self,
+        event_id: &str,
+        records: Vec<Record>,
+        timeout: Duration,
+        turn: &mut Turn,
+    ) -> Result<u64, PublishError> {
         let deadline = tokio::time::Instant::now() + timeout;
         let late = || self.unavailable(format!("no confirm within {timeout:?}"));
         let channel = tokio::time::timeout_at(deadline, self.channel()).await.map_err(|_| late())??;
@@ -151,6 +158,7 @@ impl Publish for RabbitPublisher {
                 .map_err(|e| self.unavailable(format!("publish to {}: {e}", record.destination)))?;
             confirms.push((confirm, &record.destination));
         }
+        turn.sent();
         for (confirm, destination) in confirms {
             let confirmation = tokio::time::timeout_at(deadline, confirm)
                 .await

@@ -12,6 +12,7 @@ use redis::aio::ConnectionManager;
 
 use super::settings::BrokerConfig;
 use super::{Publish, PublishError, START_TIMEOUT, dedup_id};
+use crate::sandbox::Turn;
 use crate::sandbox::relay::Record;
 
 /// KEYS: the stream, the dedup marker. ARGV: the window in seconds, MAXLEN (0: none), then
@@ -87,7 +88,13 @@ impl Publish for RedisPublisher {
         &self.name
     }
 
-    async fn publish(&self, event_id: &str, records: Vec<Record>, timeout: Duration) -> Result<u64, PublishError> {
+    async fn publish(
+        &self,
+        event_id: &str,
+        records: Vec<Record>,
+        timeout: Duration,
+        turn: &mut Turn,
+    ) -> Result<u64, PublishError> {
         let deadline = tokio::time::Instant::now() + timeout;
         let (count, mut duplicates) = (records.len(), 0);
         for (i, record) in records.into_iter().enumerate() {
@@ -115,6 +122,8 @@ impl Publish for RedisPublisher {
                 })?;
             duplicates += u64::from(added == 0);
         }
+        // Each reply was awaited: the next event of the room follows the last.
+        turn.sent();
         Ok(duplicates)
     }
 }

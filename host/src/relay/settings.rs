@@ -51,6 +51,11 @@ impl BrokerKind {
     }
 }
 
+/// Default `room_pipeline`: how many of a room's events may be in flight to a broker at once.
+pub const DEFAULT_ROOM_PIPELINE: u32 = 8;
+/// The largest `room_pipeline`.
+pub const MAX_ROOM_PIPELINE: u32 = 64;
+
 /// Default `dedup_window` of a Redis broker: how long a record's dedup marker lives.
 pub const DEFAULT_DEDUP_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
@@ -63,6 +68,9 @@ pub struct BrokerConfig {
     pub kind: BrokerKind,
     /// Where it listens: `nats://host:port`, `redis://host:port/db`, `amqp://host:port/vhost`, `mqtt://host:port`.
     pub url: String,
+    /// How many of a room's events may be in flight at once: each published after the one
+    /// before it, their acks awaited together.
+    pub room_pipeline: u32,
     /// NATS: the JetStream stream the records go to.
     pub stream: String,
     /// NATS: create the stream (with `subjects`) when it is missing; otherwise it must exist.
@@ -92,6 +100,7 @@ impl BrokerConfig {
             name: name.to_string(),
             kind,
             url: url.to_string(),
+            room_pipeline: DEFAULT_ROOM_PIPELINE,
             stream: String::new(),
             create_stream: false,
             subjects: Vec::new(),
@@ -112,6 +121,7 @@ impl std::fmt::Debug for BrokerConfig {
             .field("name", &self.name)
             .field("kind", &self.kind)
             .field("url", &crate::text::redact_url(&self.url))
+            .field("room_pipeline", &self.room_pipeline)
             .field("stream", &self.stream)
             .field("create_stream", &self.create_stream)
             .field("subjects", &self.subjects)

@@ -14,6 +14,7 @@ mod http;
 pub mod relay;
 mod state;
 pub mod trial;
+mod turn;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,6 +36,7 @@ pub use egress::HostPattern;
 use http::{HttpPolicy, PolicySettings};
 use settings::PluginConfig;
 use state::{DeliveryState, Shared};
+pub use turn::Turn;
 
 use crate::ops::metrics::Metrics;
 use crate::text::{printable, printable_within};
@@ -65,6 +67,19 @@ pub trait Deliver: Send + Sync + 'static {
     /// engine still starts a room's events in order and records their outcomes in order.
     fn room_pipeline(&self) -> u32 {
         1
+    }
+    /// One attempt under a room pipeline, with the event's [`Turn`] in its room: a sink that
+    /// keeps order puts the event on the wire only once the turn has come, and says when it
+    /// has. By default the turn is given up at once (order across deliveries in flight is
+    /// then the sink's own affair).
+    async fn deliver_in_turn(
+        &self,
+        event: &Event,
+        timeout: Duration,
+        mut turn: Turn,
+    ) -> Result<Delivered, AttemptFailure> {
+        turn.sent();
+        self.deliver(event, timeout).await
     }
 }
 
