@@ -97,8 +97,10 @@ impl TryReport {
         for (i, record) in self.records.iter().enumerate() {
             let key = record.key.as_deref().map(|k| format!(" (key {k})")).unwrap_or_default();
             let _ = writeln!(out, "record   {} of {}: {}{key}", i + 1, self.records.len(), record.destination);
+            // The host bounded them and refused control characters; characters that reorder
+            // or hide text are still the relay's, and are shown escaped.
             for (name, value) in &record.headers {
-                let _ = writeln!(out, "         {name}: {value}");
+                let _ = writeln!(out, "         {name}: {}", crate::text::printable(value, SHOWN_HEADER_BYTES));
             }
             let _ =
                 writeln!(out, "         payload ({} bytes): {}", record.payload.len(), shown_payload(&record.payload));
@@ -135,6 +137,9 @@ impl TryReport {
 /// Shorter values of secret keys are not searched for in the transcript (hiding every `a`
 /// would hide nothing and garble the rest).
 const MIN_SECRET_CHARS: usize = 4;
+
+/// The most of a relay's header value the report shows.
+const SHOWN_HEADER_BYTES: usize = 1 << 10;
 
 /// A payload as the report shows it: printable UTF-8 up to 2 KiB (escaped), or the first
 /// 64 bytes in hex.
