@@ -20,6 +20,7 @@ use clap::Parser;
 use outbox_host::config::{PluginConfig, RoomOrdering, SinkSettings, WorkerConfig};
 use outbox_host::engine::{Signal, Worker};
 use outbox_host::ops::metrics::Metrics;
+use outbox_host::relay::settings::BrokerKind;
 use outbox_host::sandbox::{AttemptFailure, Deliver, Delivered, Event, SinkRuntime};
 use outbox_host::store::{Mark, NewEvent, Outcome, Status, Store, now_ms};
 use serde_json::{Value, json};
@@ -57,12 +58,16 @@ struct Args {
     /// Length of each latency run, seconds.
     #[arg(long, default_value_t = 30)]
     seconds: u64,
-    /// Events of the relay drains (into a JetStream of the run's own).
+    /// Events of each relay drain (into a broker of the run's own).
     #[arg(long, default_value_t = 50_000)]
     relay_events: usize,
-    /// Producer rates for the relay's insert-to-ack latency runs, events per second.
+    /// Producer rates for the relay's insert-to-ack latency runs (into JetStream), events
+    /// per second.
     #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
     relay_rates: Vec<u32>,
+    /// Brokers of the relay's floor-and-drain pairs (nats, redis, rabbitmq).
+    #[arg(long, value_delimiter = ',', default_value = "nats,redis,rabbitmq")]
+    relay_brokers: Vec<String>,
     /// Sink calls for the per-call cost.
     #[arg(long, default_value_t = 10_000)]
     calls: usize,
@@ -659,49 +664,60 @@ async fn latencies(r: &mut Report, backend: Backend, args: &Args, wasm: &Arc<dyn
     Ok(())
 }
 
-/// The relay into JetStream: its floor, the drain through the WebAssembly and the native
-/// mapping, and insert-to-ack latency.
+/// The relay into each broker: its floor, the drain through the WebAssembly and the native
+/// mapping, and (into JetStream) insert-to-ack latency.
 async fn relays(r: &mut Report, backend: Backend, setup: Setup<'_>, cache: &Path) -> anyhow::Result<()> {
     let (table, results, name) = (&mut r.table, &mut r.results, db::name(backend));
     let Setup { args, config, .. } = setup;
-    eprintln!("{name}: relay into JetStream, {} events …", args.relay_events);
-    let relay = relay::run(backend, args.relay_events, &args.relay_rates, args.seconds, config, cache).await?;
     let n = args.relay_events;
-    let seconds = |per_s: &Value| n as f64 / per_s.as_f64().unwrap_or(f64::INFINITY);
-    row(
-        table,
-        name,
-        "JetStream publish floor (no database)",
-        n,
-        seconds(&relay["jetstream_floor_per_s"]),
-        String::new(),
-    );
-    row(
-        table,
-        name,
-        "relay drain, WebAssembly mapping",
-        n,
-        seconds(&relay["drain_wasm_per_s"]),
-        format!(
-            "{:.2}× the JetStream floor; mapping costs {:.0}% of the native drain",
-            relay["ratio_wasm_over_floor"].as_f64().unwrap_or(0.0),
-            relay["mapping_cost"].as_f64().unwrap_or(0.0) * 100.0
-        ),
-    );
-    row(table, name, "relay drain, native mapping", n, seconds(&relay["drain_native_per_s"]), String::new());
-    for lat in relay["latency"].as_array().into_iter().flatten() {
-        table.push([
-            name.into(),
-            format!("relay insert→ack @{}/s for {}s", lat["rate_per_s"], args.seconds),
-            format!("{}", lat["events"]),
-            "-".into(),
+    for broker in &args.relay_brokers {
+        let kind = BrokerKind::parse(broker).with_context(|| format!("--relay-brokers: no broker kind {broker}"))?;
+        let rates: &[u32] = if kind == BrokerKind::Nats { &args.relay_rates } else { &[] };
+        eprintln!("{name}: relay into {broker}, {n} events …");
+        let relay = relay::run(kind, backend, n, rates, args.seconds, config, cache).await?;
+        let seconds = |per_s: &Value| n as f64 / per_s.as_f64().unwrap_or(f64::INFINITY);
+        row(
+            table,
+            name,
+            &format!("{broker} publish floor (no database)"),
+            n,
+            seconds(&relay["floor_per_s"]),
+            String::new(),
+        );
+        row(
+            table,
+            name,
+            &format!("relay drain into {broker}, WebAssembly mapping"),
+            n,
+            seconds(&relay["drain_wasm_per_s"]),
             format!(
-                "p50 {} ms, p95 {} ms, p99 {} ms, max {} ms; {} undelivered after 120 s",
-                lat["p50_ms"], lat["p95_ms"], lat["p99_ms"], lat["max_ms"], lat["undelivered_after_120_s"]
+                "{:.2}× the {broker} floor; mapping costs {:.0}% of the native drain",
+                relay["ratio_wasm_over_floor"].as_f64().unwrap_or(0.0),
+                relay["mapping_cost"].as_f64().unwrap_or(0.0) * 100.0
             ),
-        ]);
+        );
+        row(
+            table,
+            name,
+            &format!("relay drain into {broker}, native mapping"),
+            n,
+            seconds(&relay["drain_native_per_s"]),
+            String::new(),
+        );
+        for lat in relay["latency"].as_array().into_iter().flatten() {
+            table.push([
+                name.into(),
+                format!("relay insert→{broker} ack @{}/s for {}s", lat["rate_per_s"], args.seconds),
+                format!("{}", lat["events"]),
+                "-".into(),
+                format!(
+                    "p50 {} ms, p95 {} ms, p99 {} ms, max {} ms; {} undelivered after 120 s",
+                    lat["p50_ms"], lat["p95_ms"], lat["p99_ms"], lat["max_ms"], lat["undelivered_after_120_s"]
+                ),
+            ]);
+        }
+        results.push(json!({ "backend": name, "relay": relay }));
     }
-    results.push(json!({ "backend": name, "relay": relay }));
     Ok(())
 }
 

@@ -1,11 +1,11 @@
-//! What relaying costs, against a `nats-server -js` of the run's own: the broker's own
-//! floor (this process publishing the same records straight to JetStream, acks awaited
-//! with as many in flight as the host's concurrency), the host draining the table into
-//! it through the default relay (`plugins/relay`, WebAssembly) and through the same mapping
-//! written natively, and insert-to-ack latency under a steady producer.
+//! What relaying costs, per broker (a `nats-server -js` or a `redis-server` of the run's own,
+//! an exchange of the machine's RabbitMQ): the broker's own floor (this process publishing
+//! the same records with the host's publisher, acks awaited with as many in flight as the
+//! host's concurrency), the host draining the table into it through the default relay
+//! (`plugins/relay`, WebAssembly) and through the same mapping written natively, and
+//! insert-to-ack latency under a steady producer.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::ensure;
@@ -14,7 +14,7 @@ use outbox_host::ops::metrics::Metrics;
 use outbox_host::relay::{Publish, settings::BrokerConfig, settings::BrokerKind};
 use outbox_host::sandbox::relay::Record;
 use outbox_host::sandbox::{AttemptFailure, Deliver, Delivered, Event, FailureClass, Turn};
-use outbox_test_support::brokers::BrokerServer;
+use outbox_test_support::brokers::{Broker, BrokerServer};
 use prost::Message as _;
 use serde_json::{Value, json};
 
@@ -22,9 +22,9 @@ use crate::db::Db;
 
 const STREAM: &str = "BENCH";
 
-/// The record the default relay makes of `event` with `format: protobuf` and
-/// `destination: rooms.{room_id}`: the same destination, key, headers and payload.
-fn native_record(event: &Event) -> Record {
+/// The record the default relay makes of `event` with `format: protobuf` and `destination`
+/// (a template naming `{room_id}` only): the same destination, key, headers and payload.
+fn native_record(event: &Event, destination: &str) -> Record {
     let payload = outbox_proto::EventEnvelope {
         app_code: event.app_code.clone(),
         event_id: event.event_id.clone(),
@@ -36,7 +36,7 @@ fn native_record(event: &Event) -> Record {
     }
     .encode_to_vec();
     Record {
-        destination: format!("rooms.{}", event.room_id),
+        destination: destination.replace("{room_id}", &event.room_id),
         key: Some(event.room_id.clone()),
         headers: vec![
             ("outbox-event-id".into(), event.event_id.clone()),
@@ -69,7 +69,7 @@ fn event_of(row: &outbox_host::store::NewEvent) -> anyhow::Result<Event> {
 /// The relay with its mapping written in Rust: what the WebAssembly mapping costs on top.
 struct NativeRelay {
     publisher: Arc<dyn Publish>,
-    calls: AtomicU64,
+    destination: &'static str,
 }
 
 #[async_trait::async_trait]
@@ -93,8 +93,7 @@ impl Deliver for NativeRelay {
         timeout: Duration,
         mut turn: Turn,
     ) -> Result<Delivered, AttemptFailure> {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        let record = native_record(event);
+        let record = native_record(event, self.destination);
         let failed = |message: String| AttemptFailure {
             class: FailureClass::Retryable,
             message,
@@ -112,42 +111,144 @@ impl Deliver for NativeRelay {
     }
 }
 
-/// The broker entry of the run's server.
-fn broker(nats: &BrokerServer) -> BrokerConfig {
-    let mut broker = BrokerConfig::new("bench", BrokerKind::Nats, &nats.url());
-    broker.stream = STREAM.into();
-    broker.create_stream = true;
-    broker.subjects = vec!["rooms.>".into()];
-    broker
+/// A broker of the run's own: a `nats-server -js` or a `redis-server` started for it, or an
+/// exchange of the machine's RabbitMQ with an exclusive queue bound to every room.
+pub enum Target {
+    Nats(BrokerServer),
+    Redis(BrokerServer),
+    Rabbitmq { connection: lapin::Connection, exchange: String, queue: String },
 }
 
-/// The WebAssembly relay (the default one, `format: protobuf`) on `db`, publishing to `nats`.
-async fn wasm_relay(db: &Db, nats: &BrokerServer, cache: &std::path::Path) -> anyhow::Result<Arc<dyn Deliver>> {
+/// The machine's RabbitMQ.
+const RABBITMQ: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+impl Target {
+    /// A fresh broker of `kind`, holding nothing.
+    pub async fn start(kind: BrokerKind) -> anyhow::Result<Target> {
+        use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+        use lapin::types::FieldTable;
+        Ok(match kind {
+            BrokerKind::Nats => Target::Nats(BrokerServer::of(Broker::Nats).await),
+            BrokerKind::Redis => Target::Redis(BrokerServer::of(Broker::Redis).await),
+            BrokerKind::Rabbitmq => {
+                let connection = lapin::Connection::connect(RABBITMQ, lapin::ConnectionProperties::default()).await?;
+                let channel = connection.create_channel().await?;
+                let suffix = outbox_host::clock::random_u64() as u32;
+                let (exchange, queue) = (format!("outbox-bench-{suffix:08x}"), format!("outbox-bench-{suffix:08x}"));
+                let auto_delete = ExchangeDeclareOptions { auto_delete: true, ..ExchangeDeclareOptions::default() };
+                channel
+                    .exchange_declare(&exchange, lapin::ExchangeKind::Topic, auto_delete, FieldTable::default())
+                    .await?;
+                let exclusive = QueueDeclareOptions { exclusive: true, ..QueueDeclareOptions::default() };
+                channel.queue_declare(&queue, exclusive, FieldTable::default()).await?;
+                channel
+                    .queue_bind(&queue, &exchange, "rooms.#", QueueBindOptions::default(), FieldTable::default())
+                    .await?;
+                Target::Rabbitmq { connection, exchange, queue }
+            }
+            BrokerKind::Mqtt => anyhow::bail!("the benchmark relays to nats, redis and rabbitmq"),
+        })
+    }
+
+    fn kind(&self) -> BrokerKind {
+        match self {
+            Target::Nats(_) => BrokerKind::Nats,
+            Target::Redis(_) => BrokerKind::Redis,
+            Target::Rabbitmq { .. } => BrokerKind::Rabbitmq,
+        }
+    }
+
+    fn url(&self) -> String {
+        match self {
+            Target::Nats(server) | Target::Redis(server) => server.url(),
+            Target::Rabbitmq { .. } => RABBITMQ.into(),
+        }
+    }
+
+    /// The destination template of the relay: a subject or routing key per room, or on
+    /// Redis a stream per room.
+    pub fn destination(&self) -> &'static str {
+        match self {
+            Target::Redis(_) => "rooms:{room_id}",
+            _ => "rooms.{room_id}",
+        }
+    }
+
+    /// The broker's entry in `brokers:`.
+    fn broker(&self) -> BrokerConfig {
+        let mut broker = BrokerConfig::new("bench", self.kind(), &self.url());
+        match self {
+            Target::Nats(_) => {
+                broker.stream = STREAM.into();
+                broker.create_stream = true;
+                broker.subjects = vec!["rooms.>".into()];
+            }
+            Target::Redis(_) => {}
+            Target::Rabbitmq { exchange, .. } => broker.exchange = exchange.clone(),
+        }
+        broker
+    }
+
+    /// The same entry as YAML.
+    fn yaml(&self) -> String {
+        let extra = match self {
+            Target::Nats(_) => format!(", stream: {STREAM}, create_stream: true, subjects: [\"rooms.>\"]"),
+            Target::Redis(_) => String::new(),
+            Target::Rabbitmq { exchange, .. } => format!(", exchange: {exchange}"),
+        };
+        format!("{{ kind: {}, url: \"{}\"{extra} }}", self.kind().name(), self.url())
+    }
+
+    /// The messages the broker holds: the stream's, every room stream's, or the queue's.
+    async fn messages(&self) -> anyhow::Result<u64> {
+        match self {
+            Target::Nats(server) => {
+                let client = async_nats::connect(server.url()).await?;
+                let mut stream = async_nats::jetstream::new(client).get_stream(STREAM).await?;
+                Ok(stream.info().await?.state.messages)
+            }
+            Target::Redis(server) => {
+                let mut connection = redis::Client::open(server.url())?.get_multiplexed_async_connection().await?;
+                let count: u64 = redis::Script::new(
+                    "local n = 0 for _, k in ipairs(redis.call('KEYS', 'rooms:*')) do n = n + redis.call('XLEN', k) end return n",
+                )
+                .invoke_async(&mut connection)
+                .await?;
+                Ok(count)
+            }
+            Target::Rabbitmq { connection, queue, .. } => {
+                let passive =
+                    lapin::options::QueueDeclareOptions { passive: true, exclusive: true, ..Default::default() };
+                let channel = connection.create_channel().await?;
+                let queue = channel.queue_declare(queue, passive, lapin::types::FieldTable::default()).await?;
+                Ok(u64::from(queue.message_count()))
+            }
+        }
+    }
+}
+
+/// The WebAssembly relay (the default one, `format: protobuf`) on `db`, publishing to `target`.
+async fn wasm_relay(db: &Db, target: &Target, cache: &std::path::Path) -> anyhow::Result<Arc<dyn Deliver>> {
     let yaml = format!(
         "node_id: bench\ndatabase:\n  url: \"{}\"\nadmin:\n  listen: \"\"\n\
-         brokers:\n  bench: {{ kind: nats, url: \"{}\", stream: {STREAM}, create_stream: true, subjects: [\"rooms.>\"] }}\n\
+         brokers:\n  bench: {}\n\
          sink:\n  name: relay\n  plugin: {}\n  cache_dir: {}\n  broker: bench\n\
-         \x20 config: {{ destination: \"rooms.{{room_id}}\", format: protobuf }}\n",
+         \x20 config: {{ destination: \"{}\", format: protobuf }}\n",
         db.url(),
-        nats.url(),
+        target.yaml(),
         outbox_test_support::RELAY,
-        cache.display()
+        cache.display(),
+        target.destination(),
     );
     let config = Config::from_yaml(&yaml, std::iter::empty(), &|_| None)?;
     outbox_host::app::load_sink(&config, &config.sinks[0], Arc::new(Metrics::new("relay"))).await
 }
 
-/// The messages in the run's stream.
-async fn stream_messages(nats: &BrokerServer) -> anyhow::Result<u64> {
-    let client = async_nats::connect(nats.url()).await?;
-    let mut stream = async_nats::jetstream::new(client).get_stream(STREAM).await?;
-    Ok(stream.info().await?.state.messages)
-}
-
 /// The broker's floor: `n` records, as the relay makes them, published by this process with
 /// `in_flight` acks outstanding at most; records per second.
-async fn floor(nats: &BrokerServer, n: usize, in_flight: usize) -> anyhow::Result<f64> {
-    let publisher = outbox_host::relay::connect(&broker(nats)).await?;
+async fn floor(target: &Target, n: usize, in_flight: usize) -> anyhow::Result<f64> {
+    let publisher = outbox_host::relay::connect(&target.broker()).await?;
+    let destination = target.destination();
     let events: Vec<Event> = crate::events("floor", n, 1_000).iter().map(event_of).collect::<Result<_, _>>()?;
     let started = Instant::now();
     let gate = Arc::new(tokio::sync::Semaphore::new(in_flight));
@@ -156,20 +257,23 @@ async fn floor(nats: &BrokerServer, n: usize, in_flight: usize) -> anyhow::Resul
         let (publisher, permit) = (publisher.clone(), gate.clone().acquire_owned().await?);
         tasks.spawn(async move {
             let _permit = permit;
-            let record = native_record(&event);
+            let record = native_record(&event, destination);
             publisher.publish(&event.event_id, vec![record], Duration::from_secs(30), &mut Turn::default()).await
         });
     }
     while let Some(done) = tasks.join_next().await {
         done?.map_err(|e| anyhow::anyhow!("{e:?}"))?;
     }
-    Ok(n as f64 / started.elapsed().as_secs_f64())
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    ensure!(target.messages().await? == n as u64, "the floor's broker does not hold {n} messages");
+    Ok(rate)
 }
 
-/// The relay benchmark on `db`'s backend: the floor, the drain through the WebAssembly
-/// relay and the native one, each checked (every row delivered, one message per event in
-/// the stream), and insert-to-ack latency at each of `rates`.
+/// The relay benchmark on `db`'s backend into a broker of `kind`: the floor, the drain
+/// through the WebAssembly relay and the native one, each checked (every row delivered, one
+/// message per event in the broker), and insert-to-ack latency at each of `rates`.
 pub async fn run(
+    kind: BrokerKind,
     backend: outbox_host::store::Backend,
     n: usize,
     rates: &[u32],
@@ -177,37 +281,36 @@ pub async fn run(
     config: &WorkerConfig,
     cache: &std::path::Path,
 ) -> anyhow::Result<Value> {
-    let nats = BrokerServer::start().await;
-    let floor_rate = floor(&nats, n, config.concurrency as usize).await?;
-    drop(nats);
+    let floor_rate = floor(&Target::start(kind).await?, n, config.concurrency as usize).await?;
 
-    let nats = BrokerServer::start().await;
+    let target = Target::start(kind).await?;
     let db = Db::fresh(backend).await?;
-    let wasm = wasm_relay(&db, &nats, cache).await?;
+    let wasm = wasm_relay(&db, &target, cache).await?;
     let with_wasm = crate::drain(&db, n, 1, config, wasm.clone()).await?;
-    ensure!(stream_messages(&nats).await? == n as u64, "the WebAssembly relay's stream does not hold {n} messages");
-    drop(nats);
+    ensure!(target.messages().await? == n as u64, "the WebAssembly relay's broker does not hold {n} messages");
+    drop(target);
 
-    let nats = BrokerServer::start().await;
+    let target = Target::start(kind).await?;
     let db = Db::fresh(backend).await?;
     let native = Arc::new(NativeRelay {
-        publisher: outbox_host::relay::connect(&broker(&nats)).await?,
-        calls: AtomicU64::new(0),
+        publisher: outbox_host::relay::connect(&target.broker()).await?,
+        destination: target.destination(),
     });
     let with_native = crate::drain(&db, n, 1, config, native.clone()).await?;
-    ensure!(stream_messages(&nats).await? == n as u64, "the native relay's stream does not hold {n} messages");
-    drop(nats);
+    ensure!(target.messages().await? == n as u64, "the native relay's broker does not hold {n} messages");
+    drop(target);
 
     let mut latencies = Vec::new();
     for rate in rates {
-        let nats = BrokerServer::start().await;
+        let target = Target::start(kind).await?;
         let db = Db::fresh(backend).await?;
-        let sink = wasm_relay(&db, &nats, cache).await?;
+        let sink = wasm_relay(&db, &target, cache).await?;
         latencies.push(crate::latency(&db, *rate, seconds, sink).await?);
     }
     Ok(json!({
+        "broker": kind.name(),
         "events": n,
-        "jetstream_floor_per_s": floor_rate,
+        "floor_per_s": floor_rate,
         "drain_wasm_per_s": with_wasm.per_second(),
         "drain_native_per_s": with_native.per_second(),
         "ratio_wasm_over_floor": with_wasm.per_second() / floor_rate,

@@ -415,4 +415,41 @@ mod mqtt {
             assert_eq!(world.row(&e.event_id).await.retry_count, 0, "an attempt counted after the restart");
         }
     }
+
+    /// 1,000 events over 10 rooms; the broker is killed once 100 are delivered and started
+    /// again: nothing fails, no attempt is burned, readiness names the broker while it is
+    /// away, and the new broker acknowledges every event left (one PUBACKed publish per
+    /// event in all).
+    #[tokio::test]
+    async fn a_broker_restarted_mid_drain_loses_nothing_and_burns_no_attempts() {
+        let world = World::new().await;
+        let mut server = BrokerServer::of(Broker::Mosquitto).await;
+        let events = events(&world, 10, 100);
+        world.producer.insert(&events).await.unwrap();
+        let config = relay_config(&world, "mqtt", &server.url(), "rooms/{room_id}", &[]);
+        let mut host = Running::start(config.with_admin().parse()).await;
+        let base = format!("http://{}", host.admin.unwrap());
+        host.wait_for("100 events delivered", || async {
+            world.producer.stats().await.unwrap().count(Status::Delivered) >= 100
+        })
+        .await;
+        server.stop();
+        assert!(world.producer.stats().await.unwrap().count(Status::Delivered) < 1_000, "drained before the stop");
+        host.wait_for("readiness to name the missing broker", || async {
+            let (status, body) = crate::breaker::get(&format!("{base}/readyz")).await;
+            status == 503 && body.starts_with("broker events (mqtt) cannot be reached: ")
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(world.producer.stats().await.unwrap().count(Status::Failed), 0);
+        server.restart().await;
+        wait_delivered(&mut host, &world, &ids(&events)).await;
+        let acked = metric(&base, "room_outbox_broker_publish_latency_ms_count{broker=\"events\"}").await;
+        assert_eq!(acked, 1_000.0, "one acknowledged publish per event");
+        host.stop().await;
+        for e in &events {
+            let row = world.row(&e.event_id).await;
+            assert_eq!(row.retry_count, 0, "the restart burned an attempt: {row:?}");
+        }
+    }
 }

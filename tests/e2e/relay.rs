@@ -1,8 +1,9 @@
 //! Relaying into NATS JetStream through the default relay (`plugins/relay`), against a
 //! `nats-server -js` of each test's own: every event lands once in the stream (a replay
 //! is deduplicated by `Nats-Msg-Id`), each room's events in order on its subject; a broker
-//! that goes away defers the events without burning attempts; a missing stream refuses
-//! start naming it.
+//! that goes away, idle or mid-drain, defers the events without burning attempts while
+//! readiness and the page say so; a missing stream refuses start and `check-config`,
+//! naming it.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -11,7 +12,8 @@ use outbox_host::store::{ReplayFilter, Status};
 use outbox_test_support::RELAY;
 use outbox_test_support::brokers::NatsServer;
 
-use crate::support::{PATIENCE, Running, SinkSpec, TestConfig, World, per_backend};
+use crate::breaker::get;
+use crate::support::{PATIENCE, Running, SinkSpec, TestConfig, World, metric, per_backend};
 
 per_backend!(
     every_event_lands_once_in_the_stream_in_room_order_and_a_replay_adds_nothing,
@@ -53,11 +55,31 @@ async fn stream_messages(nats: &NatsServer) -> Vec<(String, String, String)> {
     out
 }
 
+/// Every room's events, in the order they were produced, against every subject's messages
+/// in stream order (the first copy of each: a replay may add none).
+fn assert_room_order(events: &[outbox_host::store::NewEvent], messages: &[(String, String, String)]) {
+    let mut per_subject: HashMap<&str, Vec<&str>> = HashMap::new();
+    for (subject, _, event_id) in messages {
+        let seen = per_subject.entry(subject.as_str()).or_default();
+        if !seen.contains(&event_id.as_str()) {
+            seen.push(event_id);
+        }
+    }
+    let mut expected: HashMap<String, Vec<&str>> = HashMap::new();
+    for e in events {
+        expected.entry(format!("rooms.{}", e.room_id)).or_default().push(&e.event_id);
+    }
+    for (subject, ids) in &expected {
+        assert_eq!(per_subject.get(subject.as_str()), Some(ids), "{subject}: every event, in room order");
+    }
+}
+
+/// 100 rooms × 100 events.
 async fn every_event_lands_once_in_the_stream_in_room_order_and_a_replay_adds_nothing(world: World) {
     let nats = NatsServer::start().await;
     let mut events = Vec::new();
-    for _ in 0..25 {
-        for room in 0..20 {
+    for _ in 0..100 {
+        for room in 0..100 {
             events.push(world.event("RoomGiftSent", &format!("room-{room}"), Status::Pending));
         }
     }
@@ -68,16 +90,10 @@ async fn every_event_lands_once_in_the_stream_in_room_order_and_a_replay_adds_no
 
     let messages = stream_messages(&nats).await;
     assert_eq!(messages.len(), events.len(), "one message per event");
-    let mut per_subject: HashMap<String, Vec<String>> = HashMap::new();
-    for (subject, msg_id, event_id) in &messages {
+    for (_, msg_id, event_id) in &messages {
         assert_eq!(msg_id, event_id, "Nats-Msg-Id is the event id");
-        per_subject.entry(subject.clone()).or_default().push(event_id.clone());
     }
-    for room in 0..20 {
-        let expected: Vec<String> =
-            events.iter().filter(|e| e.room_id == format!("room-{room}")).map(|e| e.event_id.clone()).collect();
-        assert_eq!(per_subject[&format!("rooms.room-{room}")], expected, "room-{room} in order on its subject");
-    }
+    assert_room_order(&events, &messages);
 
     // Delivered again (a replay, as after a crash between the ack and the outcome's write):
     // the stream deduplicates by Nats-Msg-Id.
@@ -129,14 +145,163 @@ async fn a_broker_that_goes_away_defers_the_events_and_burns_no_attempts(world: 
     }
 }
 
+/// 2,000 events over 20 rooms; the broker is stopped once 200 are delivered and started
+/// again a few seconds later. Meanwhile no attempt is burned, nothing fails, readiness is
+/// 503 naming the broker, and the page and `/api/status` show it down; afterwards every
+/// event is delivered, each once in the stream and every room in order, and the host is
+/// ready again.
 #[tokio::test]
-async fn a_missing_stream_refuses_start_naming_it() {
+async fn a_broker_restarted_mid_drain_loses_nothing_and_readiness_says_it_was_away() {
+    let world = World::new().await;
+    let mut nats = NatsServer::start().await;
+    let events: Vec<_> =
+        (0..2_000).map(|i| world.event("RoomGiftSent", &format!("room-{}", i % 20), Status::Pending)).collect();
+    world.producer.insert(&events).await.unwrap();
+    let ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
+    let mut host = Running::start(relay_config(&world, &nats, true).with_admin().parse()).await;
+    let base = format!("http://{}", host.admin.unwrap());
+    assert_eq!(get(&format!("{base}/readyz")).await, (200, "ready\n".into()));
+    assert_eq!(metric(&base, "room_outbox_broker_up{broker=\"events\"}").await, 1.0);
+    host.wait_for("200 events delivered", || async {
+        world.producer.stats().await.unwrap().count(Status::Delivered) >= 200
+    })
+    .await;
+    nats.stop();
+    let delivered_at_stop = world.producer.stats().await.unwrap().count(Status::Delivered);
+    assert!(delivered_at_stop < 2_000, "the drain was over before the broker stopped");
+
+    host.wait_for("readiness to name the missing broker", || async {
+        let (status, body) = get(&format!("{base}/readyz")).await;
+        status == 503 && body.starts_with("broker events (nats) cannot be reached: ")
+    })
+    .await;
+    assert_eq!(metric(&base, "room_outbox_broker_up{broker=\"events\"}").await, 0.0);
+    let page = get(&format!("{base}/")).await.1;
+    assert!(page.contains("<p class=\"broker down\" data-broker=\"events\""), "the page shows the broker down");
+    let status: serde_json::Value = serde_json::from_str(&get(&format!("{base}/api/status")).await.1).unwrap();
+    assert_eq!(status["brokers"][0]["name"], "events");
+    assert_eq!(status["brokers"][0]["up"], false, "{status}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stats = world.producer.stats().await.unwrap();
+    assert_eq!(stats.count(Status::Failed), 0, "nothing failed while the broker was away");
+    assert!(stats.count(Status::Delivered) < 2_000, "events were delivered with no broker");
+
+    nats.restart().await;
+    host.wait_status(&world, &ids, Status::Delivered).await;
+    host.wait_for("readiness once the broker is back", || async {
+        get(&format!("{base}/readyz")).await == (200, "ready\n".to_string())
+    })
+    .await;
+    let page = get(&format!("{base}/")).await.1;
+    assert!(page.contains("<p class=\"broker up\" data-broker=\"events\""), "the page shows the broker up");
+    host.stop().await;
+    for id in &ids {
+        let row = world.row(id).await;
+        assert_eq!(row.retry_count, 0, "{id}: the restart burned an attempt: {row:?}");
+    }
+    let messages = stream_messages(&nats).await;
+    assert_eq!(messages.len(), 2_000, "each event once in the stream (Nats-Msg-Id dropped what was sent again)");
+    assert_room_order(&events, &messages);
+}
+
+/// The relay's plugin file replaced while it drains 2,000 events: the new build is swapped
+/// in on the same broker connection, a file that is not a component is refused and the
+/// build in place goes on; every event lands once, in room order, and the rows record both
+/// builds.
+#[tokio::test]
+async fn a_relay_reloaded_mid_drain_keeps_its_broker_and_loses_nothing() {
+    use crate::reload::{another_build, deploy, digest};
     let world = World::new().await;
     let nats = NatsServer::start().await;
-    let refused =
-        outbox_host::app::Host::start(relay_config(&world, &nats, false).parse()).await.err().expect("refused");
+    let original = std::fs::read(RELAY).unwrap();
+    let plugin = world.dir.path().join("relay.wasm");
+    std::fs::write(&plugin, &original).unwrap();
+    let events: Vec<_> =
+        (0..2_000).map(|i| world.event("RoomGiftSent", &format!("room-{}", i % 20), Status::Pending)).collect();
+    world.producer.insert(&events).await.unwrap();
+    let ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
+    let config = relay_config(&world, &nats, true)
+        .set(&["sink", "plugin"], plugin.to_str().unwrap())
+        .set(&["sink", "rate_limit"], "200/s")
+        .with_admin();
+    let mut host = Running::start(config.parse()).await;
+    let base = format!("http://{}", host.admin.unwrap());
+    let reloads = |result: &str| format!("room_outbox_sink_reloads_total{{sink=\"nats\",result=\"{result}\"}}");
+    host.wait_for("200 events delivered", || async {
+        world.producer.stats().await.unwrap().count(Status::Delivered) >= 200
+    })
+    .await;
+    let second = another_build(&original, "2");
+    deploy(&plugin, &second);
+    host.wait_for("the second build swapped in", || async { metric(&base, &reloads("ok")).await >= 1.0 }).await;
+    deploy(&plugin, b"not a component at all");
+    host.wait_for("the broken build refused", || async { metric(&base, &reloads("refused")).await >= 1.0 }).await;
+    assert!(
+        world.producer.stats().await.unwrap().count(Status::Delivered) < 2_000,
+        "both reloads happened while it drained"
+    );
+    host.wait_status(&world, &ids, Status::Delivered).await;
+    assert_eq!(metric(&base, "room_outbox_broker_up{broker=\"events\"}").await, 1.0);
+    host.stop().await;
+
+    let mut builds = std::collections::HashSet::new();
+    for id in &ids {
+        let row = world.row(id).await;
+        assert_eq!(row.retry_count, 0, "{row:?}");
+        builds.insert(row.plugin_digest.expect("the build recorded with the outcome"));
+    }
+    assert_eq!(builds, [digest(&original), digest(&second)].into(), "both builds relayed");
+    let messages = stream_messages(&nats).await;
+    assert_eq!(messages.len(), 2_000, "each event once in the stream");
+    assert_room_order(&events, &messages);
+}
+
+/// A subject that no stream takes is refused by the server (no responders): the attempt
+/// counts and `last_error` names the subject, while the broker is up (it answered).
+#[tokio::test]
+async fn a_subject_no_stream_takes_fails_the_attempt_naming_it() {
+    let world = World::new().await;
+    let nats = NatsServer::start().await;
+    let config = relay_config(&world, &nats, true).set(&["sink", "config", "destination"], "elsewhere.{room_id}");
+    let mut host = Running::start(config.with_admin().parse()).await;
+    let base = format!("http://{}", host.admin.unwrap());
+    let id = world.produce("RoomGiftSent", "room-1", Status::Pending).await;
+    host.wait_for("the attempt to count", || async { world.row(&id).await.retry_count >= 1 }).await;
+    let row = world.row(&id).await;
+    assert_ne!(row.status, Status::Delivered);
+    let error = row.last_error.unwrap_or_default();
+    assert!(error.contains("no stream takes subject elsewhere.room-1"), "{error}");
+    let refused = metric(&base, "room_outbox_broker_errors_total{broker=\"events\",kind=\"refused\"}").await;
+    assert!(refused >= 1.0, "the refusal counted as refused: {refused}");
+    assert_eq!(metric(&base, "room_outbox_broker_up{broker=\"events\"}").await, 1.0);
+    host.stop().await;
+}
+
+/// A stream that does not exist (and is not to be created) refuses start and fails
+/// `check-config`, each naming the broker and the stream; once created, `check-config` says
+/// the broker answers.
+#[tokio::test]
+async fn a_missing_stream_refuses_start_and_check_config_naming_it() {
+    use crate::binary::{run_cli_beside, write_config};
+    let world = World::new().await;
+    let nats = NatsServer::start().await;
+    let config = relay_config(&world, &nats, false);
+    let refused = outbox_host::app::Host::start(config.clone().parse()).await.err().expect("refused");
     let text = format!("{refused:#}");
-    assert!(text.contains(&format!("broker events: stream {STREAM} does not exist")), "{text}");
+    let named = format!("broker events: stream {STREAM} does not exist");
+    assert!(text.contains(&named), "{text}");
+
+    write_config(&world, &config.yaml());
+    let out = run_cli_beside(&world, &["check-config"]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "check-config passed with no stream");
+    assert!(stderr.contains(&named), "{stderr}");
+
+    write_config(&world, &relay_config(&world, &nats, true).yaml());
+    let out = run_cli_beside(&world, &["check-config"]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("relays to broker events, which answers;"), "{stdout}");
 }
 
 /// 50,000 events over 500 rooms through the real binary, SIGKILLed mid-drain and started

@@ -18,7 +18,7 @@ const TOKEN: &str = "reload-test-token-0123456789";
 
 /// The same component with a custom section appended: another build (another digest) that
 /// behaves the same.
-fn another_build(wasm: &[u8], tag: &str) -> Vec<u8> {
+pub(crate) fn another_build(wasm: &[u8], tag: &str) -> Vec<u8> {
     let name = b"outbox-test-build";
     let mut payload = vec![name.len() as u8];
     payload.extend_from_slice(name);
@@ -31,13 +31,13 @@ fn another_build(wasm: &[u8], tag: &str) -> Vec<u8> {
     out
 }
 
-fn digest(bytes: &[u8]) -> String {
+pub(crate) fn digest(bytes: &[u8]) -> String {
     use sha2::Digest as _;
     format!("sha256:{:x}", sha2::Sha256::digest(bytes))
 }
 
 /// Replaces `path` as a deploy would: a new file renamed over the old one.
-fn deploy(path: &Path, bytes: &[u8]) {
+pub(crate) fn deploy(path: &Path, bytes: &[u8]) {
     let next = path.with_extension("next");
     std::fs::write(&next, bytes).unwrap();
     std::fs::rename(&next, path).unwrap();

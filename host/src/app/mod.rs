@@ -15,12 +15,10 @@ use crate::config::{Config, SinkConfig};
 use crate::engine::Worker;
 use crate::ops::admin::{self, AdminState};
 use crate::ops::metrics::Metrics;
-use crate::relay::RelaySink;
-use crate::sandbox::relay::RelayRuntime;
-use crate::sandbox::{Deliver, SinkRuntime};
+use crate::sandbox::Deliver;
 use crate::store::{self, RegisteredSink, Store};
 use crate::text::redact_url;
-use reload::Reloader;
+use reload::{Relay, Reloader};
 
 /// A started host: database open and migrated, sinks registered and loaded.
 pub struct Host {
@@ -98,14 +96,16 @@ pub async fn register_sinks(
 /// The sink a worker delivers through: the WebAssembly sink, or, for a sink with a
 /// `broker:`, a relay publishing to that broker (connected, its stream checked).
 pub async fn load_sink(config: &Config, sink: &SinkConfig, metrics: Arc<Metrics>) -> anyhow::Result<Arc<dyn Deliver>> {
-    let (concurrency, timeout) = (sink.worker.concurrency, sink.worker.publish_timeout);
-    let Some(name) = &sink.broker else {
-        return Ok(Arc::new(SinkRuntime::load_checked(&sink.sandbox, concurrency, timeout, metrics).await?));
-    };
+    let relay = connect_broker(config, sink).await?;
+    reload::build(sink, relay.as_ref(), metrics).await
+}
+
+/// For a sink with a `broker:`, that broker connected (its stream or exchange checked).
+async fn connect_broker(config: &Config, sink: &SinkConfig) -> anyhow::Result<Option<Relay>> {
+    let Some(name) = &sink.broker else { return Ok(None) };
     let broker = config.brokers.iter().find(|b| b.name == *name).context("no such broker")?;
     let publisher = crate::relay::connect(broker).await?;
-    let runtime = RelayRuntime::load_checked(&sink.sandbox, concurrency, timeout, metrics.clone()).await?;
-    Ok(Arc::new(RelaySink::new(runtime, publisher, metrics, broker.room_pipeline)))
+    Ok(Some(Relay { publisher, room_pipeline: broker.room_pipeline }))
 }
 
 impl Host {
@@ -127,10 +127,12 @@ impl Host {
             }
             let sink_store = store.clone().sink_store(&registered).await?;
             let sink_metrics = if i == 0 { metrics.clone() } else { Arc::new(metrics.for_sink(sink_config.name())) };
+            let mut relay = None;
             let worker = if config.worker.enabled {
-                let sink = load_sink(&config, sink_config, sink_metrics.clone())
-                    .await
-                    .with_context(|| format!("sink {}", sink_config.name()))?;
+                let context = || format!("sink {}", sink_config.name());
+                relay = connect_broker(&config, sink_config).await.with_context(context)?;
+                let sink =
+                    reload::build(sink_config, relay.as_ref(), sink_metrics.clone()).await.with_context(context)?;
                 Some(Worker::new(
                     sink_store.clone(),
                     sink,
@@ -141,9 +143,8 @@ impl Host {
             } else {
                 None
             };
-            // A relay is not reloaded yet: its broker connection would move with it.
-            if let Some(worker) = worker.as_ref().filter(|_| sink_config.broker.is_none()) {
-                reloader.add(sink_config.clone(), worker.sink_slot().clone(), sink_metrics.clone());
+            if let Some(worker) = &worker {
+                reloader.add(sink_config.clone(), worker.sink_slot().clone(), sink_metrics.clone(), relay);
             }
             sinks.push(SinkHost { registered, store: sink_store, worker, metrics: sink_metrics });
         }

@@ -15,7 +15,9 @@ use crate::config::SinkConfig;
 use crate::engine::SinkSlot;
 use crate::ops::metrics::Metrics;
 use crate::ops::{ReloadError, Reloaded};
-use crate::sandbox::SinkRuntime;
+use crate::relay::{Publish, RelaySink};
+use crate::sandbox::relay::RelayRuntime;
+use crate::sandbox::{Deliver, SinkRuntime};
 
 /// How often a watched plugin file is looked at.
 pub const WATCH_INTERVAL: Duration = Duration::from_secs(1);
@@ -25,8 +27,45 @@ struct Reloadable {
     config: SinkConfig,
     slot: Arc<SinkSlot>,
     metrics: Arc<Metrics>,
+    /// A relay's broker connection, which stays, and its `room_pipeline`.
+    relay: Option<Relay>,
     /// One reload of a sink at a time.
     busy: tokio::sync::Mutex<()>,
+}
+
+/// A relay's broker connection and `room_pipeline`: a reload swaps the mapping, not them.
+#[derive(Clone)]
+pub struct Relay {
+    /// The broker connection, opened at start.
+    pub publisher: Arc<dyn Publish>,
+    /// `brokers.NAME.room_pipeline`.
+    pub room_pipeline: u32,
+}
+
+impl Reloadable {
+    /// The sink's plugin loaded and checked anew; a relay's publishing through the same
+    /// connection as before.
+    async fn load(&self) -> anyhow::Result<Arc<dyn Deliver>> {
+        build(&self.config, self.relay.as_ref(), self.metrics.clone()).await
+    }
+}
+
+/// The sink `config` describes, its plugin loaded and checked: a WebAssembly sink, or a
+/// relay publishing through `relay`.
+pub async fn build(
+    config: &SinkConfig,
+    relay: Option<&Relay>,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<Arc<dyn Deliver>> {
+    let (sandbox, worker) = (&config.sandbox, &config.worker);
+    let (concurrency, timeout) = (worker.concurrency, worker.publish_timeout);
+    Ok(match relay {
+        None => Arc::new(SinkRuntime::load_checked(sandbox, concurrency, timeout, metrics).await?),
+        Some(relay) => {
+            let runtime = RelayRuntime::load_checked(sandbox, concurrency, timeout, metrics.clone()).await?;
+            Arc::new(RelaySink::new(runtime, relay.publisher.clone(), &metrics, relay.room_pipeline))
+        }
+    })
 }
 
 /// The sinks of this host, reloadable by name.
@@ -37,8 +76,9 @@ pub struct Reloader {
 
 impl Reloader {
     /// Adds a sink whose worker delivers through `slot`.
-    pub fn add(&mut self, config: SinkConfig, slot: Arc<SinkSlot>, metrics: Arc<Metrics>) {
-        self.sinks.push(Reloadable { config, slot, metrics, busy: Default::default() });
+    /// A relay's `relay` stays across reloads.
+    pub fn add(&mut self, config: SinkConfig, slot: Arc<SinkSlot>, metrics: Arc<Metrics>, relay: Option<Relay>) {
+        self.sinks.push(Reloadable { config, slot, metrics, relay, busy: Default::default() });
     }
 
     /// The names of the sinks it can reload.
@@ -53,28 +93,19 @@ impl Reloader {
             self.sinks.iter().find(|s| s.config.name() == name).ok_or_else(|| ReloadError::UnknownSink(name.into()))?;
         let _one_at_a_time = sink.busy.lock().await;
         let current = sink.slot.get().digest();
-        let worker = &sink.config.worker;
         let loaded = match trusted(&sink.config.sandbox.plugin) {
-            Ok(()) => {
-                SinkRuntime::load_checked(
-                    &sink.config.sandbox,
-                    worker.concurrency,
-                    worker.publish_timeout,
-                    sink.metrics.clone(),
-                )
-                .await
-            }
+            Ok(()) => sink.load().await,
             Err(why) => Err(anyhow::anyhow!("sink.plugin {}: {why}", sink.config.sandbox.plugin.display())),
         };
         match loaded {
-            Ok(runtime) => {
-                let to: Arc<str> = runtime.digest_text().into();
+            Ok(loaded) => {
+                let to: Arc<str> = loaded.digest().unwrap_or_else(|| "none".into());
                 if current.as_deref() == Some(&*to) {
                     sink.metrics.reloaded("unchanged");
                     tracing::info!(sink = name, trigger, plugin = %to, "sink reload: the plugin is the build already delivering");
                     return Ok(Reloaded::Unchanged(to));
                 }
-                sink.slot.swap(Arc::new(runtime));
+                sink.slot.swap(loaded);
                 sink.metrics.reloaded("ok");
                 tracing::info!(
                     sink = name,

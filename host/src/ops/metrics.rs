@@ -181,6 +181,9 @@ struct Families {
     broker_in_flight: Family<BrokerLabel, Gauge>,
     broker_duplicates: Family<BrokerLabel, Counter>,
     broker_errors: Family<BrokerErrorLabels, Counter>,
+    broker_up: Family<BrokerLabel, Gauge>,
+    /// Each broker's connection state, by name (readiness and the page show it).
+    brokers: Mutex<std::collections::BTreeMap<String, BrokerReport>>,
     /// The sinks paused as misconfigured, with why (readiness names them).
     misconfigured: Mutex<std::collections::BTreeMap<String, String>>,
     /// The `event_type` label values in use: at most [`MAX_EVENT_TYPES`], the rest `other`.
@@ -284,10 +287,87 @@ impl Families {
             self.broker_errors.clone(),
         );
         r.register(
+            "room_outbox_broker_up",
+            "1 while the broker can be reached (its last publish or probe got an answer), 0 while not",
+            self.broker_up.clone(),
+        );
+        r.register(
             "room_outbox_log_lines_dropped",
             "Log lines dropped because the log output was closed, broken or too slow",
             self.log_dropped.clone(),
         );
+    }
+}
+
+/// A broker's connection state as readiness, the status page and `/api/status` show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerReport {
+    /// `nats`, `redis`, `rabbitmq` or `mqtt`.
+    pub kind: &'static str,
+    /// Whether its last publish or probe got an answer.
+    pub up: bool,
+    /// Since when it is up or down, UTC milliseconds.
+    pub since_ms: i64,
+    /// While down, why (short, one line, secret-free).
+    pub error: Option<String>,
+}
+
+/// Longest broker error kept for readiness and the page, in bytes.
+const BROKER_ERROR_BYTES: usize = 300;
+
+/// One broker's series and connection state, as a relay records them: fetched once, so a
+/// publish costs no label lookups.
+#[derive(Clone)]
+pub struct BrokerMetrics {
+    name: String,
+    kind: &'static str,
+    latency: Histogram,
+    in_flight: Gauge,
+    duplicates: Counter,
+    unavailable: Counter,
+    refused: Counter,
+    up: Gauge,
+    shared: std::sync::Arc<Families>,
+}
+
+impl BrokerMetrics {
+    /// `records` published now wait for the broker's acks (negative: no longer).
+    pub fn in_flight(&self, records: i64) {
+        self.in_flight.inc_by(records);
+    }
+
+    /// A publish ended after `took`: acknowledged, with `duplicates` records the broker
+    /// already had, or failed with an error of `error_kind` (of [`BROKER_ERRORS`]). Either
+    /// way the broker answered, except when it was unavailable.
+    pub fn published(&self, took: Duration, result: Result<u64, &'static str>) {
+        match result {
+            Ok(duplicates) => {
+                self.latency.observe(took.as_secs_f64() * 1000.0);
+                self.duplicates.inc_by(duplicates);
+            }
+            Err(kind) => {
+                let errors = if kind == "unavailable" { &self.unavailable } else { &self.refused };
+                errors.inc();
+            }
+        }
+    }
+
+    /// The broker answered (`Ok`), or could not be reached, with why.
+    pub fn reached(&self, result: Result<(), &str>) {
+        let up = result.is_ok();
+        if up && self.up.get() == 1 {
+            return; // the publish path's common case: no lock
+        }
+        self.up.set(i64::from(up));
+        let mut brokers = self.shared.brokers.lock().unwrap_or_else(|p| p.into_inner());
+        let error = result.err().map(|e| crate::text::printable(e, BROKER_ERROR_BYTES));
+        match brokers.get_mut(&self.name) {
+            Some(report) if report.up == up => report.error = error,
+            _ => {
+                let report = BrokerReport { kind: self.kind, up, since_ms: crate::clock::now_ms(), error };
+                brokers.insert(self.name.clone(), report);
+            }
+        }
     }
 }
 
@@ -335,6 +415,8 @@ impl Metrics {
             broker_in_flight: Family::default(),
             broker_duplicates: Family::default(),
             broker_errors: Family::default(),
+            broker_up: Family::default(),
+            brokers: Mutex::default(),
             misconfigured: Mutex::default(),
             event_types: Default::default(),
         };
@@ -399,36 +481,37 @@ impl Metrics {
         self.shared.reloads.get_or_create(&ReloadLabels { sink: self.sink.clone(), result: result.into() }).inc();
     }
 
-    /// Broker `broker`'s series, at 0 before its first publish.
-    pub fn broker_started(&self, broker: &str) {
+    /// Broker `broker`'s series (at 0 before its first publish) and connection state (up
+    /// when first seen: it has just been connected to), fetched once for every publish to
+    /// come.
+    pub fn broker(&self, broker: &str, kind: &'static str) -> BrokerMetrics {
         let f = &self.shared;
         let label = BrokerLabel { broker: broker.to_string() };
-        let _ = f.broker_in_flight.get_or_create(&label);
-        let _ = f.broker_duplicates.get_or_create(&label);
-        for kind in BROKER_ERRORS {
-            let _ = f.broker_errors.get_or_create(&BrokerErrorLabels { broker: broker.into(), kind: kind.into() });
+        let error = |kind: &str| {
+            f.broker_errors.get_or_create(&BrokerErrorLabels { broker: broker.into(), kind: kind.into() }).clone()
+        };
+        let series = BrokerMetrics {
+            name: broker.to_string(),
+            kind,
+            latency: f.broker_latency.get_or_create(&label).clone(),
+            in_flight: f.broker_in_flight.get_or_create(&label).clone(),
+            duplicates: f.broker_duplicates.get_or_create(&label).clone(),
+            unavailable: error("unavailable"),
+            refused: error("refused"),
+            up: f.broker_up.get_or_create(&label).clone(),
+            shared: self.shared.clone(),
+        };
+        let known = f.brokers.lock().unwrap_or_else(|p| p.into_inner()).contains_key(broker);
+        if !known {
+            series.reached(Ok(()));
         }
+        series
     }
 
-    /// `records` published to `broker` now wait for its acks (negative: no longer).
-    pub fn broker_in_flight(&self, broker: &str, records: i64) {
-        self.shared.broker_in_flight.get_or_create(&BrokerLabel { broker: broker.to_string() }).inc_by(records);
-    }
-
-    /// A publish to `broker` ended after `took`: acknowledged, with `duplicates` records the
-    /// broker already had, or failed with an error of `error_kind` (of [`BROKER_ERRORS`]).
-    pub fn broker_published(&self, broker: &str, took: Duration, result: Result<u64, &'static str>) {
-        let f = &self.shared;
-        let label = BrokerLabel { broker: broker.to_string() };
-        match result {
-            Ok(duplicates) => {
-                f.broker_latency.get_or_create(&label).observe(took.as_secs_f64() * 1000.0);
-                f.broker_duplicates.get_or_create(&label).inc_by(duplicates);
-            }
-            Err(kind) => {
-                f.broker_errors.get_or_create(&BrokerErrorLabels { broker: broker.into(), kind: kind.into() }).inc();
-            }
-        }
+    /// Every broker a relay of this host publishes to, by name, with its connection state.
+    pub fn brokers(&self) -> Vec<(String, BrokerReport)> {
+        let brokers = self.shared.brokers.lock().unwrap_or_else(|p| p.into_inner());
+        brokers.iter().map(|(name, report)| (name.clone(), report.clone())).collect()
     }
 
     /// The sink these metrics are labelled with.

@@ -4,8 +4,8 @@
 use std::fmt::Write as _;
 
 use crate::ops::health::DbFailure;
-use crate::ops::metrics::BreakerReport;
 use crate::ops::metrics::SinkState as State;
+use crate::ops::metrics::{BreakerReport, BrokerReport};
 use crate::store::{Minute, Row, Stats, Status};
 use crate::units::format_duration;
 
@@ -37,6 +37,8 @@ pub struct PageData<'a> {
     pub sinks: &'a [crate::ops::SinkSummary],
     /// This host's sinks paused as misconfigured, by name, with why.
     pub misconfigured: Vec<(String, String)>,
+    /// The brokers this host's relays publish to, by name, with their connection state.
+    pub brokers: Vec<(String, BrokerReport)>,
 }
 
 /// Text from the table shown on the page: control and reordering characters made visible,
@@ -175,6 +177,27 @@ pub fn render(d: &PageData<'_>) -> String {
     h
 }
 
+/// A broker's connection state: one line.
+fn broker(name: &str, b: &BrokerReport, now_ms: i64) -> String {
+    let (state, detail) = match (&b.error, b.up) {
+        (_, true) => ("up", format!("answers (for {})", age(now_ms - b.since_ms))),
+        (error, false) => (
+            "down",
+            format!(
+                "cannot be reached for {}: {}",
+                age(now_ms - b.since_ms),
+                show(error.as_deref().unwrap_or_default())
+            ),
+        ),
+    };
+    format!(
+        "<p class=\"broker {state}\" data-broker=\"{name}\" data-state=\"{state}\">Broker <b>{shown}</b> ({kind}) {detail}</p>",
+        name = esc(name),
+        shown = show(name),
+        kind = esc(b.kind),
+    )
+}
+
 /// The head, the flash, the last database error and the breaker's and config's state.
 fn top(h: &mut String, d: &PageData<'_>) {
     let _ = write!(
@@ -199,6 +222,9 @@ fn top(h: &mut String, d: &PageData<'_>) {
         );
     }
     h.push_str(&breaker(&d.breaker, d.now_ms));
+    for (name, report) in &d.brokers {
+        h.push_str(&broker(name, report, d.now_ms));
+    }
     for (sink, why) in &d.misconfigured {
         let _ = write!(
             h,
@@ -347,6 +373,7 @@ td.failed{color:#b00}td.retryable{color:#a60}td.delivered{color:#070}code{font-s
 svg .failed,.legend .failed{fill:#c22;color:#c22}svg .axis{stroke:#999}form{margin:0}button{cursor:pointer}\
 .note{color:#555}.dberror{background:#fde8e8;padding:.4em .6em;border-left:4px solid #c62828}\
 .breaker.open{background:#fff3e0;padding:.4em .6em;border-left:4px solid #ef6c00}\
+.broker.down{background:#fff3e0;padding:.4em .6em;border-left:4px solid #ef6c00}\
 .breaker.half_open{background:#fffde7;padding:.4em .6em;border-left:4px solid #f9a825}";
 
 #[cfg(test)]
@@ -371,6 +398,7 @@ mod tests {
             db_failure,
             breaker: BreakerReport { state: State::Closed, since_ms: 0, reason: String::new(), next_probe_at_ms: None },
             misconfigured: Vec::new(),
+            brokers: Vec::new(),
             sinks: &[],
         })
     }
@@ -439,5 +467,26 @@ mod tests {
         assert!(line.contains("next probe in 4s"), "{line}");
         assert!(line.contains("&lt;b&gt;throttled&lt;/b&gt;") && !line.contains("<b>"), "escaped: {line}");
         assert!(page(&Stats::default(), &[], None).contains("Circuit breaker closed: delivering</p>"));
+    }
+
+    #[test]
+    fn a_broker_line_says_how_long_it_is_down_and_why_escaped() {
+        let down = BrokerReport {
+            kind: "nats",
+            up: false,
+            since_ms: 1_000,
+            error: Some("broker <x>: connection lost \u{202E}".into()),
+        };
+        let line = broker("ev\"ents", &down, 13_000);
+        assert!(
+            line.starts_with("<p class=\"broker down\" data-broker=\"ev&quot;ents\" data-state=\"down\">"),
+            "{line}"
+        );
+        assert!(
+            line.contains("(nats) cannot be reached for 12s: broker &lt;x&gt;: connection lost \\u{202e}"),
+            "{line}"
+        );
+        let up = BrokerReport { kind: "redis", up: true, since_ms: 0, error: None };
+        assert!(broker("events", &up, 180_000).contains("Broker <b>events</b> (redis) answers (for 3m)</p>"));
     }
 }

@@ -15,7 +15,7 @@ pub mod settings;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::ops::metrics::Metrics;
+use crate::ops::metrics::{BrokerMetrics, Metrics};
 use crate::sandbox::relay::{Record, RelayRuntime};
 use crate::sandbox::{AttemptFailure, Deliver, Delivered, Event, FailureClass, Pressure, Turn};
 use settings::{BrokerConfig, BrokerKind};
@@ -34,6 +34,13 @@ pub enum PublishError {
 pub trait Publish: Send + Sync {
     /// The broker's name in `brokers:`.
     fn name(&self) -> &str;
+
+    /// Which kind of broker it is.
+    fn kind(&self) -> BrokerKind;
+
+    /// Whether the broker can be reached now, without publishing (connecting again when the
+    /// connection has gone); `Err` says why not, short and secret-free.
+    async fn probe(&self) -> Result<(), String>;
 
     /// Publishes `records` of event `event_id`, in order, and returns once the broker has
     /// acknowledged every one, with how many of them it said it already had (its dedup
@@ -69,26 +76,50 @@ pub fn dedup_id(event_id: &str, index: usize, count: usize) -> String {
 /// How long connecting and the checks at start may take.
 pub const START_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How often a relay asks its broker whether it can be reached, publishing or not: what
+/// readiness and the page say of a broker is at most this old (or one probe's timeout).
+pub const PROBE_EVERY: Duration = Duration::from_secs(2);
+/// How long a probe may take before the broker counts as unreachable.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// A sink that relays: the mapping in WebAssembly, the publishing in the host.
 pub struct RelaySink {
     runtime: RelayRuntime,
     publisher: Arc<dyn Publish>,
-    metrics: Arc<Metrics>,
+    metrics: BrokerMetrics,
     room_pipeline: u32,
+    prober: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for RelaySink {
+    fn drop(&mut self) {
+        self.prober.abort();
+    }
 }
 
 impl RelaySink {
     /// The relay `runtime` publishing through `publisher`, recording into `metrics` under
-    /// the broker's name.
+    /// the broker's name, and probing the broker every [`PROBE_EVERY`] while it lives.
     /// `room_pipeline` of a room's events may be in flight at once.
-    pub fn new(
-        runtime: RelayRuntime,
-        publisher: Arc<dyn Publish>,
-        metrics: Arc<Metrics>,
-        room_pipeline: u32,
-    ) -> RelaySink {
-        metrics.broker_started(publisher.name());
-        RelaySink { runtime, publisher, metrics, room_pipeline: room_pipeline.max(1) }
+    pub fn new(runtime: RelayRuntime, publisher: Arc<dyn Publish>, metrics: &Metrics, room_pipeline: u32) -> RelaySink {
+        let metrics = metrics.broker(publisher.name(), publisher.kind().name());
+        let prober = tokio::spawn(probe(Arc::downgrade(&publisher), metrics.clone()));
+        RelaySink { runtime, publisher, metrics, room_pipeline: room_pipeline.max(1), prober }
+    }
+}
+
+/// Asks the broker whether it can be reached every [`PROBE_EVERY`], until the publisher is
+/// dropped.
+async fn probe(publisher: std::sync::Weak<dyn Publish>, metrics: BrokerMetrics) {
+    let mut tick = tokio::time::interval(PROBE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(publisher) = publisher.upgrade() else { return };
+        let answer = tokio::time::timeout(PROBE_TIMEOUT, publisher.probe()).await;
+        let answer =
+            answer.unwrap_or_else(|_| Err(format!("broker {}: no answer within {PROBE_TIMEOUT:?}", publisher.name())));
+        metrics.reached(answer.as_ref().map(drop).map_err(String::as_str));
     }
 }
 
@@ -140,18 +171,23 @@ impl Deliver for RelaySink {
         }
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let started = std::time::Instant::now();
-        self.metrics.broker_in_flight(broker, count);
+        self.metrics.in_flight(count);
         let published = self.publisher.publish(&event.event_id, records, left, &mut turn).await;
-        self.metrics.broker_in_flight(broker, -count);
+        self.metrics.in_flight(-count);
         let took = started.elapsed();
         match published {
-            Ok(duplicates) => self.metrics.broker_published(broker, took, Ok(duplicates)),
+            Ok(duplicates) => {
+                self.metrics.published(took, Ok(duplicates));
+                self.metrics.reached(Ok(()));
+            }
             Err(PublishError::Unavailable(message)) => {
-                self.metrics.broker_published(broker, took, Err("unavailable"));
+                self.metrics.published(took, Err("unavailable"));
+                self.metrics.reached(Err(&message));
                 return Err(away(message));
             }
             Err(PublishError::Refused(message)) => {
-                self.metrics.broker_published(broker, took, Err("refused"));
+                self.metrics.published(took, Err("refused"));
+                self.metrics.reached(Ok(()));
                 return Err(AttemptFailure {
                     class: FailureClass::Retryable,
                     message,

@@ -20,7 +20,7 @@ use rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason, PublishProperties};
 use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop, MqttOptions};
 use tokio::sync::oneshot;
 
-use super::settings::BrokerConfig;
+use super::settings::{BrokerConfig, BrokerKind};
 use super::{Publish, PublishError, START_TIMEOUT, dedup_id};
 use crate::sandbox::Turn;
 use crate::sandbox::relay::Record;
@@ -33,10 +33,17 @@ const RECONNECT_PAUSE: Duration = Duration::from_millis(500);
 type Settle = oneshot::Sender<Result<(), PublishError>>;
 
 /// Publishes not yet settled: in the client's queue (in order), and sent awaiting a PUBACK.
-#[derive(Default)]
+/// Also whether the connection is up, or why not.
 struct Unsettled {
     queued: VecDeque<Settle>,
     sent: HashMap<u16, Settle>,
+    connection: Result<(), String>,
+}
+
+impl Default for Unsettled {
+    fn default() -> Unsettled {
+        Unsettled { queued: VecDeque::new(), sent: HashMap::new(), connection: Ok(()) }
+    }
 }
 
 /// An MQTT 5 publisher.
@@ -145,10 +152,12 @@ fn settle(name: &str, waiting: &mut Unsettled, event: Result<Event, ConnectionEr
                 let _ = settle.send(result);
             }
         }
+        Ok(Event::Incoming(Packet::ConnAck(_))) => waiting.connection = Ok(()),
         Ok(_) => {}
         Err(error) => {
             let message = format!("broker {name}: connection lost: {error}");
-            let Unsettled { queued, sent } = waiting;
+            waiting.connection = Err(message.clone());
+            let Unsettled { queued, sent, .. } = waiting;
             for settle in queued.drain(..).chain(sent.drain().map(|(_, s)| s)) {
                 let _ = settle.send(Err(PublishError::Unavailable(message.clone())));
             }
@@ -162,6 +171,15 @@ fn settle(name: &str, waiting: &mut Unsettled, event: Result<Event, ConnectionEr
 impl Publish for MqttPublisher {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn kind(&self) -> BrokerKind {
+        BrokerKind::Mqtt
+    }
+
+    /// What the event loop last saw: a CONNACK, or the connection breaking.
+    async fn probe(&self) -> Result<(), String> {
+        self.unsettled.lock().unwrap_or_else(|e| e.into_inner()).connection.clone()
     }
 
     /// Queues every record, then awaits their PUBACKs.

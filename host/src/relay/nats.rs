@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use async_nats::HeaderMap;
+use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::{self, stream};
 
-use super::settings::BrokerConfig;
+use super::settings::{BrokerConfig, BrokerKind};
 use super::{Publish, PublishError, START_TIMEOUT, dedup_id};
 use crate::sandbox::Turn;
 use crate::sandbox::relay::Record;
@@ -17,6 +18,7 @@ use crate::sandbox::relay::Record;
 /// A JetStream publisher on one connection.
 pub struct NatsPublisher {
     name: String,
+    client: async_nats::Client,
     jetstream: jetstream::Context,
 }
 
@@ -37,7 +39,7 @@ impl NatsPublisher {
             .await
             .map_err(|_| anyhow::anyhow!("broker {name}: no answer from {url} within {START_TIMEOUT:?}"))?
             .with_context(|| format!("broker {name}: cannot connect to {url}"))?;
-        let jetstream = jetstream::new(client);
+        let jetstream = jetstream::new(client.clone());
         let stream = if config.create_stream {
             let wanted =
                 stream::Config { name: config.stream.clone(), subjects: config.subjects.clone(), ..Default::default() };
@@ -65,7 +67,7 @@ impl NatsPublisher {
                 )
             })?;
         tracing::info!(broker = %name, stream = %config.stream, subjects = ?stream.cached_info().config.subjects, "relaying to NATS JetStream");
-        Ok(NatsPublisher { name: name.clone(), jetstream })
+        Ok(NatsPublisher { name: name.clone(), client, jetstream })
     }
 }
 
@@ -73,6 +75,18 @@ impl NatsPublisher {
 impl Publish for NatsPublisher {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn kind(&self) -> BrokerKind {
+        BrokerKind::Nats
+    }
+
+    /// The client's own view: it reconnects by itself.
+    async fn probe(&self) -> Result<(), String> {
+        match self.client.connection_state() {
+            async_nats::connection::State::Connected => Ok(()),
+            state => Err(format!("broker {}: not connected ({state:?})", self.name)),
+        }
     }
 
     /// Sends every record at once, then awaits their acks.
@@ -101,14 +115,22 @@ impl Publish for NatsPublisher {
             .await
             .map_err(|_| unavailable(format!("broker {}: the publish was not sent within {timeout:?}", self.name)))?
             .map_err(|e| unavailable(format!("broker {}: publish to {}: {e}", self.name, record.destination)))?;
-            acks.push(sent);
+            acks.push((sent, record.destination));
         }
         turn.sent();
-        for ack in acks {
+        for (ack, destination) in acks {
             let ack = tokio::time::timeout_at(deadline, ack.into_future())
                 .await
                 .map_err(|_| unavailable(format!("broker {}: no ack within {timeout:?}", self.name)))?
-                .map_err(|e| unavailable(format!("broker {}: {e}", self.name)))?;
+                .map_err(|e| match e.kind() {
+                    // No stream takes the subject: the server answered, and will answer so
+                    // again until a stream covers it.
+                    PublishErrorKind::StreamNotFound => PublishError::Refused(format!(
+                        "broker {}: no stream takes subject {destination} (no responders)",
+                        self.name
+                    )),
+                    _ => unavailable(format!("broker {}: {e}", self.name)),
+                })?;
             duplicates += u64::from(ack.duplicate);
         }
         Ok(duplicates)

@@ -13,7 +13,7 @@ use lapin::publisher_confirm::Confirmation;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
-use super::settings::BrokerConfig;
+use super::settings::{BrokerConfig, BrokerKind};
 use super::{Publish, PublishError, START_TIMEOUT, dedup_id};
 use crate::sandbox::Turn;
 use crate::sandbox::relay::Record;
@@ -130,6 +130,17 @@ impl RabbitPublisher {
 impl Publish for RabbitPublisher {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn kind(&self) -> BrokerKind {
+        BrokerKind::Rabbitmq
+    }
+
+    /// The open channel, opened again when it has closed.
+    async fn probe(&self) -> Result<(), String> {
+        self.channel().await.map(drop).map_err(|e| match e {
+            PublishError::Unavailable(message) | PublishError::Refused(message) => message,
+        })
     }
 
     /// Publishes every record, then awaits their confirms in order.

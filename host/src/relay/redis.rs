@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use redis::aio::ConnectionManager;
 
-use super::settings::BrokerConfig;
+use super::settings::{BrokerConfig, BrokerKind};
 use super::{Publish, PublishError, START_TIMEOUT, dedup_id};
 use crate::sandbox::Turn;
 use crate::sandbox::relay::Record;
@@ -86,6 +86,16 @@ impl RedisPublisher {
 impl Publish for RedisPublisher {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn kind(&self) -> BrokerKind {
+        BrokerKind::Redis
+    }
+
+    /// A PING on the connection, which reconnects by itself.
+    async fn probe(&self) -> Result<(), String> {
+        let mut connection = self.connection.clone();
+        redis::cmd("PING").query_async::<()>(&mut connection).await.map_err(|e| format!("broker {}: {e}", self.name))
     }
 
     async fn publish(

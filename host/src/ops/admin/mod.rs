@@ -146,6 +146,14 @@ async fn ready(State(s): State<Arc<AdminState>>) -> (StatusCode, String) {
     if let Some((sink, why)) = s.metrics.misconfigured().into_iter().next() {
         return (StatusCode::SERVICE_UNAVAILABLE, format!("sink {sink} is misconfigured: {why}\n"));
     }
+    // A relay whose broker cannot be reached delivers nothing until it is back.
+    if let Some((name, broker)) = s.metrics.brokers().into_iter().find(|(_, b)| !b.up) {
+        let why = broker.error.unwrap_or_default();
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("broker {name} ({}) cannot be reached: {why}\n", broker.kind),
+        );
+    }
     let health = s.metrics.db_health();
     let in_a_row = health.failures_in_a_row();
     if in_a_row >= s.unready_after_db_failures
@@ -205,6 +213,7 @@ async fn status_page(State(s): State<Arc<AdminState>>, Query(flash): Query<Flash
         db_failure: s.metrics.db_health().last_failure(),
         breaker: s.metrics.breaker(),
         misconfigured: s.metrics.misconfigured(),
+        brokers: s.metrics.brokers(),
         sinks: view.sinks.as_deref().unwrap_or_default(),
     }))
     .into_response()
@@ -227,6 +236,13 @@ async fn status_json(State(s): State<Arc<AdminState>>) -> Response {
         "top_errors": stats.top_errors.iter().map(|(e, n)| json!({ "error": e, "count": n })).collect::<Vec<_>>(),
         "db_failures_in_a_row": s.metrics.db_health().failures_in_a_row(),
         "breaker": breaker_json(&s.metrics.breaker()),
+        "brokers": s.metrics.brokers().into_iter().map(|(name, b)| json!({
+            "name": name,
+            "kind": b.kind,
+            "up": b.up,
+            "for_ms": (now_ms() - b.since_ms).max(0),
+            "error": b.error,
+        })).collect::<Vec<_>>(),
         "sinks": view.sinks.as_deref().map_or(serde_json::Value::Null, sinks_json),
         "last_db_error": s.metrics.db_health().last_failure().map(|f| json!({
             "operation": f.operation,
