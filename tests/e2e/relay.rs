@@ -382,3 +382,63 @@ async fn a_hot_rooms_events_are_pipelined_in_order_up_to_the_room_pipeline() {
     let expected: Vec<String> = std::iter::once(first).chain(events.iter().map(|e| e.event_id.clone())).collect();
     assert_eq!(in_stream, expected, "the room's events once each, in order");
 }
+
+/// A relay's instance that returned routes the next events too (`route` is pure), at most
+/// the sink's concurrency of them kept: 200 events routed 8 at a time through a relay of
+/// concurrency 2 each get their own record (destination, key, event id), whether their
+/// instance was fresh or had routed before; a failure the mapping returns keeps the instance.
+#[tokio::test]
+async fn reused_relay_instances_route_each_event_as_its_own() {
+    use outbox_host::config::{PluginConfig, SinkSettings};
+    use outbox_host::sandbox::relay::RelayRuntime;
+    let world = World::new().await;
+    let settings = [("destination", "rooms.{room_id}"), ("format", "json")];
+    let config = PluginConfig {
+        cache_dir: Some(world.dir.path().join("cache")),
+        config: SinkSettings(settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+        ..PluginConfig::with_defaults("relay", RELAY.into())
+    };
+    let metrics = std::sync::Arc::new(outbox_host::ops::metrics::Metrics::new("relay"));
+    let relay = RelayRuntime::load_checked(&config, 2, Duration::from_secs(5), metrics).await.unwrap();
+    let event = |i: usize| outbox_host::sandbox::Event {
+        app_code: "app".into(),
+        event_id: format!("event-{i}"),
+        event_type: "RoomGiftSent".into(),
+        room_id: format!("room-{}", i % 7),
+        room_version: i as i64,
+        occurred_at_ms: 1,
+        body: outbox_proto::body_from_json("RoomGiftSent", &serde_json::json!({ "gift_id": format!("gift-{i}") }))
+            .unwrap()
+            .unwrap(),
+        attempt: 1,
+    };
+    for chunk in (0..200).collect::<Vec<_>>().chunks(8) {
+        let routed = futures_util::future::join_all(chunk.iter().map(|&i| {
+            let (relay, event) = (&relay, event(i));
+            async move { (i, relay.route(&event, Duration::from_secs(5)).await) }
+        }))
+        .await;
+        for (i, records) in routed {
+            let records = records.unwrap_or_else(|f| panic!("event {i}: {}", f.message));
+            assert_eq!(records.len(), 1);
+            let record = &records[0];
+            assert_eq!(record.destination, format!("rooms.room-{}", i % 7));
+            assert_eq!(record.key.as_deref(), Some(format!("room-{}", i % 7).as_str()));
+            let header = |name: &str| record.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
+            assert_eq!(header("outbox-event-id"), Some(format!("event-{i}")));
+            let payload: serde_json::Value = serde_json::from_slice(&record.payload).unwrap();
+            assert_eq!(payload["body"]["gift_id"], format!("gift-{i}"), "{payload}");
+        }
+        let kept = relay.instances_kept();
+        assert!((1..=2).contains(&kept), "{kept} instances kept for a concurrency of 2");
+    }
+    let mut broken = event(0);
+    broken.body = vec![0xff, 0xff, 0xff];
+    let Err(failure) = relay.route(&broken, Duration::from_secs(5)).await else {
+        panic!("a body that does not decode was routed")
+    };
+    assert!(failure.message.contains("does not decode"), "{}", failure.message);
+    assert!(relay.instances_kept() >= 1, "a failure the mapping returned keeps its instance");
+    let records = relay.route(&event(7), Duration::from_secs(5)).await.unwrap();
+    assert_eq!(records[0].destination, "rooms.room-0");
+}

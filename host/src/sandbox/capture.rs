@@ -39,10 +39,12 @@ impl Capture {
         c.dropped += (bytes.len() - kept) as u64;
     }
 
-    /// What was kept, and how many bytes were dropped past the budget.
+    /// What was kept, and how many bytes were dropped past the budget, since the last time
+    /// this was asked: the capture is empty again afterwards (a reused instance's next call
+    /// starts with a budget of its own).
     pub fn contents(&self) -> (Vec<u8>, u64) {
-        let c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        (c.kept.clone(), c.dropped)
+        let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        (std::mem::take(&mut c.kept), std::mem::take(&mut c.dropped))
     }
 }
 
@@ -112,5 +114,8 @@ mod tests {
         let (kept, dropped) = capture.contents();
         assert_eq!(kept, b"hello\nhell");
         assert_eq!(dropped, 8);
+        assert_eq!(capture.contents(), (Vec::new(), 0), "read once, empty again");
+        assert!(OutputStream::write(&mut capture, Bytes::from_static(b"again\n")).is_ok());
+        assert_eq!(capture.contents(), (b"again\n".to_vec(), 0), "a fresh budget after a read");
     }
 }

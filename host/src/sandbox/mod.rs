@@ -512,10 +512,22 @@ impl Core {
         // Check the deadline on every tick, yielding in between so that a guest spinning in
         // a loop never holds a runtime thread, and trap once it has passed.
         store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(move |_| {
-            if Instant::now() >= deadline { Err(Trap::Interrupt.into()) } else { Ok(UpdateDeadline::Yield(1)) }
+        store.epoch_deadline_callback(|store| {
+            if Instant::now() >= store.data().deadline() {
+                Err(Trap::Interrupt.into())
+            } else {
+                Ok(UpdateDeadline::Yield(1))
+            }
         });
         ExportCall { store, deadline, stdout, stderr }
+    }
+
+    /// `call`'s store, after a call that returned normally, readied for another call over
+    /// within `timeout`.
+    fn rearm(call: &mut ExportCall, timeout: Duration) {
+        call.deadline = Instant::now() + timeout;
+        call.store.data_mut().rearm(call.deadline);
+        call.store.set_epoch_deadline(1);
     }
 
     /// Logs what the call wrote and turns its result (or its running out of time) into the
@@ -523,6 +535,16 @@ impl Core {
     fn finish<T>(
         &self,
         mut call: ExportCall,
+        returned: Result<wasmtime::Result<T>, tokio::time::error::Elapsed>,
+        timeout: Duration,
+    ) -> Result<T, AttemptFailure> {
+        self.settle(&mut call, returned, timeout)
+    }
+
+    /// [`Core::finish`], keeping the store (for another call when this one returned).
+    fn settle<T>(
+        &self,
+        call: &mut ExportCall,
         returned: Result<wasmtime::Result<T>, tokio::time::error::Elapsed>,
         timeout: Duration,
     ) -> Result<T, AttemptFailure> {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use wasmtime::component::HasSelf;
 
 use super::state::DeliveryState;
-use super::{AttemptFailure, Compiled, Core, Event, FailureClass, PluginConfig, sink_problems};
+use super::{AttemptFailure, Compiled, Core, Event, ExportCall, FailureClass, PluginConfig, sink_problems};
 use crate::ops::metrics::Metrics;
 use crate::text::printable_within;
 
@@ -43,10 +43,27 @@ const MAX_DESTINATION_BYTES: usize = 256;
 /// One message for a broker (the WIT record), bounded before it is published.
 pub use bindings::outbox::relay::types::RelayRecord as Record;
 
+/// How many events one relay instance routes before it is dropped for a fresh one: a bound
+/// on what a mapping that keeps state (or leaks memory) can carry from event to event.
+const ROUTES_PER_INSTANCE: u32 = 1_000;
+
 /// A loaded relay, ready to route events concurrently.
 pub struct RelayRuntime {
     core: Core,
     pre: bindings::RelayPre<DeliveryState>,
+    /// Instances whose last `route` returned, kept for the next events: `route` is pure, so
+    /// an instance serves many events and each event skips a store, an instantiation and a
+    /// teardown. One that traps or runs out of time is dropped, never reused.
+    warm: std::sync::Mutex<Vec<Warm>>,
+    /// How many instances may wait in `warm`: the sink's concurrency.
+    keep_warm: usize,
+}
+
+/// An instance of the relay and its store, ready for another `route`.
+struct Warm {
+    call: ExportCall,
+    relay: bindings::Relay,
+    routed: u32,
 }
 
 impl RelayRuntime {
@@ -92,7 +109,13 @@ impl RelayRuntime {
                 plugin.display()
             )
         })?;
-        Ok(RelayRuntime { core: compiled.core(config, metrics, None)?, pre })
+        let core = compiled.core(config, metrics, None)?;
+        Ok(RelayRuntime { core, pre, warm: Default::default(), keep_warm: concurrency.max(1) as usize })
+    }
+
+    /// How many instances wait for the next event now (at most the sink's concurrency).
+    pub fn instances_kept(&self) -> usize {
+        self.warm.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// The relay's configured name.
@@ -106,8 +129,17 @@ impl RelayRuntime {
     }
 
     /// The records of `event`, bounded; an empty list: not for this relay.
+    /// An instance that has routed before serves it when one is free (see
+    /// [`ROUTES_PER_INSTANCE`]); otherwise a fresh one.
     pub async fn route(&self, event: &Event, timeout: Duration) -> Result<Vec<Record>, AttemptFailure> {
-        let mut call = self.core.fresh_store(timeout);
+        let warm = self.warm.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let (mut call, warm_relay, routed) = match warm {
+            Some(Warm { mut call, relay, routed }) => {
+                Core::rearm(&mut call, timeout);
+                (call, Some(relay), routed)
+            }
+            None => (self.core.fresh_store(timeout), None, 0),
+        };
         let event = bindings::outbox::relay::types::Event {
             app_code: event.app_code.clone(),
             event_id: event.event_id.clone(),
@@ -118,12 +150,25 @@ impl RelayRuntime {
             body: event.body.clone(),
             attempt: event.attempt,
         };
+        let deadline = call.deadline;
         let run = async {
-            let relay = self.pre.instantiate_async(&mut call.store).await?;
-            relay.call_route(&mut call.store, &event).await
+            let relay = match warm_relay {
+                Some(relay) => relay,
+                None => self.pre.instantiate_async(&mut call.store).await?,
+            };
+            let routed = relay.call_route(&mut call.store, &event).await?;
+            Ok((relay, routed))
         };
-        let returned = tokio::time::timeout_at(call.deadline, run).await;
-        match self.core.finish(call, returned, timeout)? {
+        let returned = tokio::time::timeout_at(deadline, run).await;
+        // A trap or a timeout drops the store here: only an instance that returned is kept.
+        let (relay, routed_now) = self.core.settle(&mut call, returned, timeout)?;
+        if routed + 1 < ROUTES_PER_INSTANCE {
+            let mut warm = self.warm.lock().unwrap_or_else(|p| p.into_inner());
+            if warm.len() < self.keep_warm {
+                warm.push(Warm { call, relay, routed: routed + 1 });
+            }
+        }
+        match routed_now {
             Ok(records) => self.bounded(records),
             Err(failure) => {
                 let max = self.core.shared.budgets.max_message_bytes as usize;

@@ -75,6 +75,20 @@ impl DeliveryState {
         }
     }
 
+    /// When the call running now must be over.
+    pub(super) fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Readies a reused store for its next call, over by `deadline`: fresh budgets and
+    /// nothing left of the previous call's state.
+    pub(super) fn rearm(&mut self, deadline: Instant) {
+        self.deadline = deadline;
+        self.spent = Spent::default();
+        self.pressure = None;
+        self.denied_by_policy = None;
+    }
+
     /// One line into the host's log, within the attempt's line and byte budgets: escaped
     /// onto one line, clipped to `max_message_bytes`, dropped (and counted) past the budget.
     pub(super) fn emit(&mut self, level: tracing::Level, stream: Option<&'static str>, message: &str) {
