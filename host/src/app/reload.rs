@@ -42,14 +42,6 @@ pub struct Relay {
     pub room_pipeline: u32,
 }
 
-impl Reloadable {
-    /// The sink's plugin loaded and checked anew; a relay's publishing through the same
-    /// connection as before.
-    async fn load(&self) -> anyhow::Result<Arc<dyn Deliver>> {
-        build(&self.config, self.relay.as_ref(), self.metrics.clone()).await
-    }
-}
-
 /// The sink `config` describes, its plugin loaded and checked: a WebAssembly sink, or a
 /// relay publishing through `relay`.
 pub async fn build(
@@ -94,7 +86,8 @@ impl Reloader {
         let _one_at_a_time = sink.busy.lock().await;
         let current = sink.slot.get().digest();
         let loaded = match trusted(&sink.config.sandbox.plugin) {
-            Ok(()) => sink.load().await,
+            // A relay's new build publishes through the same connection as before.
+            Ok(()) => build(&sink.config, sink.relay.as_ref(), sink.metrics.clone()).await,
             Err(why) => Err(anyhow::anyhow!("sink.plugin {}: {why}", sink.config.sandbox.plugin.display())),
         };
         match loaded {

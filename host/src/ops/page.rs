@@ -179,16 +179,11 @@ pub fn render(d: &PageData<'_>) -> String {
 
 /// A broker's connection state: one line.
 fn broker(name: &str, b: &BrokerReport, now_ms: i64) -> String {
-    let (state, detail) = match (&b.error, b.up) {
-        (_, true) => ("up", format!("answers (for {})", age(now_ms - b.since_ms))),
-        (error, false) => (
-            "down",
-            format!(
-                "cannot be reached for {}: {}",
-                age(now_ms - b.since_ms),
-                show(error.as_deref().unwrap_or_default())
-            ),
-        ),
+    let since = age(now_ms - b.since_ms);
+    let (state, detail) = if b.up {
+        ("up", format!("answers (for {since})"))
+    } else {
+        ("down", format!("cannot be reached for {since}: {}", show(b.error.as_deref().unwrap_or_default())))
     };
     format!(
         "<p class=\"broker {state}\" data-broker=\"{name}\" data-state=\"{state}\">Broker <b>{shown}</b> ({kind}) {detail}</p>",
