@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sourced by `make test`: makes sure the local PostgreSQL and MariaDB servers run, clears
-# schemas and databases left by earlier test runs, and exports TEST_POSTGRES_URL and
+# schemas and databases left by earlier test runs (those created over 6 hours ago, so that a
+# run still going beside this one keeps its own), and exports TEST_POSTGRES_URL and
 # TEST_MYSQL_URL for the server-backed suites. A server that cannot be started is an error,
 # unless OUTBOX_SKIP_SERVER_TESTS=1 (a laptop without them), which skips those tests.
 
@@ -21,6 +22,15 @@ outbox_wait() { # tries "$@" for up to 30 seconds
   return 1
 }
 
+# A SQL condition on the name column $1 (the same in PostgreSQL and MariaDB): a test's
+# database, schema, role or user created over outbox_stale_after seconds ago, or named before
+# names carried their creation time. Keep it equal to STALE_AFTER_S in tests/src/db.rs.
+outbox_stale_after=21600
+outbox_stale() {
+  local created="SUBSTRING($1 FROM 10 FOR 10)"
+  echo "$1 LIKE 'outbox\\_t\\_%' AND ($1 NOT LIKE 'outbox\\_t\\_1_________\\_%' OR $created < '$(( $(date +%s) - outbox_stale_after ))')"
+}
+
 outbox_postgres() {
   command -v psql >/dev/null || return 1
   local ready=(psql "$TEST_POSTGRES_URL" -Atqc 'SELECT 1')
@@ -28,11 +38,11 @@ outbox_postgres() {
     pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start >/dev/null 2>&1 || true
   fi
   outbox_wait "${ready[@]}" || return 1
-  # Schemas of earlier runs (each test makes one named outbox_t_…).
-  psql "$TEST_POSTGRES_URL" -Atqc "SELECT 'DROP SCHEMA ' || nspname || ' CASCADE;' FROM pg_namespace WHERE nspname LIKE 'outbox\_t\_%'" \
+  # Schemas of earlier runs (each test makes one named outbox_t_<unix seconds>_<random>).
+  psql "$TEST_POSTGRES_URL" -Atqc "SELECT 'DROP SCHEMA ' || nspname || ' CASCADE;' FROM pg_namespace WHERE $(outbox_stale nspname)" \
     | PGOPTIONS='-c client_min_messages=warning' psql "$TEST_POSTGRES_URL" -q >/dev/null
   # Roles of the privilege tests (outbox_t_..._app).
-  psql "$TEST_POSTGRES_URL" -Atqc "SELECT 'DROP OWNED BY ' || rolname || '; DROP ROLE ' || rolname || ';' FROM pg_roles WHERE rolname LIKE 'outbox\_t\_%'" \
+  psql "$TEST_POSTGRES_URL" -Atqc "SELECT 'DROP OWNED BY ' || rolname || '; DROP ROLE ' || rolname || ';' FROM pg_roles WHERE $(outbox_stale rolname)" \
     | PGOPTIONS='-c client_min_messages=warning' psql "$TEST_POSTGRES_URL" -q >/dev/null
 }
 
@@ -44,10 +54,10 @@ outbox_mysql() {
     start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd >/dev/null 2>&1 || true
   fi
   outbox_wait "${ready[@]}" || return 1
-  "$client" -h 127.0.0.1 -uroot -N -e "SELECT CONCAT('DROP DATABASE ', schema_name, ';') FROM information_schema.schemata WHERE schema_name LIKE 'outbox\_t\_%'" \
+  "$client" -h 127.0.0.1 -uroot -N -e "SELECT CONCAT('DROP DATABASE ', schema_name, ';') FROM information_schema.schemata WHERE $(outbox_stale schema_name)" \
     | "$client" -h 127.0.0.1 -uroot
   # Users of the privilege tests.
-  "$client" -h 127.0.0.1 -uroot -N -e "SELECT CONCAT('DROP USER ', QUOTE(user), '@', QUOTE(host), ';') FROM mysql.user WHERE user LIKE 'outbox\_t\_%'" \
+  "$client" -h 127.0.0.1 -uroot -N -e "SELECT CONCAT('DROP USER ', QUOTE(user), '@', QUOTE(host), ';') FROM mysql.user WHERE $(outbox_stale user)" \
     | "$client" -h 127.0.0.1 -uroot
 }
 

@@ -1,5 +1,5 @@
 //! A database of a test's (or a benchmark run's) own: a SQLite file, a PostgreSQL schema or
-//! a MySQL database, named `outbox_t_…` so that `make test` can clear old ones away.
+//! a MySQL database, named `outbox_t_<created>_…` so that `make test` can clear old ones away.
 //!
 //! The server databases come from `TEST_POSTGRES_URL` and `TEST_MYSQL_URL`, by default the
 //! local servers `make test` starts. A server that cannot be reached fails the test; only
@@ -17,12 +17,20 @@ pub struct TestDb {
     _dir: Option<tempfile::TempDir>,
 }
 
+/// `outbox_t_<unix seconds>_<random>`: the creation time lets `make test` clear away only
+/// what earlier runs left ([`STALE_AFTER_S`]), never the database of a run still going
+/// beside it (a soak while the tests run, two checkouts on one machine).
 fn fresh_name() -> String {
     use std::hash::{BuildHasher, Hasher};
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
-    format!("outbox_t_{:016x}", h.finish())
+    h.write_u128(now.as_nanos());
+    format!("outbox_t_{}_{:08x}", now.as_secs(), h.finish() as u32)
 }
+
+/// How old a test database must be before `scripts/test-databases.sh` drops it (keep the
+/// two equal): longer than any run of the tests or the soak.
+pub const STALE_AFTER_S: u64 = 6 * 3600;
 
 impl TestDb {
     /// A SQLite file in a temporary directory.

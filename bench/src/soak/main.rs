@@ -68,8 +68,18 @@ const WORKER: &str = "  batch_size: 64\n  concurrency: 32\n  publish_timeout: 1s
                       poll_interval: 200ms\n  retry_interval: 200ms\n  shutdown_grace: 5s\n";
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+async fn main() -> std::process::ExitCode {
+    match soak(Args::parse()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // The cause last, after any backtrace: CI shows a failure's tail.
+            eprintln!("{e:?}\n\noutbox-soak failed: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn soak(args: Args) -> anyhow::Result<()> {
     let backends =
         if args.backends.is_empty() { vec!["postgres".into(), "mysql".into()] } else { args.backends.clone() };
     let mut failed = false;

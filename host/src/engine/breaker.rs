@@ -10,6 +10,12 @@
 //!   destination answers (delivered, skipped, or a permanent failure about the event), the
 //!   breaker closes and the cool-down starts over; if it fails again, the breaker reopens.
 //!
+//! - **Seen back**: a sink that can tell its destination is reachable again (a relay probes
+//!   its broker every 2 s) ends an open breaker's cool-down early, once the destination
+//!   answered after the breaker opened: the probe delivery starts then, not up to
+//!   `max_cool_down` later. A wait the sink asked for (a `retry-after`) is kept. While probes answer and deliveries still fail, this lets at most
+//!   one probe delivery start per answer.
+//!
 //! - **Misconfigured**: an attempt failed after the sink's own egress policy refused one of
 //!   its requests (`allowed_hosts`, `allow_http`): a config mistake, which no retry fixes
 //!   and which must not consume the events. Like open, nothing starts and the waiting rows
@@ -111,6 +117,8 @@ pub struct Breaker {
     failures_in_a_row: u32,
     /// While open: when the probe may start.
     reopens_at: Option<Instant>,
+    /// While open for the growing cool-down (not a wait the sink asked for): when it opened.
+    opened_at: Option<Instant>,
     /// The cool-down of the next opening that is not a throttle with a hint.
     next_cool_down: Duration,
     /// While half-open: whether the probe is under way.
@@ -125,6 +133,7 @@ impl Breaker {
             state: State::Closed,
             failures_in_a_row: 0,
             reopens_at: None,
+            opened_at: None,
             next_cool_down: settings.cool_down,
             probing: false,
         }
@@ -138,6 +147,22 @@ impl Breaker {
     /// While open, when the probe may start.
     pub fn reopens_at(&self) -> Option<Instant> {
         self.reopens_at
+    }
+
+    /// While open (not misconfigured, which a reachable destination does not mend): when it
+    /// opened, for [`Breaker::seen_back`].
+    pub fn opened_at(&self) -> Option<Instant> {
+        if self.state == State::Open { self.opened_at } else { None }
+    }
+
+    /// The destination answered after the breaker opened: open → half-open now, the
+    /// cool-down cut short.
+    pub fn seen_back(&mut self, now: Instant) -> Option<Transition> {
+        self.opened_at()?;
+        self.reopens_at = Some(now);
+        let mut moved = self.poll(now)?;
+        moved.reason = "the destination answers again; one probe".into();
+        Some(moved)
     }
 
     /// Open (or misconfigured) → half-open once the cool-down has passed.
@@ -242,6 +267,8 @@ impl Breaker {
         // An absurd cool-down (a huge config value or hint) must not overflow the clock:
         // a day stands in for "for ever" then.
         self.reopens_at = Some(now.checked_add(cool_down).unwrap_or(now + FAR_FUTURE));
+        // A wait the sink asked for is kept; only the growing cool-down may be cut short.
+        self.opened_at = exactly.is_none().then_some(now);
         self.probing = false;
         self.failures_in_a_row = 0;
         Transition { to: State::Open, cool_down: Some(cool_down), reason }
@@ -353,6 +380,38 @@ mod tests {
         assert_eq!(b.admit(), Admit::Probe, "a trap says nothing: probe again");
         b.probe_not_run();
         assert_eq!(b.admit(), Admit::Probe, "a probe handed back unrun: probe again");
+    }
+
+    #[test]
+    fn a_destination_seen_back_ends_the_cool_down_but_not_a_config_mistake() {
+        let mut b = breaker(1);
+        let t0 = Instant::now();
+        assert_eq!(b.opened_at(), None, "closed");
+        assert_eq!(b.seen_back(t0), None, "closed: nothing to cut short");
+        b.record(&Verdict::Failed, false, t0);
+        b.record(&Verdict::Failed, false, t0 + S);
+        b.poll(t0 + 2 * S);
+        b.admit();
+        b.record(&Verdict::Failed, true, t0 + 2 * S);
+        assert_eq!(b.state(), State::Open);
+        assert_eq!(b.opened_at(), Some(t0 + 2 * S), "reopened by the failed probe");
+        assert_eq!(b.reopens_at(), Some(t0 + 4 * S), "the doubled cool-down");
+        let moved = b.seen_back(t0 + 2 * S + S / 2).expect("open → half-open");
+        assert_eq!(moved.to, State::HalfOpen);
+        assert_eq!(b.admit(), Admit::Probe);
+        assert_eq!(b.opened_at(), None, "half-open");
+        assert_eq!(b.seen_back(t0 + 3 * S), None, "half-open: the probe is under way");
+
+        let mut hinted = breaker(1);
+        hinted.record(&throttled(Some(30 * S)), false, t0);
+        assert_eq!(hinted.seen_back(t0 + S), None, "a wait the sink asked for is kept");
+        assert_eq!(hinted.reopens_at(), Some(t0 + 30 * S));
+
+        let mut m = breaker(1);
+        m.record(&Verdict::Misconfigured { reason: "allowed_hosts".into() }, false, t0);
+        assert_eq!(m.opened_at(), None);
+        assert_eq!(m.seen_back(t0 + S), None, "a reachable destination does not mend the config");
+        assert_eq!(m.state(), State::Misconfigured);
     }
 
     #[test]

@@ -224,9 +224,15 @@ impl Worker {
             }
             let token_wait = sleep_until_or_never(next_token);
             let probe_wait = sleep_until_or_never(breaker.reopens_at());
+            let seen_back = seen_back(breaker.opened_at().map(|opened| (self.sink.get(), opened)));
             tokio::select! {
                 () = token_wait => {}
                 () = probe_wait => {}
+                () = seen_back => {
+                    if let Some(moved) = breaker.seen_back(std::time::Instant::now()) {
+                        self.breaker_moved(&moved, &gate);
+                    }
+                }
                 rows = claimed.recv(), if claiming => match rows {
                     Some((seq, rows)) => buffer.push(self.admit(seq, rows, &outstanding)),
                     None => claiming = false,
@@ -761,6 +767,15 @@ impl Worker {
 async fn sleep_until_or_never(at: Option<std::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// While the breaker is open (since `opened`): until the sink sees its destination answer
+/// again; otherwise never.
+async fn seen_back(open: Option<(Arc<dyn Deliver>, std::time::Instant)>) {
+    match open {
+        Some((sink, opened)) => sink.reached_since(opened).await,
         None => std::future::pending().await,
     }
 }

@@ -88,6 +88,8 @@ pub struct RelaySink {
     publisher: Arc<dyn Publish>,
     metrics: BrokerMetrics,
     room_pipeline: u32,
+    /// When a probe last found the broker reachable.
+    answered: tokio::sync::watch::Receiver<Option<std::time::Instant>>,
     prober: tokio::task::JoinHandle<()>,
 }
 
@@ -103,14 +105,19 @@ impl RelaySink {
     /// `room_pipeline` of a room's events may be in flight at once.
     pub fn new(runtime: RelayRuntime, publisher: Arc<dyn Publish>, metrics: &Metrics, room_pipeline: u32) -> RelaySink {
         let metrics = metrics.broker(publisher.name(), publisher.kind().name());
-        let prober = tokio::spawn(probe(Arc::downgrade(&publisher), metrics.clone()));
-        RelaySink { runtime, publisher, metrics, room_pipeline: room_pipeline.max(1), prober }
+        let (answers, answered) = tokio::sync::watch::channel(None);
+        let prober = tokio::spawn(probe(Arc::downgrade(&publisher), metrics.clone(), answers));
+        RelaySink { runtime, publisher, metrics, room_pipeline: room_pipeline.max(1), answered, prober }
     }
 }
 
 /// Asks the broker whether it can be reached every [`PROBE_EVERY`], until the publisher is
-/// dropped.
-async fn probe(publisher: std::sync::Weak<dyn Publish>, metrics: BrokerMetrics) {
+/// dropped; says into `answers` when it last could.
+async fn probe(
+    publisher: std::sync::Weak<dyn Publish>,
+    metrics: BrokerMetrics,
+    answers: tokio::sync::watch::Sender<Option<std::time::Instant>>,
+) {
     let mut tick = tokio::time::interval(PROBE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -120,6 +127,9 @@ async fn probe(publisher: std::sync::Weak<dyn Publish>, metrics: BrokerMetrics) 
         let answer =
             answer.unwrap_or_else(|_| Err(format!("broker {}: no answer within {PROBE_TIMEOUT:?}", publisher.name())));
         metrics.reached(answer.as_ref().map(drop).map_err(String::as_str));
+        if answer.is_ok() {
+            answers.send_replace(Some(std::time::Instant::now()));
+        }
     }
 }
 
@@ -201,5 +211,13 @@ impl Deliver for RelaySink {
 
     fn digest(&self) -> Option<Arc<str>> {
         Some(self.runtime.digest())
+    }
+
+    /// A probe answered after `since`: the broker is back (the breaker's cool-down may end).
+    async fn reached_since(&self, since: std::time::Instant) {
+        let mut answered = self.answered.clone();
+        if answered.wait_for(|at| at.is_some_and(|at| at > since)).await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 }

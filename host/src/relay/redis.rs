@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::settings::{BrokerConfig, BrokerKind};
 use super::{Publish, PublishError, START_TIMEOUT, dedup_id};
@@ -30,6 +30,18 @@ redis.call('XADD', unpack(add))
 redis.call('SET', KEYS[2], '1', 'EX', ARGV[1])
 return 1
 ";
+
+/// How the connection comes back after the server went away: a few quick tries, each
+/// connect bounded, then the next command (a publish, or the 2 s probe) starts another
+/// round. The client's default backs off up to 6.4 s between tries, so a server back in a
+/// moment could wait seconds more before the first publish reached it, and the breaker's
+/// trial met the stale backoff and doubled its cool-down.
+fn reconnect() -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_number_of_retries(3)
+        .set_max_delay(500)
+        .set_connection_timeout(Duration::from_secs(2))
+}
 
 /// The entry field that holds a record's key, and the one that holds its payload.
 pub const KEY_FIELD: &str = "key";
@@ -57,10 +69,11 @@ impl RedisPublisher {
             info.redis.password = Some(password.clone());
         }
         let client = redis::Client::open(info).with_context(|| format!("broker {name}: {url}"))?;
-        let mut connection = tokio::time::timeout(START_TIMEOUT, ConnectionManager::new(client))
-            .await
-            .map_err(|_| anyhow::anyhow!("broker {name}: no answer from {url} within {START_TIMEOUT:?}"))?
-            .with_context(|| format!("broker {name}: cannot connect to {url}"))?;
+        let mut connection =
+            tokio::time::timeout(START_TIMEOUT, ConnectionManager::new_with_config(client, reconnect()))
+                .await
+                .map_err(|_| anyhow::anyhow!("broker {name}: no answer from {url} within {START_TIMEOUT:?}"))?
+                .with_context(|| format!("broker {name}: cannot connect to {url}"))?;
         let _: String = redis::cmd("PING")
             .query_async(&mut connection)
             .await

@@ -81,6 +81,12 @@ pub trait Deliver: Send + Sync + 'static {
         turn.sent();
         self.deliver(event, timeout).await
     }
+    /// Resolves once the destination has been seen reachable after `since` (the breaker
+    /// opened then), for a sink that checks on its own; by default never.
+    async fn reached_since(&self, since: std::time::Instant) {
+        let _ = since;
+        std::future::pending::<()>().await;
+    }
 }
 
 #[async_trait::async_trait]
