@@ -79,6 +79,10 @@ struct Args {
     /// server databases, 1 on SQLite). `--claim-growth 1` runs with claims of `batch_size`.
     #[arg(long)]
     claim_growth: Option<u32>,
+    /// `outbox_worker.concurrency` for every drain (and the relay floors' acks in flight);
+    /// default: the host's.
+    #[arg(long)]
+    concurrency: Option<u32>,
     /// Only the relay's figures (`--only relay`).
     #[arg(long)]
     only: Option<String>,
@@ -813,7 +817,9 @@ async fn main() -> anyhow::Result<()> {
         backends.retain(|b| args.backends.iter().any(|n| n == db::name(*b)));
     }
     let cache = tempfile::tempdir()?;
-    let config = WorkerConfig { claim_growth: args.claim_growth, ..WorkerConfig::default() };
+    let defaults = WorkerConfig::default();
+    let concurrency = args.concurrency.unwrap_or(defaults.concurrency);
+    let config = WorkerConfig { claim_growth: args.claim_growth, concurrency, ..defaults };
     let wasm: Arc<dyn Deliver> = Arc::new(wasm_noop(config.concurrency, cache.path())?);
     let mut r = Report::default();
     let setup = Setup { args: &args, config: &config, wasm: &wasm };
