@@ -24,7 +24,8 @@ outbox_wait() { # tries "$@" for up to 30 seconds
 
 # A SQL condition on the name column $1 (the same in PostgreSQL and MariaDB): a test's
 # database, schema, role or user created over outbox_stale_after seconds ago, or named before
-# names carried their creation time. Keep it equal to STALE_AFTER_S in tests/src/db.rs.
+# names carried their creation time (tests/src/db.rs names them). 6 hours: longer than any
+# run of the tests or the soak.
 outbox_stale_after=21600
 outbox_stale() {
   local created="SUBSTRING($1 FROM 10 FOR 10)"

@@ -18,8 +18,9 @@ pub struct TestDb {
 }
 
 /// `outbox_t_<unix seconds>_<random>`: the creation time lets `make test` clear away only
-/// what earlier runs left ([`STALE_AFTER_S`]), never the database of a run still going
-/// beside it (a soak while the tests run, two checkouts on one machine).
+/// what earlier runs left (over 6 hours old, `scripts/test-databases.sh`), never the
+/// database of a run still going beside it (a soak while the tests run, two checkouts on
+/// one machine).
 fn fresh_name() -> String {
     use std::hash::{BuildHasher, Hasher};
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
@@ -27,10 +28,6 @@ fn fresh_name() -> String {
     h.write_u128(now.as_nanos());
     format!("outbox_t_{}_{:08x}", now.as_secs(), h.finish() as u32)
 }
-
-/// How old a test database must be before `scripts/test-databases.sh` drops it (keep the
-/// two equal): longer than any run of the tests or the soak.
-pub const STALE_AFTER_S: u64 = 6 * 3600;
 
 impl TestDb {
     /// A SQLite file in a temporary directory.

@@ -10,11 +10,12 @@
 //!   destination answers (delivered, skipped, or a permanent failure about the event), the
 //!   breaker closes and the cool-down starts over; if it fails again, the breaker reopens.
 //!
-//! - **Seen back**: a sink that can tell its destination is reachable again (a relay probes
-//!   its broker every 2 s) ends an open breaker's cool-down early, once the destination
-//!   answered after the breaker opened: the probe delivery starts then, not up to
-//!   `max_cool_down` later. A wait the sink asked for (a `retry-after`) is kept. While probes answer and deliveries still fail, this lets at most
-//!   one probe delivery start per answer.
+//! - **Seen back**: when the sink said the destination is unavailable, and the sink can
+//!   tell on its own that it is reachable again (a relay probes its broker every 2 s), an
+//!   answer after the breaker opened ends the cool-down: the probe delivery starts then, not
+//!   up to `max_cool_down` later. Failures in a row, a wait the sink asked for
+//!   (`retry-after`) and a config mistake are not cut short: a reachable destination does
+//!   not mend them.
 //!
 //! - **Misconfigured**: an attempt failed after the sink's own egress policy refused one of
 //!   its requests (`allowed_hosts`, `allow_http`): a config mistake, which no retry fixes
@@ -117,8 +118,9 @@ pub struct Breaker {
     failures_in_a_row: u32,
     /// While open: when the probe may start.
     reopens_at: Option<Instant>,
-    /// While open for the growing cool-down (not a wait the sink asked for): when it opened.
-    opened_at: Option<Instant>,
+    /// While open because the sink said the destination is unavailable (with no wait of its
+    /// own): when it opened.
+    unavailable_since: Option<Instant>,
     /// The cool-down of the next opening that is not a throttle with a hint.
     next_cool_down: Duration,
     /// While half-open: whether the probe is under way.
@@ -133,7 +135,7 @@ impl Breaker {
             state: State::Closed,
             failures_in_a_row: 0,
             reopens_at: None,
-            opened_at: None,
+            unavailable_since: None,
             next_cool_down: settings.cool_down,
             probing: false,
         }
@@ -149,16 +151,16 @@ impl Breaker {
         self.reopens_at
     }
 
-    /// While open (not misconfigured, which a reachable destination does not mend): when it
-    /// opened, for [`Breaker::seen_back`].
-    pub fn opened_at(&self) -> Option<Instant> {
-        if self.state == State::Open { self.opened_at } else { None }
+    /// While open because the sink said the destination is unavailable: since when, for
+    /// [`Breaker::seen_back`].
+    pub fn unavailable_since(&self) -> Option<Instant> {
+        if self.state == State::Open { self.unavailable_since } else { None }
     }
 
-    /// The destination answered after the breaker opened: open → half-open now, the
+    /// The destination answered after it was found unavailable: open → half-open now, the
     /// cool-down cut short.
     pub fn seen_back(&mut self, now: Instant) -> Option<Transition> {
-        self.opened_at()?;
+        self.unavailable_since()?;
         self.reopens_at = Some(now);
         let mut moved = self.poll(now)?;
         moved.reason = "the destination answers again; one probe".into();
@@ -245,7 +247,9 @@ impl Breaker {
         } else {
             let reason = "the sink says the destination is unavailable".to_string();
             let at_least = retry_after.map(|hint| hint.max(self.next_cool_down));
-            self.open(now, at_least, reason)
+            let moved = self.open(now, at_least, reason);
+            self.unavailable_since = retry_after.is_none().then_some(now);
+            moved
         }
     }
 
@@ -267,8 +271,7 @@ impl Breaker {
         // An absurd cool-down (a huge config value or hint) must not overflow the clock:
         // a day stands in for "for ever" then.
         self.reopens_at = Some(now.checked_add(cool_down).unwrap_or(now + FAR_FUTURE));
-        // A wait the sink asked for is kept; only the growing cool-down may be cut short.
-        self.opened_at = exactly.is_none().then_some(now);
+        self.unavailable_since = None;
         self.probing = false;
         self.failures_in_a_row = 0;
         Transition { to: State::Open, cool_down: Some(cool_down), reason }
@@ -383,33 +386,32 @@ mod tests {
     }
 
     #[test]
-    fn a_destination_seen_back_ends_the_cool_down_but_not_a_config_mistake() {
-        let mut b = breaker(1);
-        let t0 = Instant::now();
-        assert_eq!(b.opened_at(), None, "closed");
+    fn a_destination_seen_back_ends_an_unavailable_cool_down_and_nothing_else() {
+        let (mut b, t0) = (breaker(5), Instant::now());
+        assert_eq!(b.unavailable_since(), None, "closed");
         assert_eq!(b.seen_back(t0), None, "closed: nothing to cut short");
-        b.record(&Verdict::Failed, false, t0);
-        b.record(&Verdict::Failed, false, t0 + S);
-        b.poll(t0 + 2 * S);
+        b.record(&unavailable(None), false, t0);
+        b.poll(t0 + S);
         b.admit();
-        b.record(&Verdict::Failed, true, t0 + 2 * S);
+        b.record(&unavailable(None), true, t0 + S);
         assert_eq!(b.state(), State::Open);
-        assert_eq!(b.opened_at(), Some(t0 + 2 * S), "reopened by the failed probe");
-        assert_eq!(b.reopens_at(), Some(t0 + 4 * S), "the doubled cool-down");
-        let moved = b.seen_back(t0 + 2 * S + S / 2).expect("open → half-open");
+        assert_eq!(b.unavailable_since(), Some(t0 + S), "reopened by the failed probe");
+        assert_eq!(b.reopens_at(), Some(t0 + 3 * S), "the doubled cool-down");
+        let moved = b.seen_back(t0 + S + S / 2).expect("open → half-open");
         assert_eq!(moved.to, State::HalfOpen);
         assert_eq!(b.admit(), Admit::Probe);
-        assert_eq!(b.opened_at(), None, "half-open");
-        assert_eq!(b.seen_back(t0 + 3 * S), None, "half-open: the probe is under way");
+        assert_eq!(b.unavailable_since(), None, "half-open");
+        assert_eq!(b.seen_back(t0 + 2 * S), None, "half-open: the probe is under way");
 
+        let mut failing = breaker(1);
+        failing.record(&Verdict::Failed, false, t0);
+        assert_eq!(failing.seen_back(t0 + S / 2), None, "failures in a row: the destination answers, and fails");
         let mut hinted = breaker(1);
-        hinted.record(&throttled(Some(30 * S)), false, t0);
+        hinted.record(&unavailable(Some(30 * S)), false, t0);
         assert_eq!(hinted.seen_back(t0 + S), None, "a wait the sink asked for is kept");
         assert_eq!(hinted.reopens_at(), Some(t0 + 30 * S));
-
         let mut m = breaker(1);
         m.record(&Verdict::Misconfigured { reason: "allowed_hosts".into() }, false, t0);
-        assert_eq!(m.opened_at(), None);
         assert_eq!(m.seen_back(t0 + S), None, "a reachable destination does not mend the config");
         assert_eq!(m.state(), State::Misconfigured);
     }

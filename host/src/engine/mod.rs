@@ -224,7 +224,7 @@ impl Worker {
             }
             let token_wait = sleep_until_or_never(next_token);
             let probe_wait = sleep_until_or_never(breaker.reopens_at());
-            let seen_back = seen_back(breaker.opened_at().map(|opened| (self.sink.get(), opened)));
+            let seen_back = seen_back(breaker.unavailable_since().map(|since| (self.sink.get(), since)));
             tokio::select! {
                 () = token_wait => {}
                 () = probe_wait => {}
@@ -771,11 +771,11 @@ async fn sleep_until_or_never(at: Option<std::time::Instant>) {
     }
 }
 
-/// While the breaker is open (since `opened`): until the sink sees its destination answer
-/// again; otherwise never.
-async fn seen_back(open: Option<(Arc<dyn Deliver>, std::time::Instant)>) {
-    match open {
-        Some((sink, opened)) => sink.reached_since(opened).await,
+/// While the breaker is open for a destination found unavailable (since then): until the
+/// sink sees it answer again; otherwise never.
+async fn seen_back(unavailable: Option<(Arc<dyn Deliver>, std::time::Instant)>) {
+    match unavailable {
+        Some((sink, since)) => sink.reached_since(since).await,
         None => std::future::pending().await,
     }
 }
