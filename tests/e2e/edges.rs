@@ -14,7 +14,8 @@ per_backend!(
     sinks_configured_at_migrate_get_every_event_in_the_deployment_order,
     a_sink_configured_when_the_table_is_created_starts_from_its_beginning,
     two_sink_names_that_would_share_a_table_are_refused,
-    a_replay_counts_first_and_asks_before_a_large_one;
+    a_replay_counts_first_and_asks_before_a_large_one,
+    a_purge_while_a_new_sink_has_no_table_yet_keeps_its_events;
     servers: a_purge_racing_a_backfill_keeps_what_the_new_sink_needs,
     a_schema_change_waits_without_holding_up_inserts,
 );
@@ -175,6 +176,35 @@ async fn a_purge_racing_a_backfill_keeps_what_the_new_sink_needs(world: World) {
     }
     assert_eq!(purged, EVENTS as u64, "the purges emptied the outbox in the end");
     assert_eq!(world.producer.stats().await.unwrap().counts.iter().map(|(_, n)| n).sum::<i64>(), 0);
+}
+
+/// A host registers a new sink, then creates its table: a purge in between (the soak met
+/// one on MariaDB, where the two are separate statements) purges what it can, keeps the
+/// events the new sink has no copy of yet, and does not fail.
+async fn a_purge_while_a_new_sink_has_no_table_yet_keeps_its_events(world: World) {
+    world.producer.register_sink("fake", 0, true, now_ms()).await.unwrap();
+    let events = world.produce_many(20, Status::Delivered).await;
+    // Another host's registration of `c`, its table not created yet.
+    let registry = format!("{}_sinks", world.producer.table());
+    world
+        .db
+        .execute(&format!(
+            "INSERT INTO {registry} (name, sink_table, start_from_ms, added_at_ms, backfilled_at_ms) \
+             VALUES ('c', 'room_outbox__c', 0, {}, NULL)",
+            now_ms()
+        ))
+        .await
+        .unwrap();
+    let deleted = outbox_host::ops::purge_everywhere(world.producer.clone(), now_ms() + 1, 1_000).await.unwrap();
+    assert_eq!(deleted, [("room_outbox".to_string(), 0), ("room_outbox__c".to_string(), 0)]);
+    for e in &events {
+        assert!(world.producer.get(&e.event_id).await.unwrap().is_some(), "{} kept for c", e.event_id);
+    }
+    // The host goes on: c's table made, the purges go on as ever.
+    let (c, _) = state_of(&world.producer, "c").await;
+    world.producer.register_sink(&c.name, c.start_from_ms, false, now_ms()).await.unwrap();
+    let deleted = outbox_host::ops::purge_everywhere(world.producer.clone(), now_ms() + 1, 1_000).await.unwrap();
+    assert_eq!(deleted, [("room_outbox".to_string(), 0), ("room_outbox__c".to_string(), 0)], "c has no copy yet");
 }
 
 /// An adopted MySQL table whose `room_id` and `event_id` take 255 characters, and a second

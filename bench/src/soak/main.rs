@@ -416,13 +416,14 @@ impl Soak {
             let reports = self.collectors[i].reports();
             // Receipts per event, and each room's events in the order they first arrived.
             let mut receipts: HashMap<&str, usize> = HashMap::new();
-            let mut first_order: HashMap<usize, Vec<usize>> = HashMap::new();
+            // (seq, the attempt number of its first receipt) per room.
+            let mut first_order: HashMap<usize, Vec<(usize, u32)>> = HashMap::new();
             for r in &reports {
                 let Some(p) = by_id.get(r.event_id.as_str()) else { continue };
                 let n = receipts.entry(p.event_id.as_str()).or_insert(0);
                 *n += 1;
                 if *n == 1 {
-                    first_order.entry(p.room).or_default().push(p.seq);
+                    first_order.entry(p.room).or_default().push((p.seq, r.attempt));
                 }
             }
             // Receipts past the first; of those in the replayed range, as many as the replay
@@ -444,17 +445,25 @@ impl Soak {
                 }
                 std::fs::write(dir.join(format!("{}-{name}.tsv", self.backend)), lines)?;
             }
-            let order_violations =
-                first_order.values().map(|seqs| seqs.windows(2).filter(|w| w[1] < w[0]).count()).sum();
+            let backwards = |seqs: &[(usize, u32)]| seqs.windows(2).filter(|w| w[1].0 < w[0].0).count();
+            let order_violations = first_order.values().map(|seqs| backwards(seqs)).sum();
+            // Each room whose events first arrived out of order, in the order they arrived
+            // (`seq@attempt`): in the details folder, and the first few on stderr.
+            let mut rooms: Vec<_> = first_order.iter().filter(|(_, seqs)| backwards(seqs) > 0).collect();
+            rooms.sort();
+            let lines: Vec<String> = rooms
+                .iter()
+                .map(|(room, seqs)| {
+                    let arrivals: Vec<String> = seqs.iter().map(|(seq, attempt)| format!("{seq}@{attempt}")).collect();
+                    format!("{room}\t{}", arrivals.join(" "))
+                })
+                .collect();
+            for line in lines.iter().take(5) {
+                eprintln!("   {} sink {name}: room {line}", self.backend);
+            }
             if let Some(dir) = &self.args.details {
-                // Each room whose events first arrived out of order, in the order they arrived.
-                let mut lines = String::from("room\tfirst arrivals (seq)\n");
-                let mut rooms: Vec<_> = first_order.iter().filter(|(_, s)| s.windows(2).any(|w| w[1] < w[0])).collect();
-                rooms.sort();
-                for (room, seqs) in rooms {
-                    lines.push_str(&format!("{room}\t{seqs:?}\n"));
-                }
-                std::fs::write(dir.join(format!("{}-{name}-order.tsv", self.backend)), lines)?;
+                let text = format!("room\tfirst arrivals (seq@attempt)\n{}\n", lines.join("\n"));
+                std::fs::write(dir.join(format!("{}-{name}-order.tsv", self.backend)), text)?;
             }
             out.push(SinkReport {
                 backend: self.backend.clone(),

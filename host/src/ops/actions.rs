@@ -25,6 +25,8 @@ pub async fn purge(store: &dyn Store, before_ms: i64, batch: u32) -> Result<u64,
 /// [`purge`] on the outbox and on every other sink's own table: the outbox keeps a row
 /// until the first sink has it delivered and every other sink has its copy; each sink's
 /// table keeps its rows until that sink has them delivered. Returns how many, per table.
+/// A sink registered a moment ago by a starting host may have no table yet (the host
+/// creates it just after registering): there is nothing of it to purge then.
 pub async fn purge_everywhere(
     outbox: Arc<dyn Store>,
     before_ms: i64,
@@ -33,7 +35,8 @@ pub async fn purge_everywhere(
     let mut deleted = vec![(outbox.table().to_string(), purge(outbox.as_ref(), before_ms, batch).await?)];
     for sink in outbox.sinks().await.unwrap_or_default().iter().filter(|s| !s.is_first(outbox.table())) {
         let own = outbox.clone().sink_store(sink).await?;
-        deleted.push((sink.table.clone(), purge(own.as_ref(), before_ms, batch).await?));
+        let purged = if own.describe().await?.is_some() { purge(own.as_ref(), before_ms, batch).await? } else { 0 };
+        deleted.push((sink.table.clone(), purged));
     }
     Ok(deleted)
 }
