@@ -241,10 +241,12 @@ fn main() -> ExitCode {
 async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
     match command {
         Command::Run => {
-            let host = Host::start(config).await?;
             let shutdown = CancellationToken::new();
             app::cancel_on_signals(shutdown.clone())?;
-            host.run(shutdown).await
+            match Host::start_waiting(config, &shutdown).await? {
+                Some(host) => host.run(shutdown).await,
+                None => Ok(()),
+            }
         }
         Command::Migrate => migrate(&config).await,
         Command::Status => status(&config).await,

@@ -256,3 +256,92 @@ async fn sigterm_during_a_mysql_outage_is_bounded() {
     let Some(db) = crate::support::TestDb::mysql().await else { return };
     sigterm_during_a_database_outage_is_bounded(db).await;
 }
+
+/// `run` on a database out of reach (starting, or away) waits for it instead of exiting,
+/// saying so at each miss, and delivers once it answers; a SIGTERM while it waits exits 0 at
+/// once with nothing touched.
+async fn a_host_started_during_a_database_outage_waits_for_it(db: crate::support::TestDb) {
+    let url = reqwest::Url::parse(&db.url).unwrap();
+    let server = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap());
+    let proxy = outbox_test_support::proxy::TcpProxy::start_cut(&server).await;
+    let world = World::on(db).await;
+    let id = world.produce("RoomGiftSent", "room-late", Status::Pending).await;
+    let proxied = world.db_url().replace(&server, &proxy.addr().to_string());
+    let yaml = world.setup("", "").set(&["database", "url"], &proxied).yaml();
+
+    // Stopped while it waits.
+    let (child, log) = spawn_logging(&world, &yaml, "waiting.log");
+    wait_log(&log, "the database cannot be reached at start-up; waiting for it").await;
+    signal(&child, "TERM");
+    let output = crate::binary::wait_exit_within(child, Duration::from_secs(10)).await;
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(output.status.code(), Some(0), "log:\n{said}");
+    assert!(proxy.turned_away() >= 1);
+    assert_eq!(world.row(&id).await.status, Status::Pending);
+
+    // Left waiting until the database is back.
+    let (mut child, log) = spawn_logging(&world, &yaml, "resumed.log");
+    wait_log(&log, "waiting for it").await;
+    assert!(child.try_wait().unwrap().is_none(), "the host exited instead of waiting");
+    proxy.restore();
+    wait_table(&world, "the event delivered", |s| s.count(Status::Delivered) == 1).await;
+    signal(&child, "TERM");
+    let output = wait_exit(child).await;
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(output.status.code(), Some(0), "log:\n{said}");
+    let miss = said.lines().find(|l| l.contains("waiting for it")).unwrap();
+    assert!(miss.contains("cannot connect to") && miss.contains(&proxy.addr().to_string()), "{miss}");
+    assert_eq!(world.collector.attempts_of(&id).len(), 1);
+}
+
+#[tokio::test]
+async fn a_host_started_during_a_postgres_outage_waits_for_it() {
+    let Some(db) = crate::support::TestDb::postgres().await else { return };
+    a_host_started_during_a_database_outage_waits_for_it(db).await;
+}
+
+#[tokio::test]
+async fn a_host_started_during_a_mysql_outage_waits_for_it() {
+    let Some(db) = crate::support::TestDb::mysql().await else { return };
+    a_host_started_during_a_database_outage_waits_for_it(db).await;
+}
+
+/// `outbox-host --config <yaml> run` with its log written to `name` in the world's folder,
+/// so that a test reads it while the host runs.
+fn spawn_logging(world: &World, yaml: &str, name: &str) -> (crate::binary::HostProcess, std::path::PathBuf) {
+    let config = write_config(world, yaml);
+    let log = world.dir.path().join(name);
+    let child = std::process::Command::new(crate::binary::BIN)
+        .args(["--config", config.to_str().unwrap(), "run"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("starting outbox-host");
+    (crate::binary::HostProcess::new(child), log)
+}
+
+/// Waits until the log at `path` says `line`.
+async fn wait_log(path: &std::path::Path, line: &str) {
+    let deadline = tokio::time::Instant::now() + crate::support::PATIENCE;
+    while !std::fs::read_to_string(path).unwrap_or_default().contains(line) {
+        assert!(tokio::time::Instant::now() < deadline, "the log never said {line:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A database server that answers and refuses (here: no such database) is a mistake to
+/// fix, not an outage to wait out: `run` exits at once, naming it.
+#[tokio::test]
+async fn a_database_that_refuses_the_connection_fails_run_at_once() {
+    let Some(db) = crate::support::TestDb::postgres().await else { return };
+    let world = World::on(db).await;
+    let url = reqwest::Url::parse(&world.db_url()).unwrap();
+    let missing =
+        format!("postgres://postgres@{}:{}/outbox_no_such_database", url.host_str().unwrap(), url.port().unwrap());
+    let child = spawn_host(&world, &world.setup("", "").set(&["database", "url"], &missing).yaml());
+    let output = crate::binary::wait_exit_within(child, Duration::from_secs(20)).await;
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "log:\n{log}");
+    assert!(log.contains("outbox_no_such_database") && log.contains("does not exist"), "log:\n{log}");
+    assert!(!log.contains("waiting for it"), "log:\n{log}");
+}

@@ -8,7 +8,6 @@
 //! order violations (must be 0); and exits 1 if any of those does not hold.
 
 mod faults;
-mod proxy;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -21,9 +20,9 @@ use clap::Parser;
 use outbox_host::store::{NewEvent, Status, Store, now_ms};
 use outbox_test_support::Collector;
 use outbox_test_support::db::TestDb;
+use outbox_test_support::proxy::TcpProxy;
 
 use faults::{Fault, schedule};
-use proxy::SwitchProxy;
 
 /// Soak options; the defaults are the full run the README's table comes from.
 #[derive(Parser, Clone)]
@@ -164,7 +163,7 @@ struct Soak {
     db: TestDb,
     dir: tempfile::TempDir,
     bin: PathBuf,
-    proxy: SwitchProxy,
+    proxy: TcpProxy,
     collectors: [Collector; 3],
     hosts: Vec<Option<Child>>,
     kills: usize,
@@ -186,7 +185,7 @@ impl Soak {
         let target = reqwest::Url::parse(&db.url)?;
         let server =
             format!("{}:{}", target.host_str().unwrap_or("127.0.0.1"), target.port_or_known_default().unwrap_or(0));
-        let proxy = SwitchProxy::start(&server).await?;
+        let proxy = TcpProxy::start(&server).await;
         let dir = tempfile::tempdir()?;
         std::fs::copy(outbox_test_support::FAKE_SINK, dir.path().join("a.wasm"))?;
         Ok(Soak {

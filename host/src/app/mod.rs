@@ -7,6 +7,7 @@ pub mod reload;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
@@ -108,12 +109,43 @@ async fn connect_broker(config: &Config, sink: &SinkConfig) -> anyhow::Result<Op
     Ok(Some(Relay { publisher, room_pipeline: broker.room_pipeline }))
 }
 
+/// The longest pause between tries while the database cannot be reached at start-up.
+const START_PAUSE_MAX: Duration = Duration::from_secs(10);
+
 impl Host {
     /// Opens and migrates the database and loads the sink (unless the worker is disabled).
     pub async fn start(config: Config) -> anyhow::Result<Host> {
-        for note in &config.notes {
-            tracing::warn!("{note}");
+        log_notes(&config);
+        Host::open(config).await
+    }
+
+    /// [`Host::start`], waiting while the database cannot be reached (it is starting, or
+    /// away): each miss is logged and tried again after a pause that grows to
+    /// [`START_PAUSE_MAX`], until the database answers, or `shutdown` (then `None`: nothing
+    /// was claimed). A database that answers and refuses (a wrong password, no such
+    /// database) and every other problem fail at once.
+    pub async fn start_waiting(config: Config, shutdown: &CancellationToken) -> anyhow::Result<Option<Host>> {
+        log_notes(&config);
+        let mut pause = Duration::from_millis(500);
+        loop {
+            let error = tokio::select! {
+                started = Host::open(config.clone()) => match started {
+                    Ok(host) => return Ok(Some(host)),
+                    Err(e) if unavailable(&e) => e,
+                    Err(e) => return Err(e),
+                },
+                () = shutdown.cancelled() => return Ok(None),
+            };
+            tracing::warn!(error = %format!("{error:#}"), retry_in_ms = pause.as_millis() as u64, "the database cannot be reached at start-up; waiting for it");
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = shutdown.cancelled() => return Ok(None),
+            }
+            pause = (pause * 2).min(START_PAUSE_MAX);
         }
+    }
+
+    async fn open(config: Config) -> anyhow::Result<Host> {
         let sink_configs = config.require_sinks("run")?.to_vec();
         let (store, migrated) = migrated_store(&config).await?;
         check_schema(store.as_ref(), &config.node_id).await?;
@@ -335,6 +367,20 @@ async fn refresh_stats(
             _ = stop.cancelled() => return,
         }
     }
+}
+
+/// The config's notes (settings that were adjusted, not refused), once per start.
+fn log_notes(config: &Config) {
+    for note in &config.notes {
+        tracing::warn!("{note}");
+    }
+}
+
+/// Whether `error` is the database being out of reach (worth waiting for).
+fn unavailable(error: &anyhow::Error) -> bool {
+    error
+        .chain()
+        .any(|cause| matches!(cause.downcast_ref::<store::StoreError>(), Some(store::StoreError::Unavailable(_))))
 }
 
 /// Cancels `shutdown` on the first SIGINT or SIGTERM and exits the process at once on the

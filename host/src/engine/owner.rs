@@ -155,8 +155,7 @@ impl Tracker {
         let mut s = self.state();
         let seq = s.tick();
         s.known.retain(|_, (k, _)| !matches!(k, Known::Written { at, .. } if *at < seq));
-        let surplus = &s.holding.surplus;
-        let owned = s.holding.owned.iter().filter(|f| !surplus.contains(&f.partition)).copied().collect();
+        let owned = read_of(&s.holding);
         let ceiling = if s.after.is_none() { s.paged } else { s.ceiling.is_some() };
         ReadStart { seq, sweep: s.sweep, after: s.after.clone(), owned, total: s.holding.total, ceiling }
     }
@@ -334,20 +333,30 @@ impl Tracker {
         drained
     }
 
-    /// The heartbeat's result; gained partitions start a new sweep (their rooms' earlier
-    /// rows are behind the sweep's place). Returns (gained, lost).
+    /// The heartbeat's result. Returns (gained, lost).
+    ///
+    /// A partition read from now on that was not read before (gained, or surplus no more
+    /// because the share grew back) starts a new sweep: the sweep went on past its rooms'
+    /// rows while it was not read, and their later rows must not start ahead of them.
     pub fn hold(&self, holding: Holding) -> (Vec<u32>, Vec<u32>) {
         let mut s = self.state();
         let before: HashSet<Fence> = s.holding.owned.iter().copied().collect();
         let after: HashSet<Fence> = holding.owned.iter().copied().collect();
         let gained: Vec<u32> = after.difference(&before).map(|f| f.partition).collect();
         let lost: Vec<u32> = before.difference(&after).map(|f| f.partition).collect();
-        if !gained.is_empty() {
+        let was_read = read_of(&s.holding);
+        if read_of(&holding).iter().any(|f| !was_read.contains(f)) {
             s.new_sweep();
         }
         s.holding = holding;
         (gained, lost)
     }
+}
+
+/// The partitions an owner reads, in partition order: those it holds, less the surplus it
+/// drains.
+fn read_of(holding: &Holding) -> Vec<Fence> {
+    holding.owned.iter().filter(|f| !holding.surplus.contains(&f.partition)).copied().collect()
 }
 
 impl Worker {
@@ -537,5 +546,90 @@ async fn index_partitions(store: Arc<dyn Store>, total: u32, shutdown: Cancellat
             () = tokio::time::sleep(Duration::from_secs(60)) => {}
             () = shutdown.cancelled() => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Lease, Status, Waiting};
+
+    fn fence(partition: u32) -> Fence {
+        Fence { partition, epoch: 1 }
+    }
+
+    fn holding(owned: &[u32], surplus: &[u32]) -> Holding {
+        Holding {
+            total: 4,
+            owned: owned.iter().map(|p| fence(*p)).collect(),
+            share: owned.len() - surplus.len(),
+            surplus: surplus.to_vec(),
+            lease_until_ms: i64::MAX,
+        }
+    }
+
+    /// Row `key` of `room` in `partition`, created at `key` ms.
+    fn waiting(room: &str, partition: u32, key: i64) -> Waiting {
+        Waiting {
+            row: Claimed {
+                id: key,
+                app_code: "app".into(),
+                event_id: format!("{room}-{key}"),
+                event_type: "RoomGiftSent".into(),
+                room_id: room.into(),
+                envelope: Vec::new(),
+                created_at_ms: key,
+                retry_count: 0,
+                lease: Lease { worker_id: "w".into(), lock_until_ms: i64::MAX, fence: Some(fence(partition)) },
+                rescued: false,
+            },
+            status: Status::Pending,
+            next_retry_at_ms: 0,
+            lock_until_ms: 0,
+            key: KeyValue::Int(key),
+        }
+    }
+
+    /// The soak's order violation: a surplus partition is not read while the sweep goes on
+    /// past its rooms' rows; when the share grows back and it is read again, the read must
+    /// start from the oldest row, or the room's later rows (past the sweep's place) start
+    /// ahead of the ones the sweep went past.
+    #[test]
+    fn a_partition_read_again_after_surplus_starts_a_new_sweep() {
+        let tracker = Tracker::default();
+        tracker.hold(holding(&[0, 1], &[1]));
+        let start = tracker.begin_read();
+        assert_eq!(start.owned, vec![fence(0)], "surplus is not read");
+        // The page's rows of partition 0; partition 1's row at 15 is in the table, unread.
+        let page = Page {
+            waiting: vec![waiting("a", 0, 10), waiting("a", 0, 20)],
+            last: Some((20, KeyValue::Int(20))),
+            at_end: false,
+        };
+        let (taken, at_end) = tracker.select(page, start.sweep, 10, 0, &[]);
+        assert_eq!((taken.len(), at_end), (2, false));
+        assert_eq!(tracker.begin_read().after, Some((20, KeyValue::Int(20))), "the sweep goes on past 15");
+
+        // The share grew back: partition 1 is held as before and read again.
+        let (gained, lost) = tracker.hold(holding(&[0, 1], &[]));
+        assert_eq!((gained, lost), (vec![], vec![]));
+        let start = tracker.begin_read();
+        assert_eq!(start.owned, vec![fence(0), fence(1)]);
+        assert_eq!(start.after, None, "a new sweep, from the oldest row (partition 1's row at 15)");
+        assert!(start.sweep > 1);
+    }
+
+    #[test]
+    fn a_partition_that_becomes_surplus_or_is_released_keeps_the_sweep() {
+        let tracker = Tracker::default();
+        tracker.hold(holding(&[0, 1], &[]));
+        let start = tracker.begin_read();
+        let page = Page { waiting: vec![waiting("a", 0, 10)], last: Some((10, KeyValue::Int(10))), at_end: false };
+        tracker.select(page, start.sweep, 10, 0, &[]);
+        tracker.hold(holding(&[0, 1], &[1]));
+        assert_eq!(tracker.begin_read().after, Some((10, KeyValue::Int(10))));
+        tracker.hold(holding(&[0], &[]));
+        let start = tracker.begin_read();
+        assert_eq!((start.owned, start.after), (vec![fence(0)], Some((10, KeyValue::Int(10)))));
     }
 }

@@ -689,9 +689,15 @@ const INSERT_CHUNK: usize = 500;
 /// How long to wait for a connection before an operation fails (and the worker backs off).
 const ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// The error for a database that could not be reached at start-up.
+/// The error for a database that could not be connected to at start-up: unavailable when
+/// it could not be reached (worth waiting for), a query error when it answered and refused
+/// (a wrong password, no such database: a config mistake).
 fn unreachable_error(url: &str, e: sqlx::Error) -> StoreError {
-    StoreError::Unavailable(format!("cannot connect to {}: {e}", crate::text::redact_url(url)))
+    let said = format!("cannot connect to {}: {e}", crate::text::redact_url(url));
+    match StoreError::from(e) {
+        StoreError::Unavailable(_) => StoreError::Unavailable(said),
+        _ => StoreError::Query(said),
+    }
 }
 
 pub use crate::clock::now_ms;
