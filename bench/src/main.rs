@@ -61,6 +61,9 @@ struct Args {
     /// Events of each relay drain (into a broker of the run's own).
     #[arg(long, default_value_t = 50_000)]
     relay_events: usize,
+    /// Rounds of each relay's floor and drains (each figure is the rounds' median).
+    #[arg(long, default_value_t = 3)]
+    relay_rounds: usize,
     /// Producer rates for the relay's insert-to-ack latency runs (into JetStream), events
     /// per second.
     #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
@@ -677,8 +680,15 @@ async fn relays(r: &mut Report, backend: Backend, setup: Setup<'_>, cache: &Path
     for broker in &args.relay_brokers {
         let kind = BrokerKind::parse(broker).with_context(|| format!("--relay-brokers: no broker kind {broker}"))?;
         let rates: &[u32] = if kind == BrokerKind::Nats { &args.relay_rates } else { &[] };
-        eprintln!("{name}: relay into {broker}, {n} events …");
-        let relay = relay::run(kind, backend, n, rates, args.seconds, config, cache).await?;
+        let rounds = args.relay_rounds.max(1);
+        eprintln!("{name}: relay into {broker}, {n} events, {rounds} round(s) …");
+        let relay = relay::run(kind, backend, (n, rounds), rates, args.seconds, config, cache).await?;
+        // The rounds' lowest and highest, `scale`d, to `digits` places.
+        let range = |figure: &str, scale: f64, digits: usize| {
+            let ends = &relay[format!("{figure}_range")];
+            let end = |i: usize| ends[i].as_f64().unwrap_or(0.0) * scale;
+            if rounds > 1 { format!(" ({:.digits$}–{:.digits$})", end(0), end(1)) } else { String::new() }
+        };
         let seconds = |per_s: &Value| n as f64 / per_s.as_f64().unwrap_or(f64::INFINITY);
         row(
             table,
@@ -686,7 +696,7 @@ async fn relays(r: &mut Report, backend: Backend, setup: Setup<'_>, cache: &Path
             &format!("{broker} publish floor (no database)"),
             n,
             seconds(&relay["floor_per_s"]),
-            String::new(),
+            if rounds > 1 { format!("median of {rounds} rounds") } else { String::new() },
         );
         row(
             table,
@@ -695,9 +705,11 @@ async fn relays(r: &mut Report, backend: Backend, setup: Setup<'_>, cache: &Path
             n,
             seconds(&relay["drain_wasm_per_s"]),
             format!(
-                "{:.2}× the {broker} floor; mapping costs {:.0}% of the native drain",
+                "{:.2}×{} the {broker} floor; mapping costs {:.0}%{} of the native drain",
                 relay["ratio_wasm_over_floor"].as_f64().unwrap_or(0.0),
-                relay["mapping_cost"].as_f64().unwrap_or(0.0) * 100.0
+                range("ratio_wasm_over_floor", 1.0, 2),
+                relay["mapping_cost"].as_f64().unwrap_or(0.0) * 100.0,
+                range("mapping_cost", 100.0, 0),
             ),
         );
         row(

@@ -269,36 +269,51 @@ async fn floor(target: &Target, n: usize, in_flight: usize) -> anyhow::Result<f6
     Ok(rate)
 }
 
-/// The relay benchmark on `db`'s backend into a broker of `kind`: the floor, the drain
-/// through the WebAssembly relay and the native one, each checked (every row delivered, one
-/// message per event in the broker), and insert-to-ack latency at each of `rates`.
+/// The relay benchmark on `db`'s backend into a broker of `kind`, in `rounds` rounds: in
+/// each, the floor, the drain through the WebAssembly relay and the one through the native
+/// relay, one after the other, each checked (every row delivered, one message per event in
+/// the broker); then insert-to-ack latency at each of `rates`. The figures are the rounds'
+/// medians, and each ratio the median of the rounds' own ratios: on a shared machine one
+/// measurement can be a fifth off, and a round's three stand side by side.
 pub async fn run(
     kind: BrokerKind,
     backend: outbox_host::store::Backend,
-    n: usize,
+    (n, rounds): (usize, usize),
     rates: &[u32],
     seconds: u64,
     config: &WorkerConfig,
     cache: &std::path::Path,
 ) -> anyhow::Result<Value> {
-    let floor_rate = floor(&Target::start(kind).await?, n, config.concurrency as usize).await?;
+    let mut measured = Vec::new();
+    for _ in 0..rounds.max(1) {
+        let floor_rate = floor(&Target::start(kind).await?, n, config.concurrency as usize).await?;
 
-    let target = Target::start(kind).await?;
-    let db = Db::fresh(backend).await?;
-    let wasm = wasm_relay(&db, &target, cache).await?;
-    let with_wasm = crate::drain(&db, n, 1, config, wasm.clone()).await?;
-    ensure!(target.messages().await? == n as u64, "the WebAssembly relay's broker does not hold {n} messages");
-    drop(target);
+        let target = Target::start(kind).await?;
+        let db = Db::fresh(backend).await?;
+        let wasm = wasm_relay(&db, &target, cache).await?;
+        let with_wasm = crate::drain(&db, n, 1, config, wasm.clone()).await?;
+        ensure!(target.messages().await? == n as u64, "the WebAssembly relay's broker does not hold {n} messages");
+        drop(target);
 
-    let target = Target::start(kind).await?;
-    let db = Db::fresh(backend).await?;
-    let native = Arc::new(NativeRelay {
-        publisher: outbox_host::relay::connect(&target.broker()).await?,
-        destination: target.destination(),
-    });
-    let with_native = crate::drain(&db, n, 1, config, native.clone()).await?;
-    ensure!(target.messages().await? == n as u64, "the native relay's broker does not hold {n} messages");
-    drop(target);
+        let target = Target::start(kind).await?;
+        let db = Db::fresh(backend).await?;
+        let native = Arc::new(NativeRelay {
+            publisher: outbox_host::relay::connect(&target.broker()).await?,
+            destination: target.destination(),
+        });
+        let with_native = crate::drain(&db, n, 1, config, native.clone()).await?;
+        ensure!(target.messages().await? == n as u64, "the native relay's broker does not hold {n} messages");
+        drop(target);
+        measured.push(json!({
+            "floor_per_s": floor_rate,
+            "drain_wasm_per_s": with_wasm.per_second(),
+            "drain_native_per_s": with_native.per_second(),
+            "ratio_wasm_over_floor": with_wasm.per_second() / floor_rate,
+            "mapping_cost": 1.0 - with_wasm.per_second() / with_native.per_second(),
+            "cores_host": with_wasm.cores.host,
+            "cores_server": with_wasm.cores.server,
+        }));
+    }
 
     let mut latencies = Vec::new();
     for rate in rates {
@@ -307,16 +322,29 @@ pub async fn run(
         let sink = wasm_relay(&db, &target, cache).await?;
         latencies.push(crate::latency(&db, *rate, seconds, sink).await?);
     }
-    Ok(json!({
-        "broker": kind.name(),
-        "events": n,
-        "floor_per_s": floor_rate,
-        "drain_wasm_per_s": with_wasm.per_second(),
-        "drain_native_per_s": with_native.per_second(),
-        "ratio_wasm_over_floor": with_wasm.per_second() / floor_rate,
-        "mapping_cost": 1.0 - with_wasm.per_second() / with_native.per_second(),
-        "cores_host": with_wasm.cores.host,
-        "cores_server": with_wasm.cores.server,
-        "latency": latencies,
-    }))
+    let mut out = json!({ "broker": kind.name(), "events": n, "rounds": measured.clone(), "latency": latencies });
+    for figure in [
+        "floor_per_s",
+        "drain_wasm_per_s",
+        "drain_native_per_s",
+        "ratio_wasm_over_floor",
+        "mapping_cost",
+        "cores_host",
+        "cores_server",
+    ] {
+        let mut values: Vec<f64> = measured.iter().filter_map(|m| m[figure].as_f64()).collect();
+        values.sort_by(f64::total_cmp);
+        out[figure] = json!(median(&values));
+        out[format!("{figure}_range")] = json!([values.first(), values.last()]);
+    }
+    Ok(out)
+}
+
+/// The median of sorted `values` (0 when there are none).
+fn median(values: &[f64]) -> f64 {
+    match values.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
 }
