@@ -304,6 +304,22 @@ async fn a_missing_stream_refuses_start_and_check_config_naming_it() {
     assert!(stdout.contains("relays to broker events, which answers;"), "{stdout}");
 }
 
+/// A broker that cannot be reached when `run` starts refuses the start, naming it, exit 1
+/// (its stream cannot be checked); unlike a database out of reach, it is not waited for.
+#[tokio::test]
+async fn a_broker_out_of_reach_at_start_refuses_run_naming_it() {
+    use crate::binary::{spawn_host, wait_exit_within};
+    let world = World::new().await;
+    let nats = NatsServer::start().await;
+    let away = format!("nats://127.0.0.1:{}", crate::binary::free_port());
+    let yaml = relay_config(&world, &nats, true).set(&["brokers", "events", "url"], &away).yaml();
+    let output = wait_exit_within(spawn_host(&world, &yaml), std::time::Duration::from_secs(30)).await;
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "log:\n{log}");
+    assert!(log.contains(&format!("broker events: cannot connect to {away}")), "log:\n{log}");
+    assert!(!log.contains("waiting for it"), "log:\n{log}");
+}
+
 /// 50,000 events over 500 rooms through the real binary, SIGKILLed mid-drain and started
 /// again: the stream holds exactly 50,000 messages. What the killed host had published but
 /// not yet marked delivered is published again by the next one and dropped by the stream
