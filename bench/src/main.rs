@@ -329,6 +329,7 @@ async fn seed_drain(db: &Db, n: usize, config: &WorkerConfig, sink: &dyn Deliver
     Ok(Drain { events: n, seconds, cores: cpu::Cores::default(), claims: 0, writes: None })
 }
 
+/// The `p`th percentile of sorted values (the nearest rank; 0 when there are none).
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;

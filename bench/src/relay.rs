@@ -334,17 +334,8 @@ pub async fn run(
     ] {
         let mut values: Vec<f64> = measured.iter().filter_map(|m| m[figure].as_f64()).collect();
         values.sort_by(f64::total_cmp);
-        out[figure] = json!(median(&values));
+        out[figure] = json!(crate::percentile(&values, 50.0));
         out[format!("{figure}_range")] = json!([values.first(), values.last()]);
     }
     Ok(out)
-}
-
-/// The median of sorted `values` (0 when there are none).
-fn median(values: &[f64]) -> f64 {
-    match values.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
 }
