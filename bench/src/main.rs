@@ -721,6 +721,19 @@ async fn relays(r: &mut Report, backend: Backend, setup: Setup<'_>, cache: &Path
             seconds(&relay["drain_native_per_s"]),
             String::new(),
         );
+        table.push([
+            name.into(),
+            "relay mapping alone, one event after another".into(),
+            format!("{}", n.min(20_000)),
+            "-".into(),
+            format!(
+                "WebAssembly {:.1} µs{}, native {:.1} µs{} per event",
+                relay["route_wasm_us"].as_f64().unwrap_or(0.0),
+                range("route_wasm_us", 1.0, 1),
+                relay["route_native_us"].as_f64().unwrap_or(0.0),
+                range("route_native_us", 1.0, 1),
+            ),
+        ]);
         for lat in relay["latency"].as_array().into_iter().flatten() {
             table.push([
                 name.into(),

@@ -2,8 +2,8 @@
 //! an exchange of the machine's RabbitMQ): the broker's own floor (this process publishing
 //! the same records with the host's publisher, acks awaited with as many in flight as the
 //! host's concurrency), the host draining the table into it through the default relay
-//! (`plugins/relay`, WebAssembly) and through the same mapping written natively, and
-//! insert-to-ack latency under a steady producer.
+//! (`plugins/relay`, WebAssembly) and through the same mapping written natively, the two
+//! mappings alone, and insert-to-ack latency under a steady producer.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,7 +12,7 @@ use anyhow::ensure;
 use outbox_host::config::{Config, WorkerConfig};
 use outbox_host::ops::metrics::Metrics;
 use outbox_host::relay::{Publish, settings::BrokerConfig, settings::BrokerKind};
-use outbox_host::sandbox::relay::Record;
+use outbox_host::sandbox::relay::{Record, RelayRuntime};
 use outbox_host::sandbox::{AttemptFailure, Deliver, Delivered, Event, FailureClass, Turn};
 use outbox_test_support::brokers::{Broker, BrokerServer};
 use prost::Message as _;
@@ -229,6 +229,12 @@ impl Target {
 
 /// The WebAssembly relay (the default one, `format: protobuf`) on `db`, publishing to `target`.
 async fn wasm_relay(db: &Db, target: &Target, cache: &std::path::Path) -> anyhow::Result<Arc<dyn Deliver>> {
+    let config = relay_config(db, target, cache)?;
+    outbox_host::app::load_sink(&config, &config.sinks[0], Arc::new(Metrics::new("relay"))).await
+}
+
+/// A host's config with the default relay (`format: protobuf`) as its sink.
+fn relay_config(db: &Db, target: &Target, cache: &std::path::Path) -> anyhow::Result<Config> {
     let yaml = format!(
         "node_id: bench\ndatabase:\n  url: \"{}\"\nadmin:\n  listen: \"\"\n\
          brokers:\n  bench: {}\n\
@@ -240,8 +246,30 @@ async fn wasm_relay(db: &Db, target: &Target, cache: &std::path::Path) -> anyhow
         cache.display(),
         target.destination(),
     );
-    let config = Config::from_yaml(&yaml, std::iter::empty(), &|_| None)?;
-    outbox_host::app::load_sink(&config, &config.sinks[0], Arc::new(Metrics::new("relay"))).await
+    Ok(Config::from_yaml(&yaml, std::iter::empty(), &|_| None)?)
+}
+
+/// The mapping alone, one event after another with nothing else running: microseconds per
+/// event through the WebAssembly relay (its instances kept, as in a drain) and natively.
+/// What the drains' difference is made of, without the database's and the broker's noise.
+async fn mapping_alone(db: &Db, target: &Target, cache: &std::path::Path, n: usize) -> anyhow::Result<(f64, f64)> {
+    let config = relay_config(db, target, cache)?;
+    let timeout = Duration::from_secs(10);
+    let metrics = Arc::new(Metrics::new("relay"));
+    let runtime = RelayRuntime::load_checked(&config.sinks[0].sandbox, 1, timeout, metrics).await?;
+    let events: Vec<Event> = crate::events("mapping", n, 1_000).iter().map(event_of).collect::<Result<_, _>>()?;
+    let per_event = |took: Duration| took.as_secs_f64() * 1e6 / n as f64;
+    let started = Instant::now();
+    for event in &events {
+        let records = runtime.route(event, timeout).await.map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        ensure!(records.len() == 1, "the relay made {} records of one event", records.len());
+    }
+    let wasm = per_event(started.elapsed());
+    let started = Instant::now();
+    for event in &events {
+        std::hint::black_box(native_record(event, target.destination()));
+    }
+    Ok((wasm, per_event(started.elapsed())))
 }
 
 /// The broker's floor: `n` records, as the relay makes them, published by this process with
@@ -272,7 +300,7 @@ async fn floor(target: &Target, n: usize, in_flight: usize) -> anyhow::Result<f6
 /// The relay benchmark on `db`'s backend into a broker of `kind`, in `rounds` rounds: in
 /// each, the floor, the drain through the WebAssembly relay and the one through the native
 /// relay, one after the other, each checked (every row delivered, one message per event in
-/// the broker); then insert-to-ack latency at each of `rates`. The figures are the rounds'
+/// the broker), and the two mappings alone; then insert-to-ack latency at each of `rates`. The figures are the rounds'
 /// medians, and each ratio the median of the rounds' own ratios: on a shared machine one
 /// measurement can be a fifth off, and a round's three stand side by side.
 pub async fn run(
@@ -303,6 +331,7 @@ pub async fn run(
         });
         let with_native = crate::drain(&db, n, 1, config, native.clone()).await?;
         ensure!(target.messages().await? == n as u64, "the native relay's broker does not hold {n} messages");
+        let (route_wasm_us, route_native_us) = mapping_alone(&db, &target, cache, n.min(20_000)).await?;
         drop(target);
         measured.push(json!({
             "floor_per_s": floor_rate,
@@ -310,6 +339,8 @@ pub async fn run(
             "drain_native_per_s": with_native.per_second(),
             "ratio_wasm_over_floor": with_wasm.per_second() / floor_rate,
             "mapping_cost": 1.0 - with_wasm.per_second() / with_native.per_second(),
+            "route_wasm_us": route_wasm_us,
+            "route_native_us": route_native_us,
             "cores_host": with_wasm.cores.host,
             "cores_server": with_wasm.cores.server,
         }));
@@ -329,6 +360,8 @@ pub async fn run(
         "drain_native_per_s",
         "ratio_wasm_over_floor",
         "mapping_cost",
+        "route_wasm_us",
+        "route_native_us",
         "cores_host",
         "cores_server",
     ] {

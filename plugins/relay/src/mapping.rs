@@ -57,7 +57,7 @@ impl Template {
     /// else becomes `_`, so that a room id cannot add a subject token (`.`), a wildcard
     /// (`*`, `>`, `#`, `+`) or a path (`/`) to the destination.
     pub fn render(&self, event: &Event) -> String {
-        let mut out = String::new();
+        let mut out = String::with_capacity(64);
         for part in &self.0 {
             match part {
                 Part::Text(text) => out.push_str(text),
@@ -128,13 +128,16 @@ impl Settings {
 
     /// The records of `event`: one, or none when its type is not among `types`. A body
     /// that does not decode as its type is `Err` (a permanent failure: retrying cannot help).
-    pub fn records(&self, event: &Event) -> Result<Vec<Record>, String> {
+    /// The event is taken whole so that its fields move into the record, uncopied.
+    pub fn records(&self, event: Event) -> Result<Vec<Record>, String> {
         if self.types.as_ref().is_some_and(|types| !types.contains(&event.event_type)) {
             return Ok(Vec::new());
         }
-        let (content_type, payload) = match self.format {
-            Format::Json => ("application/json", json_payload(event)?),
-            Format::Protobuf => ("application/x-protobuf", protobuf_payload(event)),
+        let destination = self.destination.render(&event);
+        let key = self.key.as_ref().map(|k| k.render(&event));
+        let (content_type, json) = match self.format {
+            Format::Json => ("application/json", Some(json_payload(&event)?)),
+            Format::Protobuf => ("application/x-protobuf", None),
         };
         let headers = vec![
             ("outbox-event-id".to_string(), event.event_id.clone()),
@@ -145,12 +148,8 @@ impl Settings {
             ("outbox-occurred-at-ms".to_string(), event.occurred_at_ms.to_string()),
             ("content-type".to_string(), content_type.to_string()),
         ];
-        Ok(vec![Record {
-            destination: self.destination.render(event),
-            key: self.key.as_ref().map(|k| k.render(event)),
-            headers,
-            payload,
-        }])
+        let payload = json.unwrap_or_else(|| protobuf_payload(event));
+        Ok(vec![Record { destination, key, headers, payload }])
     }
 }
 
@@ -178,15 +177,15 @@ fn json_payload(event: &Event) -> Result<Vec<u8>, String> {
 }
 
 /// The `EventEnvelope` protobuf.
-fn protobuf_payload(event: &Event) -> Vec<u8> {
+fn protobuf_payload(event: Event) -> Vec<u8> {
     outbox_proto::EventEnvelope {
-        app_code: event.app_code.clone(),
-        event_id: event.event_id.clone(),
-        room_id: event.room_id.clone(),
-        event_type: event.event_type.clone(),
+        app_code: event.app_code,
+        event_id: event.event_id,
+        room_id: event.room_id,
+        event_type: event.event_type,
         room_version: event.room_version,
         occurred_at_ms: event.occurred_at_ms,
-        body: event.body.clone(),
+        body: event.body,
     }
     .encode_to_vec()
 }
@@ -221,19 +220,19 @@ mod tests {
     #[test]
     fn destination_and_key_come_from_templates() {
         let s = settings(&[("destination", "rooms.{app_code}.{event_type}")]).unwrap();
-        let records = s.records(&gift("room-1")).unwrap();
+        let records = s.records(gift("room-1")).unwrap();
         assert_eq!(records.len(), 1);
         assert_eq!(records[0].destination, "rooms.app-1.RoomGiftSent");
         assert_eq!(records[0].key.as_deref(), Some("room-1"), "the key is the room by default");
         let keyless = settings(&[("destination", "room.{room_id}"), ("key", "")]).unwrap();
-        let records = keyless.records(&gift("room-1")).unwrap();
+        let records = keyless.records(gift("room-1")).unwrap();
         assert_eq!((records[0].destination.as_str(), records[0].key.as_deref()), ("room.room-1", None));
     }
 
     #[test]
     fn a_room_id_cannot_add_tokens_or_wildcards_to_the_destination() {
         let s = settings(&[("destination", "room.{room_id}")]).unwrap();
-        let records = s.records(&gift("a.b*>#+/ c")).unwrap();
+        let records = s.records(gift("a.b*>#+/ c")).unwrap();
         assert_eq!(records[0].destination, "room.a_b______c");
         assert_eq!(records[0].key.as_deref(), Some("a_b______c"));
     }
@@ -241,7 +240,7 @@ mod tests {
     #[test]
     fn headers_name_the_event() {
         let s = settings(&[("destination", "x")]).unwrap();
-        let headers = s.records(&gift("room-1")).unwrap().remove(0).headers;
+        let headers = s.records(gift("room-1")).unwrap().remove(0).headers;
         let get = |name: &str| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
         assert_eq!(get("outbox-event-id"), Some("evt-1"));
         assert_eq!(get("outbox-event-type"), Some("RoomGiftSent"));
@@ -254,7 +253,7 @@ mod tests {
     #[test]
     fn the_json_payload_holds_the_envelope_and_the_decoded_body() {
         let s = settings(&[("destination", "x")]).unwrap();
-        let payload = s.records(&gift("room-1")).unwrap().remove(0).payload;
+        let payload = s.records(gift("room-1")).unwrap().remove(0).payload;
         let value: serde_json::Value = serde_json::from_slice(&payload).unwrap();
         assert_eq!(value["event_id"], "evt-1");
         assert_eq!(value["room_version"], 7);
@@ -266,7 +265,7 @@ mod tests {
     fn the_protobuf_payload_is_the_envelope() {
         let s = settings(&[("destination", "x"), ("format", "protobuf")]).unwrap();
         let event = gift("room-1");
-        let record = s.records(&event).unwrap().remove(0);
+        let record = s.records(event.clone()).unwrap().remove(0);
         let envelope = outbox_proto::EventEnvelope::decode(record.payload.as_slice()).unwrap();
         assert_eq!((envelope.event_id.as_str(), envelope.room_version), ("evt-1", 7));
         assert_eq!(envelope.body, event.body);
@@ -276,16 +275,16 @@ mod tests {
     #[test]
     fn types_choose_the_events_and_the_rest_are_not_for_this_relay() {
         let s = settings(&[("destination", "x"), ("types", "RoomUserJoined, RoomUserLeft")]).unwrap();
-        assert!(s.records(&gift("room-1")).unwrap().is_empty());
+        assert!(s.records(gift("room-1")).unwrap().is_empty());
     }
 
     #[test]
     fn a_body_that_does_not_decode_fails_and_an_unknown_type_is_carried_as_bytes() {
         let s = settings(&[("destination", "x")]).unwrap();
         let bad = Event { body: vec![0xff, 0xff, 0xff], ..gift("room-1") };
-        assert!(s.records(&bad).unwrap_err().contains("does not decode"));
+        assert!(s.records(bad).unwrap_err().contains("does not decode"));
         let unknown = Event { event_type: "RoomPainted".into(), body: vec![1, 2], ..gift("room-1") };
-        let value: serde_json::Value = serde_json::from_slice(&s.records(&unknown).unwrap().remove(0).payload).unwrap();
+        let value: serde_json::Value = serde_json::from_slice(&s.records(unknown).unwrap().remove(0).payload).unwrap();
         assert_eq!((value["body"].is_null(), value["body_hex"].as_str()), (true, Some("0102")));
     }
 
