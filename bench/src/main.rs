@@ -828,9 +828,13 @@ async fn scale_out(r: &mut Report, backend: Backend, setup: Setup<'_>) -> anyhow
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+fn main() -> anyhow::Result<()> {
+    // As the host binary does, before the runtime's threads allocate: the drains run here.
+    outbox_host::allocator::tune();
+    tokio::runtime::Runtime::new()?.block_on(bench(Args::parse()))
+}
+
+async fn bench(args: Args) -> anyhow::Result<()> {
     let mut backends = vec![Backend::Sqlite];
     for (backend, var) in [(Backend::Postgres, "TEST_POSTGRES_URL"), (Backend::Mysql, "TEST_MYSQL_URL")] {
         if std::env::var(var).is_ok_and(|v| !v.is_empty()) {

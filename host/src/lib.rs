@@ -10,8 +10,10 @@
 //! - the store: [`store`] (the contract, one module per database, migrations);
 //! - operations: [`ops`] (admin listener, status page, metrics, operator actions);
 //! - the process: [`app`], [`config`], [`logging`];
-//! - leaves that everything may use: [`clock`], [`text`], [`units`].
+//! - leaves that everything may use: [`clock`], [`text`], [`units`]; and the process's
+//!   [`allocator`].
 
+pub mod allocator;
 pub mod app;
 pub mod clock;
 pub mod config;

@@ -201,6 +201,7 @@ const RETRY_WITHOUT_ASKING: i64 = 10;
 const REPLAY_WITHOUT_ASKING: u64 = 1_000;
 
 fn main() -> ExitCode {
+    outbox_host::allocator::tune();
     let cli = Cli::parse();
     // The sink author's tools need no config file and no database.
     let command = match cli.command {
