@@ -20,3 +20,23 @@ pub fn tune() {
     // the option exists in the mimalloc this crate builds (version 3, the default).
     unsafe { libmimalloc_sys::mi_option_set(PURGE_DELAY, 10) }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The option's number is copied from `mimalloc.h`: after an upgrade that renumbers the
+    /// options, `tune` would set another one. mimalloc 3's purge delay defaults to 1,000 ms,
+    /// and its neighbours to 1 and 0.
+    #[test]
+    #[allow(unsafe_code)] // reading mimalloc's options through its C API
+    fn tune_sets_the_purge_delay_and_nothing_else() {
+        // SAFETY: `mi_option_get` reads an integer option.
+        let get = |option| unsafe { libmimalloc_sys::mi_option_get(option) };
+        assert_eq!(get(PURGE_DELAY), 1_000, "option {PURGE_DELAY} is not mimalloc's purge delay");
+        let neighbours = (get(PURGE_DELAY - 1), get(PURGE_DELAY + 1));
+        tune();
+        assert_eq!(get(PURGE_DELAY), 10);
+        assert_eq!((get(PURGE_DELAY - 1), get(PURGE_DELAY + 1)), neighbours);
+    }
+}
