@@ -724,7 +724,7 @@ async fn relays(r: &mut Report, backend: Backend, setup: Setup<'_>, cache: &Path
         table.push([
             name.into(),
             "relay mapping alone, one event after another".into(),
-            format!("{}", n.min(20_000)),
+            format!("{}", n.min(relay::MAPPING_EVENTS)),
             "-".into(),
             format!(
                 "WebAssembly {:.1} µs{}, native {:.1} µs{} per event",

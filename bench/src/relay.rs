@@ -22,6 +22,9 @@ use crate::db::Db;
 
 const STREAM: &str = "BENCH";
 
+/// The most events the mapping-alone figure routes (enough for a steady µs per event).
+pub const MAPPING_EVENTS: usize = 20_000;
+
 /// The record the default relay makes of `event` with `format: protobuf` and `destination`
 /// (a template naming `{room_id}` only): the same destination, key, headers and payload.
 fn native_record(event: &Event, destination: &str) -> Record {
@@ -331,7 +334,7 @@ pub async fn run(
         });
         let with_native = crate::drain(&db, n, 1, config, native.clone()).await?;
         ensure!(target.messages().await? == n as u64, "the native relay's broker does not hold {n} messages");
-        let (route_wasm_us, route_native_us) = mapping_alone(&db, &target, cache, n.min(20_000)).await?;
+        let (route_wasm_us, route_native_us) = mapping_alone(&db, &target, cache, n.min(MAPPING_EVENTS)).await?;
         drop(target);
         measured.push(json!({
             "floor_per_s": floor_rate,

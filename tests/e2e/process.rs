@@ -221,12 +221,10 @@ async fn sink_config_problems_refuse_to_start() {
 /// cannot be written, and after `shutdown_grace` the host names the event, leaves the row to
 /// its lease and exits non-zero, instead of waiting for the database forever.
 async fn sigterm_during_a_database_outage_is_bounded(db: crate::support::TestDb) {
-    let url = reqwest::Url::parse(&db.url).unwrap();
-    let server = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap());
-    let proxy = outbox_test_support::proxy::TcpProxy::start(&server).await;
+    let proxy = outbox_test_support::proxy::TcpProxy::in_front_of(&db.url, false).await;
     let world = World::on(db).await;
     let id = world.produce("RoomGiftSent", "room-slow", Status::Pending).await;
-    let proxied = world.db_url().replace(&server, &proxy.addr().to_string());
+    let proxied = proxy.url_through(&world.db_url());
     let config = world
         .setup("publish_timeout: 5s\nshutdown_grace: 1s", "room.room-slow: sleep:1500")
         .set(&["database", "url"], &proxied);
@@ -261,12 +259,10 @@ async fn sigterm_during_a_mysql_outage_is_bounded() {
 /// saying so at each miss, and delivers once it answers; a SIGTERM while it waits exits 0 at
 /// once with nothing touched.
 async fn a_host_started_during_a_database_outage_waits_for_it(db: crate::support::TestDb) {
-    let url = reqwest::Url::parse(&db.url).unwrap();
-    let server = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap());
-    let proxy = outbox_test_support::proxy::TcpProxy::start_cut(&server).await;
+    let proxy = outbox_test_support::proxy::TcpProxy::in_front_of(&db.url, true).await;
     let world = World::on(db).await;
     let id = world.produce("RoomGiftSent", "room-late", Status::Pending).await;
-    let proxied = world.db_url().replace(&server, &proxy.addr().to_string());
+    let proxied = proxy.url_through(&world.db_url());
     let yaml = world.setup("", "").set(&["database", "url"], &proxied).yaml();
 
     // Stopped while it waits.

@@ -20,14 +20,20 @@ pub struct TcpProxy {
 }
 
 impl TcpProxy {
-    /// Starts forwarding to `target` (`host:port`).
-    pub async fn start(target: &str) -> TcpProxy {
-        TcpProxy::listen(target, false).await
+    /// Starts forwarding to the server of database URL `url` (cut at first when `cut`).
+    pub async fn in_front_of(url: &str, cut: bool) -> TcpProxy {
+        let url = reqwest::Url::parse(url).expect("a database URL");
+        let host = url.host_str().expect("a database URL with a host");
+        let target = format!("{host}:{}", url.port_or_known_default().expect("a database URL with a port"));
+        TcpProxy::listen(&target, cut).await
     }
 
-    /// Starts cut: the server is out of reach until [`TcpProxy::restore`].
-    pub async fn start_cut(target: &str) -> TcpProxy {
-        TcpProxy::listen(target, true).await
+    /// `url` (a URL of the same server) reaching it through this proxy.
+    pub fn url_through(&self, url: &str) -> String {
+        let mut url = reqwest::Url::parse(url).expect("a database URL");
+        url.set_host(Some("127.0.0.1")).expect("a URL that has a host");
+        url.set_port(Some(self.addr.port())).expect("a URL that has a port");
+        url.to_string()
     }
 
     async fn listen(target: &str, cut: bool) -> TcpProxy {

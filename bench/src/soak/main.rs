@@ -182,10 +182,7 @@ impl Soak {
             None => std::env::current_exe()?.with_file_name("outbox-host"),
         };
         anyhow::ensure!(bin.exists(), "{} is missing: build outbox-host first", bin.display());
-        let target = reqwest::Url::parse(&db.url)?;
-        let server =
-            format!("{}:{}", target.host_str().unwrap_or("127.0.0.1"), target.port_or_known_default().unwrap_or(0));
-        let proxy = TcpProxy::start(&server).await;
+        let proxy = TcpProxy::in_front_of(&db.url, false).await;
         let dir = tempfile::tempdir()?;
         std::fs::copy(outbox_test_support::FAKE_SINK, dir.path().join("a.wasm"))?;
         Ok(Soak {
@@ -205,9 +202,7 @@ impl Soak {
 
     /// The hosts' config with the first `sinks` sinks, its database reached through the proxy.
     fn config(&self, sinks: usize) -> anyhow::Result<PathBuf> {
-        let mut url = reqwest::Url::parse(&self.db.url)?;
-        url.set_host(Some("127.0.0.1"))?;
-        url.set_port(Some(self.proxy.addr().port())).map_err(|()| anyhow::anyhow!("no port in the database URL"))?;
+        let url = self.proxy.url_through(&self.db.url);
         let cache = self.dir.path().join("cache");
         let mut yaml = format!(
             "database:\n  url: \"{url}\"\n  max_connections: 6\nadmin:\n  listen: \"\"\nlog:\n  level: warn\noutbox_worker:\n{WORKER}sinks:\n"
