@@ -325,3 +325,40 @@ async fn postgres_an_owner_of_some_partitions_reads_only_their_rows() {
         "{part_read} partition index entries read for {owned_rows} of 2,000 waiting rows"
     );
 }
+
+/// A backlog in a table PostgreSQL has no statistics for (a new table, not analyzed yet):
+/// the planner, guessing that a handful of rows wait, would rather scan a bitmap of every
+/// waiting row and sort them than take the first entries of the claim index. An owner's
+/// read of a page reads about a page of the index, by the server's own counters.
+#[tokio::test]
+async fn postgres_a_page_of_a_backlog_reads_a_page_of_the_index_before_any_statistics() {
+    use crate::support::entries_read;
+    let Some(db) = crate::support::TestDb::postgres().await else { return };
+    let world = World::on(db).await;
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&world.db_url()).await.unwrap();
+    // Autovacuum must not analyze the table while the test runs.
+    sqlx::query("ALTER TABLE room_outbox SET (autovacuum_enabled = false)").execute(&mut conn).await.unwrap();
+    let events: Vec<_> =
+        (0..20_000).map(|i| world.event("RoomGiftSent", &format!("room-{}", i % 1_000), Status::Pending)).collect();
+    for chunk in events.chunks(1_000) {
+        world.producer.insert(chunk).await.unwrap();
+    }
+    let unanalyzed: bool =
+        sqlx::query_scalar("SELECT reltuples < 0 FROM pg_class WHERE oid = to_regclass('room_outbox')")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert!(unanalyzed, "the table has no statistics yet");
+
+    let before = entries_read(&mut conn, "room_outbox_claim_idx", None).await;
+    let reader = outbox_host::store::open(&world.db_url(), 1, "room_outbox").await.unwrap();
+    let owned: Vec<Fence> = (0..8).map(|partition| Fence { partition, epoch: 1 }).collect();
+    let read = OwnedRead { owner: "host-a", total: 8, owned: &owned, after: None, limit: 100 };
+    let page = reader.read_owned(&read).await.unwrap();
+    reader.close().await;
+    let ids: Vec<&str> = page.waiting.iter().map(|w| w.row.event_id.as_str()).collect();
+    let oldest: Vec<&str> = events[..100].iter().map(|e| e.event_id.as_str()).collect();
+    assert_eq!(ids, oldest, "the page is the 100 oldest rows");
+    let entries = entries_read(&mut conn, "room_outbox_claim_idx", Some(before)).await - before;
+    assert!(entries < 1_000, "{entries} claim index entries read for a page of 100 of 20,000 waiting rows");
+}

@@ -521,7 +521,7 @@ for_every_dialect!(impl {
         if statuses.len() > 1 {
             q = q.bind(i64::from(read.limit));
         }
-        let rows = q.fetch_all(&self.pool).await?;
+        let rows = self.in_index_order(q).await?;
         let at_end = rows.len() < read.limit as usize;
         self.decode_page(read, expr.is_some(), &rows, at_end)
     }
@@ -554,7 +554,7 @@ for_every_dialect!(impl {
         let (after_at, after_key) = read.after.clone().unwrap_or((i64::MIN, KeyValue::first(self.profile.key)));
         let parts = parts.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
         let q = bind_key::<D>(sqlx::query(&sql).bind(after_at).bind(after_at), &after_key).bind(parts).bind(per as i64);
-        let rows = q.fetch_all(&self.pool).await?;
+        let rows = self.in_index_order(q).await?;
         // Each partition's count and the position of its last row.
         let mut seen: std::collections::HashMap<i64, (usize, usize)> = std::collections::HashMap::new();
         for (i, r) in rows.iter().enumerate() {
@@ -565,6 +565,27 @@ for_every_dialect!(impl {
         let keep = cut.unwrap_or(rows.len()).min(limit);
         let at_end = cut.is_none() && rows.len() <= limit;
         self.decode_page(read, true, &rows[..keep], at_end)
+    }
+
+    /// Runs an owner's read. On PostgreSQL the planner is told to walk the index in order:
+    /// on a table without statistics (new, or never analyzed) it guesses that a handful of
+    /// rows wait, and then prefers a bitmap scan and a sort of every waiting row to the
+    /// first rows of the index (80 ms against 0.3 ms per read of 200 on a backlog of 50,000,
+    /// until autovacuum first analyzes the table).
+    async fn in_index_order<'q>(
+        &self,
+        q: sqlx::query::Query<'q, D::Db, <D::Db as Database>::Arguments<'q>>,
+    ) -> Result<Vec<<D::Db as Database>::Row>, StoreError> {
+        if D::BACKEND != Backend::Postgres {
+            return Ok(q.fetch_all(&self.pool).await?);
+        }
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN READ ONLY; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_sort = off")
+            .await?;
+        let rows = q.fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(rows)
     }
 
     /// A page of `rows` (in read order) for `read`; `by_database`: the rows carry their
