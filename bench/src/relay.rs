@@ -186,7 +186,7 @@ impl Target {
                 broker.create_stream = true;
                 broker.subjects = vec!["rooms.>".into()];
             }
-            Target::Redis(_) => {}
+            Target::Redis(_) => broker.allowed_destinations = vec!["rooms:*".into()],
             Target::Rabbitmq { exchange, .. } => broker.exchange = exchange.clone(),
         }
         broker
@@ -196,7 +196,7 @@ impl Target {
     fn yaml(&self) -> String {
         let extra = match self {
             Target::Nats(_) => format!(", stream: {STREAM}, create_stream: true, subjects: [\"rooms.>\"]"),
-            Target::Redis(_) => String::new(),
+            Target::Redis(_) => ", allowed_destinations: [\"rooms:*\"]".to_string(),
             Target::Rabbitmq { exchange, .. } => format!(", exchange: {exchange}"),
         };
         format!("{{ kind: {}, url: \"{}\"{extra} }}", self.kind().name(), self.url())

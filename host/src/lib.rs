@@ -21,6 +21,7 @@ pub mod engine;
 pub mod envelope;
 pub mod logging;
 pub mod ops;
+pub mod redact;
 pub mod relay;
 pub mod sandbox;
 pub mod sinkdev;

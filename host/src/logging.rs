@@ -50,14 +50,17 @@ pub fn dropped_lines() -> u64 {
     FAILED_WRITES.load(Ordering::Relaxed) + QUEUE_DROPS.get().map_or(0, |c| c.dropped_lines() as u64)
 }
 
-/// Standard error that swallows its own failures: a log line that cannot be written is
+/// Standard error that scrubs the config's credentials from every line (`redact::scrub`)
+/// and swallows its own failures: a log line that cannot be written is
 /// counted and forgotten, never an error (which the subscriber would report by writing to
 /// the same broken stderr, and panic).
 struct ForgivingStderr;
 
 impl Write for ForgivingStderr {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if std::io::stderr().write_all(buf).is_err() {
+        // One formatted line per write: the config's credentials never reach it.
+        let line = crate::redact::scrub(&String::from_utf8_lossy(buf)).into_owned();
+        if std::io::stderr().write_all(line.as_bytes()).is_err() {
             FAILED_WRITES.fetch_add(1, Ordering::Relaxed);
         }
         Ok(buf.len())
@@ -85,15 +88,17 @@ pub fn init(config: &LogConfig) -> Option<WorkerGuard> {
     result.ok().map(|()| guard)
 }
 
-/// Writes `text` to stdout for the operator, ignoring a closed stdout (`outbox-host status |
+/// Writes `text` to stdout for the operator, the config's credentials scrubbed, ignoring a closed stdout (`outbox-host status |
 /// head`) instead of panicking.
 pub fn say(text: &str) {
+    let text = crate::redact::scrub(text);
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
 }
 
-/// Writes `text` to stderr, ignoring a closed stderr.
+/// Writes `text` to stderr, the config's credentials scrubbed, ignoring a closed stderr.
 pub fn complain(text: &str) {
+    let text = crate::redact::scrub(text);
     let _ = std::io::stderr().write_all(text.as_bytes());
 }
 

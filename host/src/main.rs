@@ -443,7 +443,7 @@ async fn check_config(config: &Config) -> anyhow::Result<()> {
                 Some(broker) => format!(" and relays to broker {broker}, which answers"),
                 None => String::new(),
             },
-            outbox_host::text::redact_url(&config.database.url),
+            outbox_host::redact::url(&config.database.url),
             config.table,
             w.batch_size,
             match Backend::from_url(&config.database.url).map(|b| w.claim_growth_on(b)) {

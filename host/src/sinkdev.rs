@@ -134,10 +134,6 @@ impl TryReport {
     }
 }
 
-/// Shorter values of secret keys are not searched for in the transcript (hiding every `a`
-/// would hide nothing and garble the rest).
-const MIN_SECRET_CHARS: usize = 4;
-
 /// The most of a relay's header value the report shows.
 const SHOWN_HEADER_BYTES: usize = 1 << 10;
 
@@ -181,7 +177,7 @@ pub async fn try_sink(options: TryOptions) -> anyhow::Result<TryReport> {
     let mut secrets: Vec<String> = options
         .settings
         .iter()
-        .filter(|(key, value)| crate::sandbox::trial::is_secret(key) && value.len() >= MIN_SECRET_CHARS)
+        .filter(|(key, value)| crate::redact::is_secret_name(key) && value.len() >= crate::redact::MIN_SECRET_CHARS)
         .map(|(_, value)| value.clone())
         .collect();
     secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));

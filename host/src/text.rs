@@ -48,10 +48,12 @@ pub fn printable_within(text: &str, max_bytes: usize) -> (String, bool) {
     (out, false)
 }
 
-/// An error message as it is stored in `last_error` (at most 512): one line, whitespace
-/// runs collapsed, unsafe characters escaped, clipped on a character boundary.
+/// An error message as it is stored in `last_error` (at most 512): the config's
+/// credentials scrubbed (`redact::scrub`), one line, whitespace runs collapsed, unsafe
+/// characters escaped, clipped on a character boundary.
 pub fn short_error(message: &str) -> String {
     const MAX: usize = 500;
+    let message = crate::redact::scrub(message);
     let one_line: String = message.split_whitespace().collect::<Vec<_>>().join(" ");
     printable(&one_line, MAX)
 }
@@ -66,51 +68,6 @@ pub fn clip_chars(text: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
             std::borrow::Cow::Owned(format!("{}…", &text[..keep]))
         }
     }
-}
-
-/// A database URL with its password replaced by `***`, safe for logs and errors: the one in
-/// its user info, and any query parameter that carries a credential (`?password=…`).
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
-    let (address, query) = match rest.split_once('?') {
-        Some((address, query)) => (address, Some(query)),
-        None => (rest, None),
-    };
-    let mut out = match address.rsplit_once('@') {
-        Some((user_info, host)) => {
-            let user = user_info.split(':').next().unwrap_or("");
-            let password = if user_info.contains(':') { ":***" } else { "" };
-            format!("{scheme}://{user}{password}@{host}")
-        }
-        None => format!("{scheme}://{address}"),
-    };
-    if let Some(query) = query {
-        out.push('?');
-        out.push_str(&redact_query_values(query, names_a_credential));
-    }
-    out
-}
-
-/// A URL's query (`a=1&token=x`) with the values of the parameters `secret` names shown as
-/// `***`.
-pub fn redact_query_values(query: &str, secret: impl Fn(&str) -> bool) -> String {
-    let pairs: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((name, _)) if secret(name) => format!("{name}=***"),
-            _ => pair.to_string(),
-        })
-        .collect();
-    pairs.join("&")
-}
-
-/// Whether a URL query parameter's name says it carries a credential.
-fn names_a_credential(key: &str) -> bool {
-    let key = key.to_ascii_lowercase();
-    matches!(key.as_str(), "pass" | "pwd" | "key")
-        || ["password", "passwd", "secret", "token", "sslkey", "ssl-key", "ssl_key", "api_key", "api-key", "apikey"]
-            .iter()
-            .any(|word| key.contains(word))
 }
 
 /// JSON text (as `serde_json` writes it) with the unsafe characters it leaves raw (DEL, C1
@@ -134,19 +91,6 @@ pub fn json_for_terminal(json: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn redact_url_hides_the_password_in_the_user_info_and_in_the_query() {
-        assert_eq!(redact_url("postgres://app:s3cret@db:5432/outbox"), "postgres://app:***@db:5432/outbox");
-        assert_eq!(redact_url("mysql://root@127.0.0.1/test"), "mysql://root@127.0.0.1/test");
-        assert_eq!(
-            redact_url("postgres://db/outbox?user=app&password=s3cret&sslmode=require"),
-            "postgres://db/outbox?user=app&password=***&sslmode=require"
-        );
-        assert_eq!(redact_url("mysql://db/x?ssl-key=/k.pem&PWD=a@b"), "mysql://db/x?ssl-key=***&PWD=***");
-        assert_eq!(redact_url("postgres://u:p@ss@db/x"), "postgres://u:***@db/x");
-        assert_eq!(redact_url("sqlite://outbox.db"), "sqlite://outbox.db");
-    }
 
     #[test]
     fn clip_chars_counts_characters_and_marks_the_cut() {

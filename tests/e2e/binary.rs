@@ -27,7 +27,12 @@ pub fn spawn_with(world: &World, yaml: &str, env: &[(&str, &str)]) -> HostProces
 
 /// `outbox-host --config <yaml> <flags> run` with extra environment variables.
 pub fn spawn(world: &World, yaml: &str, flags: &[&str], env: &[(&str, &str)]) -> HostProcess {
-    let config = write_config(world, yaml);
+    spawn_on(&write_config(world, yaml), flags, env)
+}
+
+/// [`spawn`] on a config file already written: several hosts started at once on one file
+/// (writing it again for each could let one read it half written).
+pub fn spawn_on(config: &std::path::Path, flags: &[&str], env: &[(&str, &str)]) -> HostProcess {
     Command::new(BIN)
         .args(["--config", config.to_str().unwrap()])
         .args(flags)

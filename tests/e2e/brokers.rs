@@ -13,11 +13,17 @@ use outbox_test_support::brokers::{Broker, BrokerServer};
 use crate::support::{PATIENCE, Running, SinkSpec, TestConfig, World, metric};
 
 /// The machine's RabbitMQ (Debian's package, started before the session).
-const RABBITMQ: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+pub(crate) const RABBITMQ: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
 /// A host's config relaying through the default relay to broker `events` of `kind` at
 /// `url` with the broker's extra `keys`, each event to `destination` (a relay template).
-fn relay_config(world: &World, kind: &str, url: &str, destination: &str, keys: &[(&str, &str)]) -> TestConfig {
+pub(crate) fn relay_config(
+    world: &World,
+    kind: &str,
+    url: &str,
+    destination: &str,
+    keys: &[(&str, &str)],
+) -> TestConfig {
     let relay = SinkSpec {
         name: "relay",
         plugin: RELAY,
@@ -29,6 +35,16 @@ fn relay_config(world: &World, kind: &str, url: &str, destination: &str, keys: &
         .set(&["sink", "broker"], "events")
         .set(&["brokers", "events", "kind"], kind)
         .set(&["brokers", "events", "url"], url);
+    // Redis and MQTT have no default: the destinations the template's literal start leads to.
+    let literal = destination.split('{').next().unwrap_or_default();
+    let allowed = match kind {
+        "redis" => Some(format!("[\"{literal}*\"]")),
+        "mqtt" => Some(format!("[\"{literal}#\"]")),
+        _ => None,
+    };
+    if let Some(allowed) = allowed {
+        config = config.set(&["brokers", "events", "allowed_destinations"], &allowed);
+    }
     for (key, value) in keys {
         config = config.set(&["brokers", "events", key], value);
     }

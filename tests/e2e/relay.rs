@@ -20,10 +20,10 @@ per_backend!(
     a_broker_that_goes_away_defers_the_events_and_burns_no_attempts
 );
 
-const STREAM: &str = "ROOMS";
+pub(crate) const STREAM: &str = "ROOMS";
 
 /// A host's config relaying to `nats` through the default relay, one subject per room.
-fn relay_config(world: &World, nats: &NatsServer, create_stream: bool) -> TestConfig {
+pub(crate) fn relay_config(world: &World, nats: &NatsServer, create_stream: bool) -> TestConfig {
     let relay = SinkSpec {
         name: "nats",
         plugin: RELAY,
@@ -262,7 +262,10 @@ async fn a_relay_reloaded_mid_drain_keeps_its_broker_and_loses_nothing() {
 async fn a_subject_no_stream_takes_fails_the_attempt_naming_it() {
     let world = World::new().await;
     let nats = NatsServer::start().await;
-    let config = relay_config(&world, &nats, true).set(&["sink", "config", "destination"], "elsewhere.{room_id}");
+    // Allowed everywhere (but the control plane), so that the server, not the host, refuses.
+    let config = relay_config(&world, &nats, true)
+        .set(&["brokers", "events", "allowed_destinations"], "[\">\"]")
+        .set(&["sink", "config", "destination"], "elsewhere.{room_id}");
     let mut host = Running::start(config.with_admin().parse()).await;
     let base = format!("http://{}", host.admin.unwrap());
     let id = world.produce("RoomGiftSent", "room-1", Status::Pending).await;
@@ -304,20 +307,59 @@ async fn a_missing_stream_refuses_start_and_check_config_naming_it() {
     assert!(stdout.contains("relays to broker events, which answers;"), "{stdout}");
 }
 
-/// A broker that cannot be reached when `run` starts refuses the start, naming it, exit 1
-/// (its stream cannot be checked); unlike a database out of reach, it is not waited for.
+/// A broker that cannot be reached when the host starts is waited for, as the database is:
+/// the host starts, readiness says 503 naming the broker, events wait without an attempt
+/// counted; once the broker is up, the relay connects (creating its stream) and delivers
+/// them, each once, and the host is ready. A SIGTERM'd `run` waiting so exits 0.
 #[tokio::test]
-async fn a_broker_out_of_reach_at_start_refuses_run_naming_it() {
-    use crate::binary::{spawn_host, wait_exit_within};
+async fn a_broker_out_of_reach_at_start_is_waited_for_naming_it() {
     let world = World::new().await;
-    let nats = NatsServer::start().await;
+    let mut nats = NatsServer::start().await;
+    nats.stop();
+    let mut host = Running::start(relay_config(&world, &nats, true).with_admin().parse()).await;
+    let base = format!("http://{}", host.admin.unwrap());
+    let events: Vec<_> =
+        (0..200).map(|i| world.event("RoomGiftSent", &format!("room-{}", i % 10), Status::Pending)).collect();
+    world.producer.insert(&events).await.unwrap();
+    let ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
+    host.wait_for("readiness to name the broker not reached", || async {
+        let (status, body) = get(&format!("{base}/readyz")).await;
+        status == 503 && body.starts_with("broker events (nats) cannot be reached: ")
+    })
+    .await;
+    assert_eq!(metric(&base, "room_outbox_broker_up{broker=\"events\"}").await, 0.0);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for id in &ids {
+        let row = world.row(id).await;
+        assert!(row.status != Status::Delivered && row.retry_count == 0, "{id} with no broker: {row:?}");
+    }
+
+    nats.restart().await;
+    host.wait_status(&world, &ids, Status::Delivered).await;
+    host.wait_for("readiness once the broker answers", || async {
+        get(&format!("{base}/readyz")).await == (200, "ready\n".to_string())
+    })
+    .await;
+    host.stop().await;
+    for id in &ids {
+        assert_eq!(world.row(id).await.retry_count, 0, "{id}: waiting for the broker burned an attempt");
+    }
+    let messages = stream_messages(&nats).await;
+    assert_eq!(messages.len(), events.len(), "each event once in the stream");
+    assert_room_order(&events, &messages);
+
+    // The real binary: it starts, logs the wait, and a SIGTERM while it waits exits 0.
+    use crate::binary::{signal, spawn_host, wait_exit};
     let away = format!("nats://127.0.0.1:{}", crate::binary::free_port());
     let yaml = relay_config(&world, &nats, true).set(&["brokers", "events", "url"], &away).yaml();
-    let output = wait_exit_within(spawn_host(&world, &yaml), std::time::Duration::from_secs(30)).await;
+    let child = spawn_host(&world, &yaml);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    signal(&child, "TERM");
+    let output = wait_exit(child).await;
     let log = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "log:\n{log}");
+    assert_eq!(output.status.code(), Some(0), "log:\n{log}");
+    assert!(log.contains("the broker cannot be reached at start-up; its relays wait for it"), "log:\n{log}");
     assert!(log.contains(&format!("broker events: cannot connect to {away}")), "log:\n{log}");
-    assert!(!log.contains("waiting for it"), "log:\n{log}");
 }
 
 /// 50,000 events over 500 rooms through the real binary, SIGKILLed mid-drain and started

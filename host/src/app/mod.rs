@@ -16,9 +16,9 @@ use crate::config::{Config, SinkConfig};
 use crate::engine::Worker;
 use crate::ops::admin::{self, AdminState};
 use crate::ops::metrics::Metrics;
+use crate::redact::url as redact_url;
 use crate::sandbox::Deliver;
 use crate::store::{self, RegisteredSink, Store};
-use crate::text::redact_url;
 use reload::{Relay, Reloader};
 
 /// A started host: database open and migrated, sinks registered and loaded.
@@ -97,15 +97,17 @@ pub async fn register_sinks(
 /// The sink a worker delivers through: the WebAssembly sink, or, for a sink with a
 /// `broker:`, a relay publishing to that broker (connected, its stream checked).
 pub async fn load_sink(config: &Config, sink: &SinkConfig, metrics: Arc<Metrics>) -> anyhow::Result<Arc<dyn Deliver>> {
-    let relay = connect_broker(config, sink).await?;
+    let relay = connect_broker(config, sink, false).await?;
     reload::build(sink, relay.as_ref(), metrics).await
 }
 
-/// For a sink with a `broker:`, that broker connected (its stream or exchange checked).
-async fn connect_broker(config: &Config, sink: &SinkConfig) -> anyhow::Result<Option<Relay>> {
+/// For a sink with a `broker:`, that broker connected (its stream or exchange checked);
+/// with `wait`, one that cannot be reached now is waited for (`relay::connect_waiting`).
+async fn connect_broker(config: &Config, sink: &SinkConfig, wait: bool) -> anyhow::Result<Option<Relay>> {
     let Some(name) = &sink.broker else { return Ok(None) };
     let broker = config.brokers.iter().find(|b| b.name == *name).context("no such broker")?;
-    let publisher = crate::relay::connect(broker).await?;
+    let publisher =
+        if wait { crate::relay::connect_waiting(broker).await? } else { crate::relay::connect(broker).await? };
     Ok(Some(Relay { publisher, room_pipeline: broker.room_pipeline }))
 }
 
@@ -162,7 +164,7 @@ impl Host {
             let mut relay = None;
             let worker = if config.worker.enabled {
                 let context = || format!("sink {}", sink_config.name());
-                relay = connect_broker(&config, sink_config).await.with_context(context)?;
+                relay = connect_broker(&config, sink_config, true).await.with_context(context)?;
                 let sink =
                     reload::build(sink_config, relay.as_ref(), sink_metrics.clone()).await.with_context(context)?;
                 Some(Worker::new(

@@ -42,6 +42,11 @@ pub struct Relay {
     pub room_pipeline: u32,
 }
 
+/// The config key of the default relay's destination template (and of any relay that
+/// follows it): its literal start, up to the first `{field}`, is checked against the
+/// broker's `allowed_destinations` when the relay loads.
+const DESTINATION_KEY: &str = "destination";
+
 /// The sink `config` describes, its plugin loaded and checked: a WebAssembly sink, or a
 /// relay publishing through `relay`.
 pub async fn build(
@@ -55,6 +60,14 @@ pub async fn build(
         None => Arc::new(SinkRuntime::load_checked(sandbox, concurrency, timeout, metrics).await?),
         Some(relay) => {
             let runtime = RelayRuntime::load_checked(sandbox, concurrency, timeout, metrics.clone()).await?;
+            // A broker not reached since start has no defaults to check against yet: its
+            // relay's records are checked one by one once it answers.
+            if let Some(template) = sandbox.config.0.get(DESTINATION_KEY).filter(|_| relay.publisher.connected()) {
+                let literal = template.split('{').next().unwrap_or_default();
+                relay.publisher.destinations().admits_some_with_prefix(literal).map_err(|why| {
+                    anyhow::anyhow!("sink.config.{DESTINATION_KEY}: {template:?} cannot fit the broker: {why}")
+                })?;
+            }
             Arc::new(RelaySink::new(runtime, relay.publisher.clone(), &metrics, relay.room_pipeline))
         }
     })

@@ -19,9 +19,9 @@ pub use crate::engine::breaker::BreakerSettings;
 pub use crate::engine::settings::*;
 pub use crate::logging::{LogConfig, LogFormat};
 pub use crate::ops::admin::settings::*;
+use crate::redact::url as redact_url;
 pub use crate::sandbox::settings::*;
 pub use crate::store::DEFAULT_TABLE;
-use crate::text::redact_url;
 use crate::units::{self, format_duration};
 
 /// Environment variables starting with this override config keys:
@@ -155,6 +155,25 @@ impl Config {
         Ok(&self.sinks)
     }
 
+    /// Every credential the config holds: the database's and each broker's (in its URL, or
+    /// its `token` and `password`), each sink's config values under names that carry one
+    /// (`secret_key`, `token`, …) and its proxy's, and the admin token.
+    pub fn credentials(&self) -> Vec<String> {
+        use crate::redact::{credentials_in_url, is_secret_name};
+        let mut found = credentials_in_url(&self.database.url);
+        for broker in &self.brokers {
+            found.extend(credentials_in_url(&broker.url));
+            found.extend(broker.token.iter().chain(&broker.password).cloned());
+        }
+        for sink in &self.sinks {
+            let settings = &sink.sandbox.config.0;
+            found.extend(settings.iter().filter(|(key, _)| is_secret_name(key)).map(|(_, value)| value.clone()));
+            found.extend(sink.sandbox.proxy.iter().flat_map(|proxy| credentials_in_url(proxy)));
+        }
+        found.extend(self.admin.token.iter().cloned());
+        found
+    }
+
     /// The sink named `name`.
     pub fn sink(&self, name: &str) -> Option<&SinkConfig> {
         self.sinks.iter().find(|s| s.name() == name)
@@ -199,6 +218,9 @@ impl Config {
         let mut fields = Fields::root(root, &mut problems);
         let config = read_config(&mut fields, &mut notes);
         fields.finish();
+        // Before anything is printed, the problems included: whatever this config holds
+        // that is a credential is scrubbed from every output of the process from now on.
+        crate::redact::remember(config.credentials());
         if problems.is_empty() {
             Ok(Config { notes, ..config })
         } else {
@@ -825,7 +847,42 @@ fn read_broker(name: &str, f: &mut Fields<'_>) -> crate::relay::settings::Broker
     if broker.user.is_some() != broker.password.is_some() {
         f.problem("user", "and password go together");
     }
+    broker.allowed_destinations = read_allowed_destinations(f, &broker);
     broker
+}
+
+/// `allowed_destinations`: patterns in the broker's own syntax, none on its control plane.
+/// Required where the kind has no default: Redis and MQTT, and RabbitMQ's default exchange
+/// (where a routing key names any queue of the vhost).
+fn read_allowed_destinations(f: &mut Fields<'_>, broker: &crate::relay::settings::BrokerConfig) -> Vec<String> {
+    use crate::relay::settings::BrokerKind;
+    const KEY: &str = "allowed_destinations";
+    let patterns = f.take::<Vec<String>>(KEY);
+    for pattern in patterns.iter().flatten() {
+        if let Some(why) = crate::relay::confine::pattern_problem(broker.kind, pattern) {
+            f.problem(KEY, why);
+        }
+    }
+    let example = match broker.kind {
+        BrokerKind::Redis => Some("the streams relays may add to, e.g. [\"rooms:*\"] (Redis glob)"),
+        BrokerKind::Mqtt => Some("the topics relays may publish to, e.g. [\"rooms/#\"]"),
+        BrokerKind::Rabbitmq if broker.exchange.is_empty() => Some(
+            "the queues relays may publish to through the default exchange, e.g. [\"room-events\"] (or set exchange)",
+        ),
+        _ => None,
+    };
+    match (patterns, example) {
+        (Some(patterns), _) if patterns.is_empty() => {
+            f.problem(KEY, "is empty: no relay could publish anywhere (leave it out for the kind's default)");
+            Vec::new()
+        }
+        (Some(patterns), _) => patterns,
+        (None, Some(example)) => {
+            f.problem(KEY, format!("is required for a {} broker: {example}", broker.kind.name()));
+            Vec::new()
+        }
+        (None, None) => Vec::new(),
+    }
 }
 
 /// `sink.breaker`: `failures` (0: only the sink's push-back opens it), `cool_down`,

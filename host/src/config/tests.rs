@@ -231,7 +231,7 @@ fn admin_can_be_turned_off() {
 #[test]
 fn passwords_are_redacted() {
     assert_eq!(redact_url("postgres://app:hunter2@db:5432/x"), "postgres://app:***@db:5432/x");
-    assert_eq!(redact_url("mysql://root@127.0.0.1/test"), "mysql://root@127.0.0.1/test");
+    assert_eq!(redact_url("mysql://root@127.0.0.1/test"), "mysql://***@127.0.0.1/test", "a user alone may be a token");
     assert_eq!(redact_url("sqlite://outbox.db"), "sqlite://outbox.db");
 }
 
@@ -521,13 +521,40 @@ fn a_brokers_keys_are_those_of_its_kind() {
         assert!(problems.iter().any(|p| p.starts_with(expected)), "no {expected:?} in {problems:?}");
     }
     let fine = "sink: {name: to-redis, plugin: relay.wasm, broker: events}\n\
-                brokers:\n  events: {kind: redis, url: \"redis://127.0.0.1:6379/0\", dedup_window: 1h, max_len: 100000}\n\
+                brokers:\n  events: {kind: redis, url: \"redis://127.0.0.1:6379/0\", dedup_window: 1h, max_len: 100000, \
+                allowed_destinations: [\"rooms:*\"]}\n\
                 \x20 queue: {kind: rabbitmq, url: \"amqp://127.0.0.1:5672/%2f\", exchange: rooms, user: guest, password: guest}\n";
     let config = parse(fine).unwrap();
     let redis = config.brokers.iter().find(|b| b.name == "events").unwrap();
     assert_eq!((redis.dedup_window, redis.max_len), (std::time::Duration::from_secs(3600), Some(100_000)));
     let rabbit = config.brokers.iter().find(|b| b.name == "queue").unwrap();
     assert_eq!((rabbit.exchange.as_str(), rabbit.user.as_deref()), ("rooms", Some("guest")));
+}
+
+#[test]
+fn allowed_destinations_are_required_where_a_kind_has_no_default_and_never_reach_the_control_plane() {
+    let yaml = "sink: {name: relay, plugin: relay.wasm, broker: r}\n\
+                brokers:\n  r: {kind: redis, url: \"redis://127.0.0.1:6379/0\"}\n\
+                \x20 m: {kind: mqtt, url: \"mqtt://127.0.0.1:1883\", allowed_destinations: [\"a/#/b\", \"$SYS/#\"]}\n\
+                \x20 q: {kind: rabbitmq, url: \"amqp://127.0.0.1:5672/%2f\"}\n\
+                \x20 n: {kind: nats, url: \"nats://127.0.0.1:4222\", stream: S, allowed_destinations: [\"$JS.API.>\"]}\n\
+                \x20 e: {kind: nats, url: \"nats://127.0.0.1:4222\", stream: S, allowed_destinations: []}\n";
+    let problems = problems(yaml);
+    for expected in [
+        "brokers.r.allowed_destinations: is required for a redis broker",
+        "brokers.m.allowed_destinations: \"a/#/b\": # comes last",
+        "brokers.m.allowed_destinations: \"$SYS/#\" reaches the broker's control plane",
+        "brokers.q.allowed_destinations: is required for a rabbitmq broker: the queues relays may publish to through the default exchange",
+        "brokers.n.allowed_destinations: \"$JS.API.>\" reaches the broker's control plane",
+        "brokers.e.allowed_destinations: is empty",
+    ] {
+        assert!(problems.iter().any(|p| p.starts_with(expected)), "no {expected:?} in {problems:?}");
+    }
+    let fine = "sink: {name: relay, plugin: relay.wasm, broker: n}\n\
+                brokers:\n  n: {kind: nats, url: \"nats://127.0.0.1:4222\", stream: S}\n\
+                \x20 q: {kind: rabbitmq, url: \"amqp://127.0.0.1:5672/%2f\", exchange: rooms}\n";
+    let config = parse(fine).unwrap();
+    assert!(config.brokers.iter().all(|b| b.allowed_destinations.is_empty()), "the kinds' defaults");
 }
 
 #[test]

@@ -57,7 +57,7 @@ impl DbHealth {
             "stats" => {}
             _ => state.writes = state.writes.saturating_add(1),
         }
-        let error = crate::text::printable(&error.to_string(), ERROR_BYTES);
+        let error = crate::text::printable(&crate::redact::scrub(&error.to_string()), ERROR_BYTES);
         state.last = Some(DbFailure { operation, error, at_ms });
     }
 

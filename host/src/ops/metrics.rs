@@ -360,7 +360,7 @@ impl BrokerMetrics {
         }
         self.up.set(i64::from(up));
         let mut brokers = self.shared.brokers.lock().unwrap_or_else(|p| p.into_inner());
-        let error = result.err().map(|e| crate::text::printable(e, BROKER_ERROR_BYTES));
+        let error = result.err().map(|e| crate::text::printable(&crate::redact::scrub(e), BROKER_ERROR_BYTES));
         match brokers.get_mut(&self.name) {
             Some(report) if report.up == up => report.error = error,
             _ => {

@@ -6,11 +6,13 @@
 //! broker that answers but refuses a record (RabbitMQ returning it as unroutable, a Redis
 //! key of another type) fails the attempt, which is retried and counted as any other.
 
+pub mod confine;
 pub mod mqtt;
 pub mod nats;
 pub mod rabbitmq;
 pub mod redis;
 pub mod settings;
+pub mod waiting;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +20,7 @@ use std::time::Duration;
 use crate::ops::metrics::{BrokerMetrics, Metrics};
 use crate::sandbox::relay::{Record, RelayRuntime};
 use crate::sandbox::{AttemptFailure, Deliver, Delivered, Event, FailureClass, Pressure, Turn};
+use confine::Destinations;
 use settings::{BrokerConfig, BrokerKind};
 
 /// Why a broker did not take an event's records.
@@ -38,6 +41,15 @@ pub trait Publish: Send + Sync {
     /// Which kind of broker it is.
     fn kind(&self) -> BrokerKind;
 
+    /// Where its relays may publish.
+    fn destinations(&self) -> &Destinations;
+
+    /// Whether the broker has been reached since start (see [`waiting`]): until it has, its
+    /// default destinations are not known and nothing is published.
+    fn connected(&self) -> bool {
+        true
+    }
+
     /// Whether the broker can be reached now, without publishing (connecting again when the
     /// connection has gone); `Err` says why not, short and secret-free.
     async fn probe(&self) -> Result<(), String>;
@@ -56,8 +68,28 @@ pub trait Publish: Send + Sync {
     ) -> Result<u64, PublishError>;
 }
 
+/// A broker that did not answer at all (connection refused, no route, no answer in time),
+/// as opposed to one that answered and refused (credentials, a missing stream): the first
+/// is worth waiting for.
+#[derive(Debug)]
+pub struct Unreachable(pub String);
+
+impl std::fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unreachable {}
+
+/// Whether `error` says the broker could not be reached (see [`Unreachable`]).
+pub fn is_unreachable(error: &anyhow::Error) -> bool {
+    error.chain().any(|e| e.is::<Unreachable>())
+}
+
 /// Connects to `broker` and checks what it needs there (a stream, an exchange); an
-/// unreachable broker or a missing stream or exchange is an error naming the broker.
+/// unreachable broker (an [`Unreachable`] error) or a missing stream or exchange is an
+/// error naming the broker.
 pub async fn connect(broker: &BrokerConfig) -> anyhow::Result<Arc<dyn Publish>> {
     Ok(match broker.kind {
         BrokerKind::Nats => Arc::new(nats::NatsPublisher::connect(broker).await?),
@@ -65,6 +97,22 @@ pub async fn connect(broker: &BrokerConfig) -> anyhow::Result<Arc<dyn Publish>> 
         BrokerKind::Rabbitmq => Arc::new(rabbitmq::RabbitPublisher::connect(broker).await?),
         BrokerKind::Mqtt => Arc::new(mqtt::MqttPublisher::connect(broker).await?),
     })
+}
+
+/// [`connect`], but a broker that cannot be reached now is waited for: the publisher
+/// returned connects in the background and defers every event until it has (see
+/// [`waiting`]). A broker that answers and refuses (credentials, a missing stream or
+/// exchange) is still an error.
+pub async fn connect_waiting(broker: &BrokerConfig) -> anyhow::Result<Arc<dyn Publish>> {
+    match connect(broker).await {
+        Ok(publisher) => Ok(publisher),
+        Err(e) if is_unreachable(&e) => {
+            let error = format!("{e:#}");
+            tracing::warn!(broker = %broker.name, error = %error, retry_every_ms = waiting::RETRY_EVERY.as_millis() as u64, "the broker cannot be reached at start-up; its relays wait for it");
+            Ok(waiting::Waiting::start(broker, error))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// The dedup id of record `index` of `count` an event makes: the event id, with the
@@ -156,7 +204,22 @@ impl Deliver for RelaySink {
         mut turn: Turn,
     ) -> Result<Delivered, AttemptFailure> {
         let deadline = tokio::time::Instant::now() + timeout;
+        if !self.publisher.connected() {
+            // Not reached since start: nothing to publish to, and its default destinations
+            // are not known yet.
+            return Err(AttemptFailure {
+                class: FailureClass::Retryable,
+                message: format!("broker {}: not reached since start", self.publisher.name()),
+                retry_after: None,
+                pressure: Some(Pressure::Unavailable),
+            });
+        }
         let records = self.runtime.route(event, timeout).await?;
+        // Confined before anything is published: the same event routes the same way again,
+        // so a destination outside the broker's patterns fails it for good.
+        for record in &records {
+            self.publisher.destinations().admit(&record.destination).map_err(AttemptFailure::permanent)?;
+        }
         let (broker, count) = (self.publisher.name(), records.len() as i64);
         let away = |message: String| AttemptFailure {
             class: FailureClass::Retryable,

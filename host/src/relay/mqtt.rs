@@ -20,8 +20,9 @@ use rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason, PublishProperties};
 use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop, MqttOptions};
 use tokio::sync::oneshot;
 
+use super::confine::Destinations;
 use super::settings::{BrokerConfig, BrokerKind};
-use super::{Publish, PublishError, START_TIMEOUT, dedup_id};
+use super::{Publish, PublishError, START_TIMEOUT, Unreachable, dedup_id};
 use crate::sandbox::Turn;
 use crate::sandbox::relay::Record;
 
@@ -52,6 +53,7 @@ pub struct MqttPublisher {
     client: AsyncClient,
     unsettled: Arc<Mutex<Unsettled>>,
     driver: tokio::task::JoinHandle<()>,
+    destinations: Destinations,
 }
 
 impl Drop for MqttPublisher {
@@ -64,7 +66,7 @@ impl MqttPublisher {
     /// Connects (with `user` and `password` when given) and waits for the broker's CONNACK.
     pub async fn connect(config: &BrokerConfig) -> anyhow::Result<MqttPublisher> {
         let name = config.name.clone();
-        let shown = crate::text::redact_url(&config.url);
+        let shown = crate::redact::url(&config.url);
         let url = url::Url::parse(&config.url).map_err(|e| anyhow::anyhow!("broker {name}: {shown}: {e}"))?;
         let host = url.host_str().ok_or_else(|| anyhow::anyhow!("broker {name}: {shown} names no host"))?;
         let client_id = format!("outbox-host-{}-{:08x}", std::process::id(), crate::clock::random_u64() as u32);
@@ -84,12 +86,20 @@ impl MqttPublisher {
             }
         })
         .await
-        .map_err(|_| anyhow::anyhow!("broker {name}: no answer from {shown} within {START_TIMEOUT:?}"))?;
-        connected.map_err(|e| anyhow::anyhow!("broker {name}: cannot connect to {shown}: {e}"))?;
+        .map_err(|_| Unreachable(format!("broker {name}: no answer from {shown} within {START_TIMEOUT:?}")))?;
+        connected.map_err(|e| {
+            let said = format!("broker {name}: cannot connect to {shown}: {e}");
+            match e {
+                ConnectionError::Io(_) | ConnectionError::Timeout(_) => anyhow::Error::new(Unreachable(said)),
+                _ => anyhow::anyhow!(said),
+            }
+        })?;
         let unsettled = Arc::new(Mutex::new(Unsettled::default()));
         let driver = tokio::spawn(drive(name.clone(), events, unsettled.clone()));
         tracing::info!(broker = %name, "relaying to MQTT");
-        Ok(MqttPublisher { name, client, unsettled, driver })
+        // Required in the config: no default.
+        let destinations = Destinations::of(config, Vec::new());
+        Ok(MqttPublisher { name, client, unsettled, driver, destinations })
     }
 
     /// Queues one record; its settlement comes through the returned receiver.
@@ -175,6 +185,10 @@ impl Publish for MqttPublisher {
 
     fn kind(&self) -> BrokerKind {
         BrokerKind::Mqtt
+    }
+
+    fn destinations(&self) -> &Destinations {
+        &self.destinations
     }
 
     /// What the event loop last saw: a CONNACK, or the connection breaking.

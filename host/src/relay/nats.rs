@@ -5,13 +5,13 @@
 
 use std::time::Duration;
 
-use anyhow::Context as _;
-use async_nats::HeaderMap;
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::{self, stream};
+use async_nats::{ConnectErrorKind, HeaderMap};
 
+use super::confine::Destinations;
 use super::settings::{BrokerConfig, BrokerKind};
-use super::{Publish, PublishError, START_TIMEOUT, dedup_id};
+use super::{Publish, PublishError, START_TIMEOUT, Unreachable, dedup_id};
 use crate::sandbox::Turn;
 use crate::sandbox::relay::Record;
 
@@ -20,6 +20,7 @@ pub struct NatsPublisher {
     name: String,
     client: async_nats::Client,
     jetstream: jetstream::Context,
+    destinations: Destinations,
 }
 
 impl NatsPublisher {
@@ -34,11 +35,19 @@ impl NatsPublisher {
         if let (Some(user), Some(password)) = (&config.user, &config.password) {
             options = options.user_and_password(user.clone(), password.clone());
         }
-        let url = crate::text::redact_url(&config.url);
+        let url = crate::redact::url(&config.url);
         let client = tokio::time::timeout(START_TIMEOUT, options.connect(config.url.as_str()))
             .await
-            .map_err(|_| anyhow::anyhow!("broker {name}: no answer from {url} within {START_TIMEOUT:?}"))?
-            .with_context(|| format!("broker {name}: cannot connect to {url}"))?;
+            .map_err(|_| Unreachable(format!("broker {name}: no answer from {url} within {START_TIMEOUT:?}")))?
+            .map_err(|e| {
+                let said = format!("broker {name}: cannot connect to {url}: {e}");
+                match e.kind() {
+                    ConnectErrorKind::Io | ConnectErrorKind::TimedOut | ConnectErrorKind::Dns => {
+                        anyhow::Error::new(Unreachable(said))
+                    }
+                    _ => anyhow::anyhow!(said),
+                }
+            })?;
         let jetstream = jetstream::new(client.clone());
         let stream = if config.create_stream {
             let wanted =
@@ -66,8 +75,10 @@ impl NatsPublisher {
                     }
                 )
             })?;
-        tracing::info!(broker = %name, stream = %config.stream, subjects = ?stream.cached_info().config.subjects, "relaying to NATS JetStream");
-        Ok(NatsPublisher { name: name.clone(), client, jetstream })
+        // By default, a relay publishes into the stream's own subjects.
+        let destinations = Destinations::of(config, stream.cached_info().config.subjects.clone());
+        tracing::info!(broker = %name, stream = %config.stream, subjects = ?stream.cached_info().config.subjects, allowed_destinations = ?destinations.patterns(), "relaying to NATS JetStream");
+        Ok(NatsPublisher { name: name.clone(), client, jetstream, destinations })
     }
 }
 
@@ -79,6 +90,10 @@ impl Publish for NatsPublisher {
 
     fn kind(&self) -> BrokerKind {
         BrokerKind::Nats
+    }
+
+    fn destinations(&self) -> &Destinations {
+        &self.destinations
     }
 
     /// The client's own view: it reconnects by itself.

@@ -13,8 +13,9 @@ use lapin::publisher_confirm::Confirmation;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
+use super::confine::Destinations;
 use super::settings::{BrokerConfig, BrokerKind};
-use super::{Publish, PublishError, START_TIMEOUT, dedup_id};
+use super::{Publish, PublishError, START_TIMEOUT, Unreachable, dedup_id};
 use crate::sandbox::Turn;
 use crate::sandbox::relay::Record;
 
@@ -30,6 +31,7 @@ pub struct RabbitPublisher {
     uri: lapin::uri::AMQPUri,
     exchange: String,
     open: tokio::sync::Mutex<Option<(Connection, Channel)>>,
+    destinations: Destinations,
 }
 
 impl RabbitPublisher {
@@ -37,7 +39,7 @@ impl RabbitPublisher {
     /// that it exists.
     pub async fn connect(config: &BrokerConfig) -> anyhow::Result<RabbitPublisher> {
         let name = &config.name;
-        let shown = crate::text::redact_url(&config.url);
+        let shown = crate::redact::url(&config.url);
         let mut uri: lapin::uri::AMQPUri =
             config.url.parse().map_err(|e| anyhow::anyhow!("broker {name}: {shown} is not an AMQP address: {e}"))?;
         if let (Some(user), Some(password)) = (&config.user, &config.password) {
@@ -49,11 +51,20 @@ impl RabbitPublisher {
             uri,
             exchange: config.exchange.clone(),
             open: tokio::sync::Mutex::new(None),
+            // A named exchange: any routing key on it (its bindings decide the rest); the
+            // default exchange reaches every queue by name, so its patterns are required.
+            destinations: Destinations::of(config, vec!["#".to_string()]),
         };
         let (connection, channel) = tokio::time::timeout(START_TIMEOUT, publisher.open())
             .await
-            .map_err(|_| anyhow::anyhow!("broker {name}: no answer from {shown} within {START_TIMEOUT:?}"))?
-            .with_context(|| format!("broker {name}: cannot connect to {shown}"))?;
+            .map_err(|_| Unreachable(format!("broker {name}: no answer from {shown} within {START_TIMEOUT:?}")))?
+            .map_err(|e| {
+                let said = format!("broker {name}: cannot connect to {shown}: {e}");
+                match e {
+                    lapin::Error::IOError(_) => anyhow::Error::new(Unreachable(said)),
+                    _ => anyhow::anyhow!(said),
+                }
+            })?;
         if !config.exchange.is_empty() {
             let check = connection.create_channel().await.with_context(|| format!("broker {name}: a channel"))?;
             let passive = ExchangeDeclareOptions { passive: true, ..Default::default() };
@@ -134,6 +145,10 @@ impl Publish for RabbitPublisher {
 
     fn kind(&self) -> BrokerKind {
         BrokerKind::Rabbitmq
+    }
+
+    fn destinations(&self) -> &Destinations {
+        &self.destinations
     }
 
     /// The open channel, opened again when it has closed.

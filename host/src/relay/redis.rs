@@ -10,8 +10,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+use super::confine::{Destinations, REDIS_MARKER_PREFIX};
 use super::settings::{BrokerConfig, BrokerKind};
-use super::{Publish, PublishError, START_TIMEOUT, dedup_id};
+use super::{Publish, PublishError, START_TIMEOUT, Unreachable, dedup_id};
 use crate::sandbox::Turn;
 use crate::sandbox::relay::Record;
 
@@ -55,13 +56,14 @@ pub struct RedisPublisher {
     script: redis::Script,
     window_s: u64,
     max_len: u64,
+    destinations: Destinations,
 }
 
 impl RedisPublisher {
     /// Connects (with `user` and `password` when given) and checks the server answers.
     pub async fn connect(config: &BrokerConfig) -> anyhow::Result<RedisPublisher> {
         let name = &config.name;
-        let url = crate::text::redact_url(&config.url);
+        let url = crate::redact::url(&config.url);
         let mut info = redis::IntoConnectionInfo::into_connection_info(config.url.as_str())
             .with_context(|| format!("broker {name}: {url} is not a Redis address"))?;
         if let (Some(user), Some(password)) = (&config.user, &config.password) {
@@ -72,8 +74,15 @@ impl RedisPublisher {
         let mut connection =
             tokio::time::timeout(START_TIMEOUT, ConnectionManager::new_with_config(client, reconnect()))
                 .await
-                .map_err(|_| anyhow::anyhow!("broker {name}: no answer from {url} within {START_TIMEOUT:?}"))?
-                .with_context(|| format!("broker {name}: cannot connect to {url}"))?;
+                .map_err(|_| Unreachable(format!("broker {name}: no answer from {url} within {START_TIMEOUT:?}")))?
+                .map_err(|e| {
+                    let said = format!("broker {name}: cannot connect to {url}: {e}");
+                    if e.is_io_error() || e.is_connection_refusal() || e.is_timeout() || e.is_connection_dropped() {
+                        anyhow::Error::new(Unreachable(said))
+                    } else {
+                        anyhow::anyhow!(said)
+                    }
+                })?;
         let _: String = redis::cmd("PING")
             .query_async(&mut connection)
             .await
@@ -85,13 +94,15 @@ impl RedisPublisher {
             script: redis::Script::new(ADD_ONCE),
             window_s: config.dedup_window.as_secs().max(1),
             max_len: config.max_len.unwrap_or(0),
+            // Required in the config: no default.
+            destinations: Destinations::of(config, Vec::new()),
         })
     }
 
     /// The dedup marker of record `id` on `stream`: in the stream's hash slot, so the script
     /// touches one slot on a cluster too (for a stream name without braces).
     fn marker(stream: &str, id: &str) -> String {
-        format!("outbox-dedup:{{{stream}}}:{id}")
+        format!("{REDIS_MARKER_PREFIX}{{{stream}}}:{id}")
     }
 }
 
@@ -103,6 +114,10 @@ impl Publish for RedisPublisher {
 
     fn kind(&self) -> BrokerKind {
         BrokerKind::Redis
+    }
+
+    fn destinations(&self) -> &Destinations {
+        &self.destinations
     }
 
     /// A PING on the connection, which reconnects by itself.

@@ -91,6 +91,10 @@ pub struct BrokerConfig {
     pub user: Option<String>,
     /// See [`BrokerConfig::user`].
     pub password: Option<String>,
+    /// The destinations its relays may publish to, as patterns in the broker's own wildcard
+    /// syntax (`relay::confine`); empty: the kind's default (NATS: the stream's subjects;
+    /// RabbitMQ on a named exchange: any routing key), required for the other kinds.
+    pub allowed_destinations: Vec<String>,
 }
 
 impl BrokerConfig {
@@ -110,6 +114,7 @@ impl BrokerConfig {
             token: None,
             user: None,
             password: None,
+            allowed_destinations: Vec::new(),
         }
     }
 }
@@ -120,7 +125,7 @@ impl std::fmt::Debug for BrokerConfig {
         f.debug_struct("BrokerConfig")
             .field("name", &self.name)
             .field("kind", &self.kind)
-            .field("url", &crate::text::redact_url(&self.url))
+            .field("url", &crate::redact::url(&self.url))
             .field("room_pipeline", &self.room_pipeline)
             .field("stream", &self.stream)
             .field("create_stream", &self.create_stream)
@@ -128,6 +133,7 @@ impl std::fmt::Debug for BrokerConfig {
             .field("dedup_window", &self.dedup_window)
             .field("max_len", &self.max_len)
             .field("exchange", &self.exchange)
+            .field("allowed_destinations", &self.allowed_destinations)
             .finish_non_exhaustive()
     }
 }

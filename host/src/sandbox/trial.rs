@@ -6,32 +6,13 @@
 use std::sync::Mutex;
 
 use super::bindings::{HttpError, HttpRequest, HttpResponse};
+use crate::redact::is_secret_name;
 use crate::text::printable;
 
 /// How much of a request or reply body a transcript shows.
 const BODY_SHOWN: usize = 2048;
 /// How many headers of a request or reply a transcript shows.
 const HEADERS_SHOWN: usize = 64;
-
-/// Query parameters and headers whose names contain one of these carry credentials: their
-/// values are shown as `***` (as are those of a parameter or header named `key`).
-const SECRET_NAMES: &[&str] = &[
-    "sig",
-    "token",
-    "secret",
-    "password",
-    "passwd",
-    "auth",
-    "credential",
-    "session",
-    "cookie",
-    "api-key",
-    "api_key",
-    "apikey",
-    "access-key",
-    "access_key",
-    "private",
-];
 
 /// The reply a dry run gives every request.
 #[derive(Debug, Clone)]
@@ -110,7 +91,7 @@ impl Trial {
         let headers = shown_headers(&req.headers);
         self.push(Step::Request {
             method: printable(&req.method, 32),
-            url: redact_query(&printable(&req.url, 4096)),
+            url: crate::redact::url(&printable(&req.url, 4096)),
             headers,
             body: shown_body(&req.body),
         });
@@ -152,27 +133,9 @@ fn describe(e: &HttpError) -> String {
     }
 }
 
-/// Whether a query parameter, header or config key of this name carries a credential.
-pub fn is_secret(name: &str) -> bool {
-    let name = name.to_ascii_lowercase();
-    name == "key" || SECRET_NAMES.iter().any(|s| name.contains(s))
-}
-
 /// A header value, or `***` for credentials (`Authorization`, `X-Api-Key`, `Cookie`, …).
 fn redact_header(name: &str, value: &str) -> String {
-    if is_secret(name) { "***".into() } else { printable(value, 1024) }
-}
-
-/// The URL with credential-looking query values (`usersig=`, `token=`, `api_key=`, …) and
-/// any password in its user info shown as `***`.
-pub fn redact_query(url: &str) -> String {
-    let url = crate::text::redact_url(url);
-    let Some((base, query)) = url.split_once('?') else {
-        return url;
-    };
-    let (query, fragment) = query.split_once('#').map_or((query, None), |(q, f)| (q, Some(f)));
-    let fragment = fragment.map(|f| format!("#{f}")).unwrap_or_default();
-    format!("{base}?{}{fragment}", crate::text::redact_query_values(query, is_secret))
+    if is_secret_name(name) { "***".into() } else { printable(value, 1024) }
 }
 
 /// Headers as shown: names escaped, credentials redacted, at most [`HEADERS_SHOWN`].
@@ -201,19 +164,19 @@ mod tests {
     #[test]
     fn credentials_in_queries_and_headers_are_redacted() {
         assert_eq!(
-            redact_query("https://console.tim.qq.com/v4/x?sdkappid=14&identifier=admin&usersig=eJx1&random=7"),
+            crate::redact::url("https://console.tim.qq.com/v4/x?sdkappid=14&identifier=admin&usersig=eJx1&random=7"),
             "https://console.tim.qq.com/v4/x?sdkappid=14&identifier=admin&usersig=***&random=7"
         );
         assert_eq!(
-            redact_query("https://a/b?access_token=t&API_KEY=k&q=1#f"),
+            crate::redact::url("https://a/b?access_token=t&API_KEY=k&q=1#f"),
             "https://a/b?access_token=***&API_KEY=***&q=1#f"
         );
-        assert_eq!(redact_query("https://user:pw@a/b"), "https://user:***@a/b");
+        assert_eq!(crate::redact::url("https://user:pw@a/b"), "https://user:***@a/b");
         assert_eq!(redact_header("Authorization", "Bearer abc"), "***");
         assert_eq!(redact_header("X-Api-Key", "abc"), "***");
         assert_eq!(redact_header("webhook-id", "evt-1"), "evt-1");
         assert_eq!(redact_header("Idempotency-Key", "evt-1"), "evt-1");
-        assert_eq!(redact_query("https://maps/x?key=k&monkey=m"), "https://maps/x?key=***&monkey=m");
+        assert_eq!(crate::redact::url("https://maps/x?key=k&monkey=m"), "https://maps/x?key=***&monkey=m");
         assert_eq!(redact_header("content-type", "application/json\n"), "application/json\\n");
     }
 

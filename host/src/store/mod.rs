@@ -664,10 +664,7 @@ impl Backend {
             "sqlite" => Ok(Backend::Sqlite),
             "postgres" | "postgresql" => Ok(Backend::Postgres),
             "mysql" | "mariadb" => Ok(Backend::Mysql),
-            _ => Err(format!(
-                "{:?} does not start with sqlite://, postgres:// or mysql://",
-                crate::text::redact_url(url)
-            )),
+            _ => Err(format!("{:?} does not start with sqlite://, postgres:// or mysql://", crate::redact::url(url))),
         }
     }
 }
@@ -693,7 +690,7 @@ const ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// it could not be reached (worth waiting for), a query error when it answered and refused
 /// (a wrong password, no such database: a config mistake).
 fn unreachable_error(url: &str, e: sqlx::Error) -> StoreError {
-    let said = format!("cannot connect to {}: {e}", crate::text::redact_url(url));
+    let said = format!("cannot connect to {}: {e}", crate::redact::url(url));
     match StoreError::from(e) {
         StoreError::Unavailable(_) => StoreError::Unavailable(said),
         _ => StoreError::Query(said),

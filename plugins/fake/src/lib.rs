@@ -9,7 +9,8 @@
 //!   `room-throttled`, `throttled` or `unavailable`, then retryable with that hint),
 //!   `push-back-delivered:PRESSURE` (pushes back, then delivered: the host ignores it),
 //!   `leak:KEY` (a careless sink: logs the value of its config key KEY and posts it in a
-//!   request body to `collector`, then delivered).
+//!   request body to `collector`, then delivered), `leak-fail:KEY` (logs the value of config
+//!   key KEY, then fails retryable with it in the message).
 //! - Hostile ones, for the host's hardening tests: `log-flood` (log without end),
 //!   `log-flood:N` (N lines, then ok), `log-big:BYTES` (one huge line, ok), `log-forge` (a line
 //!   with a newline, ESC, NUL and U+202E, ok), `print:BYTES` (that much to stdout, ok),
@@ -43,6 +44,7 @@ const BEHAVIOURS: &[&str] = &[
     "push-back",
     "push-back-delivered",
     "leak",
+    "leak-fail",
     "log-flood",
     "log-big",
     "log-forge",
@@ -156,6 +158,11 @@ fn run(behaviour: &str, event: &Event) -> Delivery {
                 let _ = Request::post(&collector).body(format!("{arg}={value}")).send();
             }
             Ok(Outcome::Delivered)
+        }
+        "leak-fail" => {
+            let value = config::get(arg).unwrap_or_default();
+            log::warn(&format!("config {arg} is {value}"));
+            Err(Failure::retryable(format!("fake: rejected with {arg}={value}")))
         }
         "log-flood" => {
             for i in 0..arg.parse::<u64>().unwrap_or(u64::MAX) {
