@@ -371,6 +371,81 @@ mod mqtt {
         (client, received)
     }
 
+    /// A subscriber to `rooms/#` at QoS 1 with a session the broker keeps across a clean
+    /// restart, reconnecting by itself: every `outbox-dedup-id` it received.
+    async fn persistent_subscriber(server: &BrokerServer) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
+        use rumqttc::v5::mqttbytes::v5::ConnectProperties;
+        let port: u16 = server.url().rsplit(':').next().unwrap().parse().unwrap();
+        let mut options = MqttOptions::new(unique("persistent"), "127.0.0.1", port);
+        let mut properties = ConnectProperties::new();
+        properties.session_expiry_interval = Some(3_600);
+        options.set_clean_start(false).set_connect_properties(properties);
+        let (client, mut events) = AsyncClient::new(options, 1_024);
+        client.subscribe("rooms/#", QoS::AtLeastOnce).await.unwrap();
+        let received: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+        let (subscribed, mut on_subscribed) = tokio::sync::mpsc::channel(1);
+        let into = received.clone();
+        tokio::spawn(async move {
+            let _client = client;
+            loop {
+                match events.poll().await {
+                    Ok(Event::Incoming(Packet::SubAck(_))) => {
+                        let _ = subscribed.try_send(());
+                    }
+                    Ok(Event::Incoming(Packet::Publish(p))) => {
+                        let properties = p.properties.map(|p| p.user_properties).unwrap_or_default();
+                        if let Some((_, id)) = properties.into_iter().find(|(n, _)| n == "outbox-dedup-id") {
+                            into.lock().unwrap().push(id);
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        });
+        on_subscribed.recv().await.expect("subscribed");
+        received
+    }
+
+    /// The broker restarted three times mid-drain (cleanly, so that the subscriber's session
+    /// and its queued messages survive): each PUBACK settles the publish that carried it, so
+    /// the rows delivered are exactly the dedup ids the persistent subscriber received. (The
+    /// client's queue used to send publishes left over from before a reconnect first, and
+    /// their PUBACKs settled later events, which could then be recorded delivered unsent.)
+    #[tokio::test]
+    async fn acks_settle_their_own_publish_across_three_broker_restarts() {
+        let world = World::new().await;
+        let mut server = BrokerServer::of(Broker::Mosquitto).await;
+        let received = persistent_subscriber(&server).await;
+        let events = events(&world, 10, 200);
+        world.producer.insert(&events).await.unwrap();
+        let config = relay_config(&world, "mqtt", &server.url(), "rooms/{room_id}", &[]);
+        let mut host = Running::start(config.parse()).await;
+        for restart in 1..=3_i64 {
+            host.wait_for_within("the next share delivered", PATIENCE, || async {
+                world.producer.stats().await.unwrap().count(Status::Delivered) >= restart * 400
+            })
+            .await;
+            server.signal("TERM");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            server.restart().await;
+        }
+        wait_delivered(&mut host, &world, &ids(&events)).await;
+        host.stop().await;
+        let wanted: std::collections::BTreeSet<String> = events.iter().map(|e| e.event_id.clone()).collect();
+        let mut got = std::collections::BTreeSet::new();
+        for _ in 0..100 {
+            got = received.lock().unwrap().iter().cloned().collect();
+            if got == wanted {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let missing: Vec<&String> = wanted.difference(&got).collect();
+        assert!(missing.is_empty(), "{} delivered row(s) the subscriber never received: {missing:?}", missing.len());
+        assert_eq!(got, wanted, "and nothing else");
+    }
+
     /// 100 events over 5 rooms, each room to a topic of its own at QoS 1: each arrives once
     /// (nothing was lost, so nothing was sent twice), with its headers as user properties
     /// and its dedup id, each room's in order.

@@ -13,6 +13,7 @@ mod confinement;
 mod conformance;
 mod edges;
 mod egress;
+mod faults;
 mod flow;
 mod handover;
 mod hostile;

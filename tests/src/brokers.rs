@@ -12,7 +12,8 @@ pub enum Broker {
     Nats,
     /// Debian's `redis-server`, keeping nothing on disk.
     Redis,
-    /// Debian's `mosquitto`.
+    /// Debian's `mosquitto`, keeping persistent sessions in its store across a clean
+    /// restart.
     Mosquitto,
 }
 
@@ -88,7 +89,20 @@ impl BrokerServer {
         match self.broker {
             Broker::Nats => command.args(["-js", "-a", "127.0.0.1", "-p", &port, "-sd"]).arg(self.store.path()),
             Broker::Redis => command.args(["--port", &port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]),
-            Broker::Mosquitto => command.args(["-p", &port]),
+            Broker::Mosquitto => {
+                // Persistent sessions kept in the store across a clean restart (SIGTERM).
+                // Started as root, mosquitto drops to its own user: the store must let it write.
+                use std::os::unix::fs::PermissionsExt as _;
+                std::fs::set_permissions(self.store.path(), std::fs::Permissions::from_mode(0o777))
+                    .expect("opening the store to mosquitto");
+                let config = self.store.path().join("mosquitto.conf");
+                let text = format!(
+                    "listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\n",
+                    self.store.path().display()
+                );
+                std::fs::write(&config, text).expect("writing mosquitto.conf");
+                command.arg("-c").arg(config)
+            }
         };
         let program = self.broker.program();
         let child = command

@@ -6,9 +6,11 @@
 //! One client per broker, its event loop driven by a task of its own. Publishes enter the
 //! client's queue in order and leave it in order, so each `Outgoing::Publish(pkid)` the
 //! loop reports belongs to the oldest publish still unsent; its PUBACK then settles it.
-//! When the connection breaks, every unsettled publish fails (push-back) and the client's
-//! own resend of them is dropped, so that no packet id can be matched to the wrong event;
-//! the loop reconnects on its next poll.
+//! When the connection breaks, every unsettled publish fails (push-back) and the client is
+//! replaced by a fresh one: its own resend of them and the publishes still in its queue go
+//! with it, so that none of them can go out after the reconnect and take the settle of a
+//! later event (which the old client's queue let happen: an event could be settled by an
+//! earlier one's PUBACK). The fresh loop connects on its first poll.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -34,23 +36,26 @@ const RECONNECT_PAUSE: Duration = Duration::from_millis(500);
 type Settle = oneshot::Sender<Result<(), PublishError>>;
 
 /// Publishes not yet settled: in the client's queue (in order), and sent awaiting a PUBACK.
-/// Also whether the connection is up, or why not.
+/// Also whether the connection is up, or why not, and the client whose queue `queued`
+/// mirrors: a connection that breaks fails every unsettled publish and replaces the client,
+/// so that the publishes its queue still held are dropped with it and can never take the
+/// settles of later ones.
 struct Unsettled {
     queued: VecDeque<Settle>,
     sent: HashMap<u16, Settle>,
     connection: Result<(), String>,
+    client: AsyncClient,
 }
 
-impl Default for Unsettled {
-    fn default() -> Unsettled {
-        Unsettled { queued: VecDeque::new(), sent: HashMap::new(), connection: Ok(()) }
+impl Unsettled {
+    fn new(client: AsyncClient) -> Unsettled {
+        Unsettled { queued: VecDeque::new(), sent: HashMap::new(), connection: Ok(()), client }
     }
 }
 
 /// An MQTT 5 publisher.
 pub struct MqttPublisher {
     name: String,
-    client: AsyncClient,
     unsettled: Arc<Mutex<Unsettled>>,
     driver: tokio::task::JoinHandle<()>,
     destinations: Destinations,
@@ -75,7 +80,7 @@ impl MqttPublisher {
         if let (Some(user), Some(password)) = (&config.user, &config.password) {
             options.set_credentials(user.clone(), password.clone());
         }
-        let (client, mut events) = AsyncClient::new(options, QUEUE);
+        let (client, mut events) = AsyncClient::new(options.clone(), QUEUE);
         let connected = tokio::time::timeout(START_TIMEOUT, async {
             loop {
                 match events.poll().await {
@@ -94,12 +99,12 @@ impl MqttPublisher {
                 _ => anyhow::anyhow!(said),
             }
         })?;
-        let unsettled = Arc::new(Mutex::new(Unsettled::default()));
-        let driver = tokio::spawn(drive(name.clone(), events, unsettled.clone()));
+        let unsettled = Arc::new(Mutex::new(Unsettled::new(client)));
+        let driver = tokio::spawn(drive(name.clone(), options, events, unsettled.clone()));
         tracing::info!(broker = %name, "relaying to MQTT");
         // Required in the config: no default.
         let destinations = Destinations::of(config, Vec::new());
-        Ok(MqttPublisher { name, client, unsettled, driver, destinations })
+        Ok(MqttPublisher { name, unsettled, driver, destinations })
     }
 
     /// Queues one record; its settlement comes through the returned receiver.
@@ -118,7 +123,8 @@ impl MqttPublisher {
         let (settle, settled) = oneshot::channel();
         // In the client's queue and in `queued` in the same order: under the lock.
         let mut unsettled = self.unsettled.lock().unwrap_or_else(|e| e.into_inner());
-        self.client
+        unsettled
+            .client
             .try_publish_with_properties(record.destination, QoS::AtLeastOnce, false, record.payload, properties)
             .map_err(|e| PublishError::Unavailable(format!("broker {}: {e}", self.name)))?;
         unsettled.queued.push_back(settle);
@@ -127,17 +133,24 @@ impl MqttPublisher {
 }
 
 /// Drives the client's event loop: matches sent publishes to their packet ids and PUBACKs
-/// to their publishes, and fails every unsettled publish when the connection breaks.
-async fn drive(name: String, mut events: EventLoop, unsettled: Arc<Mutex<Unsettled>>) {
+/// to their publishes, and when the connection breaks fails every unsettled publish and
+/// starts over with a fresh client and loop (see [`Unsettled`]).
+async fn drive(name: String, options: MqttOptions, mut events: EventLoop, unsettled: Arc<Mutex<Unsettled>>) {
     loop {
         let event = events.poll().await;
         let lost = {
             let mut waiting = unsettled.lock().unwrap_or_else(|e| e.into_inner());
-            settle(&name, &mut waiting, event)
+            let lost = settle(&name, &mut waiting, event);
+            if lost.is_some() {
+                // Under the lock that `queue` holds while it queues: nothing is queued on
+                // the old client from here on, and what it still held goes with it.
+                let (client, fresh) = AsyncClient::new(options.clone(), QUEUE);
+                waiting.client = client;
+                events = fresh;
+            }
+            lost
         };
         if let Some(error) = lost {
-            // The loop put what was unsettled aside to send again; it will not be.
-            events.pending.clear();
             tracing::warn!(broker = %name, error = %error, "MQTT connection lost; reconnecting");
             tokio::time::sleep(RECONNECT_PAUSE).await;
         }
