@@ -56,17 +56,7 @@ fn native_record(event: &Event, destination: &str) -> Record {
 
 /// The event a sink is handed for `row`.
 fn event_of(row: &outbox_host::store::NewEvent) -> anyhow::Result<Event> {
-    let envelope = outbox_proto::EventEnvelope::decode(row.envelope.as_slice())?;
-    Ok(Event {
-        app_code: envelope.app_code,
-        event_id: envelope.event_id,
-        event_type: envelope.event_type,
-        room_id: envelope.room_id,
-        room_version: envelope.room_version,
-        occurred_at_ms: envelope.occurred_at_ms,
-        body: envelope.body,
-        attempt: 1,
-    })
+    outbox_host::envelope::first_attempt(row).map_err(anyhow::Error::msg)
 }
 
 /// The relay with its mapping written in Rust: what the WebAssembly mapping costs on top.

@@ -3,7 +3,7 @@
 use outbox_proto::{EventEnvelope, Message as _};
 
 use crate::sandbox::Event;
-use crate::store::Claimed;
+use crate::store::{Claimed, NewEvent};
 
 /// Decodes a claimed row's envelope into the event handed to the sink. A row whose
 /// envelope does not decode, or names another event, cannot ever be delivered: the caller
@@ -32,6 +32,23 @@ pub fn to_event(row: &Claimed) -> Result<Event, String> {
         occurred_at_ms: envelope.occurred_at_ms,
         body: envelope.body,
         attempt: u32::try_from(row.retry_count).unwrap_or(0).saturating_add(1),
+    })
+}
+
+/// The event a sink is handed for `row` as a producer writes it, at its first attempt: what
+/// a benchmark or a test hands a sink or a relay without a table in between.
+pub fn first_attempt(row: &NewEvent) -> Result<Event, String> {
+    let envelope = EventEnvelope::decode(row.envelope.as_slice())
+        .map_err(|e| format!("bad envelope: not a protobuf EventEnvelope ({e})"))?;
+    Ok(Event {
+        app_code: envelope.app_code,
+        event_id: envelope.event_id,
+        event_type: envelope.event_type,
+        room_id: envelope.room_id,
+        room_version: envelope.room_version,
+        occurred_at_ms: envelope.occurred_at_ms,
+        body: envelope.body,
+        attempt: 1,
     })
 }
 

@@ -15,7 +15,7 @@ use outbox_host::config::Config;
 use outbox_host::ops::metrics::Metrics;
 use outbox_host::relay::RelaySink;
 use outbox_host::sandbox::relay::RelayRuntime;
-use outbox_host::sandbox::{AttemptFailure, Deliver, Delivered, Event, FailureClass};
+use outbox_host::sandbox::{AttemptFailure, Deliver, Delivered, FailureClass};
 use outbox_host::store::{NewEvent, Status};
 use outbox_test_support::brokers::{Broker, BrokerServer, NatsServer};
 
@@ -31,17 +31,7 @@ async fn attempt(config: &Config, event: &NewEvent) -> Result<Delivered, Attempt
     let runtime = RelayRuntime::load_checked(&sink.sandbox, 1, timeout, metrics.clone()).await.unwrap();
     let publisher = outbox_host::relay::connect(&config.brokers[0]).await.unwrap();
     let relay = RelaySink::new(runtime, publisher, &metrics, 1);
-    let envelope: outbox_proto::EventEnvelope = prost::Message::decode(event.envelope.as_slice()).unwrap();
-    let event = Event {
-        app_code: envelope.app_code,
-        event_id: envelope.event_id,
-        event_type: envelope.event_type,
-        room_id: envelope.room_id,
-        room_version: envelope.room_version,
-        occurred_at_ms: envelope.occurred_at_ms,
-        body: envelope.body,
-        attempt: 1,
-    };
+    let event = outbox_host::envelope::first_attempt(event).unwrap();
     relay.deliver(&event, timeout).await
 }
 
