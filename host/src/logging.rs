@@ -58,8 +58,10 @@ struct ForgivingStderr;
 
 impl Write for ForgivingStderr {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        // One formatted line per write: the config's credentials never reach it.
-        let line = crate::redact::scrub(&String::from_utf8_lossy(buf)).into_owned();
+        // One formatted line per write: the config's credentials never reach it (a line
+        // with none is written as it is, without a copy).
+        let text = String::from_utf8_lossy(buf);
+        let line = crate::redact::scrub(&text);
         if std::io::stderr().write_all(line.as_bytes()).is_err() {
             FAILED_WRITES.fetch_add(1, Ordering::Relaxed);
         }

@@ -60,28 +60,40 @@ pub fn is_secret_name(name: &str) -> bool {
 /// *last* `@`. A `@` in a query is taken for one too, so everything before it is hidden:
 /// more than needed, never less.
 pub fn url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        // No scheme: a DSN such as `user:pass@tcp(host)/db`, or a path.
-        return match url.rsplit_once('@') {
-            Some((_, after)) => format!("{HIDDEN}@{}", after_user_info(after)),
-            None => url.to_string(),
-        };
+    let Parts { scheme, user_info, after } = parts(url);
+    // Without a scheme (a DSN), the part before `:` is not known to be a user name.
+    let shown = user_info.map(|user_info| match user_info.split_once(':') {
+        Some((user, _)) if scheme.is_some() && !user.is_empty() && !user.contains(['/', '?', '#']) => {
+            format!("{user}:{HIDDEN}@")
+        }
+        _ => format!("{HIDDEN}@"),
+    });
+    let scheme = scheme.map(|scheme| format!("{scheme}://")).unwrap_or_default();
+    format!("{scheme}{}{}", shown.unwrap_or_default(), after_user_info(after))
+}
+
+/// A URL split around its user info.
+struct Parts<'a> {
+    /// `postgres`, …; none for a DSN without one (`user:pass@tcp(host)/db`).
+    scheme: Option<&'a str>,
+    /// Up to the *last* `@` (a password may hold `@`, `/`, `?` or `#` raw); none for a file
+    /// (`sqlite:`), whose path may hold an `@`.
+    user_info: Option<&'a str>,
+    /// The host, path, query and fragment.
+    after: &'a str,
+}
+
+fn parts(url: &str) -> Parts<'_> {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme), rest),
+        None => (None, url),
     };
-    if scheme.eq_ignore_ascii_case("sqlite") {
-        // A file path: no user info, but a query may still carry a key.
-        return format!("{scheme}://{}", after_user_info(rest));
+    if scheme.is_some_and(|s| s.eq_ignore_ascii_case("sqlite")) {
+        return Parts { scheme, user_info: None, after: rest };
     }
     match rest.rsplit_once('@') {
-        Some((user_info, after)) => {
-            let shown = match user_info.split_once(':') {
-                Some((user, _)) if !user.is_empty() && !user.contains(['/', '?', '#']) => {
-                    format!("{user}:{HIDDEN}")
-                }
-                _ => HIDDEN.to_string(),
-            };
-            format!("{scheme}://{shown}@{}", after_user_info(after))
-        }
-        None => format!("{scheme}://{}", after_user_info(rest)),
+        Some((user_info, after)) => Parts { scheme, user_info: Some(user_info), after },
+        None => Parts { scheme, user_info: None, after: rest },
     }
 }
 
@@ -215,7 +227,7 @@ pub fn remember(values: impl IntoIterator<Item = String>) {
 pub fn scrub(text: &str) -> Cow<'_, str> {
     let known = KNOWN.read().unwrap_or_else(|p| p.into_inner());
     match known.as_ref() {
-        Some(secrets) => Cow::Owned(secrets.scrub(text).into_owned()),
+        Some(secrets) => secrets.scrub(text),
         None => Cow::Borrowed(text),
     }
 }
@@ -224,18 +236,9 @@ pub fn scrub(text: &str) -> Cow<'_, str> {
 /// `:`) and its credential-looking query and fragment values, each as written and
 /// percent-decoded.
 pub fn credentials_in_url(url: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let after = match rest.rsplit_once('@') {
-        Some((user_info, after)) => {
-            match user_info.split_once(':') {
-                Some((_, password)) => found.push(password.to_string()),
-                None => found.push(user_info.to_string()),
-            }
-            after
-        }
-        None => rest,
-    };
+    let Parts { user_info, after, .. } = parts(url);
+    let mut found: Vec<String> =
+        user_info.map(|u| u.split_once(':').map_or(u, |(_, password)| password).to_string()).into_iter().collect();
     for part in after.split(['?', '#']).skip(1) {
         for pair in part.split('&') {
             if let Some((name, value)) = pair.split_once('=')

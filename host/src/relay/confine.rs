@@ -87,12 +87,7 @@ impl Destinations {
     /// destination escaped and clipped).
     pub fn admit(&self, destination: &str) -> Result<(), String> {
         let shown = crate::text::printable(destination, 120);
-        if let Some(prefix) = self.reserved.iter().find(|p| destination.starts_with(**p)) {
-            return Err(format!(
-                "broker {}: destination {shown:?} is in the broker's control plane ({prefix}…), which a relay never reaches",
-                self.broker
-            ));
-        }
+        self.outside_control_plane(destination, &format!("destination {shown:?} is"))?;
         if let Some(why) = unpublishable(self.kind, destination) {
             return Err(format!("broker {}: destination {shown:?} {why}", self.broker));
         }
@@ -110,12 +105,7 @@ impl Destinations {
     /// could be admitted; `Err` says why none can.
     pub fn admits_some_with_prefix(&self, prefix: &str) -> Result<(), String> {
         let shown = crate::text::printable(prefix, 120);
-        if let Some(reserved) = self.reserved.iter().find(|r| prefix.starts_with(**r)) {
-            return Err(format!(
-                "broker {}: destinations beginning {shown:?} are in the broker's control plane ({reserved}…), which a relay never reaches",
-                self.broker
-            ));
-        }
+        self.outside_control_plane(prefix, &format!("destinations beginning {shown:?} are"))?;
         if self.patterns.iter().any(|p| matches(self.kind, p, prefix, true)) {
             Ok(())
         } else {
@@ -123,6 +113,19 @@ impl Destinations {
                 "broker {}: no destination beginning {shown:?} is in allowed_destinations {:?}",
                 self.broker, self.patterns
             ))
+        }
+    }
+}
+
+impl Destinations {
+    /// `Err` when `text` starts on the broker's control plane; `what` names it in the message.
+    fn outside_control_plane(&self, text: &str, what: &str) -> Result<(), String> {
+        match self.reserved.iter().find(|r| text.starts_with(**r)) {
+            Some(reserved) => Err(format!(
+                "broker {}: {what} in the broker's control plane ({reserved}…), which a relay never reaches",
+                self.broker
+            )),
+            None => Ok(()),
         }
     }
 }
@@ -225,9 +228,10 @@ fn starts(p: &[&str], whole_tokens: &[&str], partial: &str, r: &Rules) -> bool {
         if !r.any_anywhere {
             return true;
         }
-        return starts(rest, whole_tokens, partial, r)
-            || (!whole_tokens.is_empty() && starts(p, &whole_tokens[1..], partial, r))
-            || whole_tokens.is_empty();
+        // Zero tokens, or the next one; with none left, it takes the growing one.
+        return whole_tokens.is_empty()
+            || starts(rest, whole_tokens, partial, r)
+            || starts(p, &whole_tokens[1..], partial, r);
     }
     match whole_tokens.split_first() {
         Some((token, t_rest)) => (*first == r.one || first == token) && starts(rest, t_rest, partial, r),

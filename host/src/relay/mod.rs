@@ -204,15 +204,17 @@ impl Deliver for RelaySink {
         mut turn: Turn,
     ) -> Result<Delivered, AttemptFailure> {
         let deadline = tokio::time::Instant::now() + timeout;
+        let broker = self.publisher.name();
+        let away = |message: String| AttemptFailure {
+            class: FailureClass::Retryable,
+            message,
+            retry_after: None,
+            pressure: Some(Pressure::Unavailable),
+        };
         if !self.publisher.connected() {
             // Not reached since start: nothing to publish to, and its default destinations
             // are not known yet.
-            return Err(AttemptFailure {
-                class: FailureClass::Retryable,
-                message: format!("broker {}: not reached since start", self.publisher.name()),
-                retry_after: None,
-                pressure: Some(Pressure::Unavailable),
-            });
+            return Err(away(format!("broker {broker}: not reached since start")));
         }
         let records = self.runtime.route(event, timeout).await?;
         // Confined before anything is published: the same event routes the same way again,
@@ -220,13 +222,7 @@ impl Deliver for RelaySink {
         for record in &records {
             self.publisher.destinations().admit(&record.destination).map_err(AttemptFailure::permanent)?;
         }
-        let (broker, count) = (self.publisher.name(), records.len() as i64);
-        let away = |message: String| AttemptFailure {
-            class: FailureClass::Retryable,
-            message,
-            retry_after: None,
-            pressure: Some(Pressure::Unavailable),
-        };
+        let count = records.len() as i64;
         let in_line = tokio::time::timeout_at(deadline, turn.wait()).await;
         if !matches!(in_line, Ok(true)) {
             // Publishing now would put this event ahead of an earlier one of its room: the
