@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::ensure;
 use outbox_host::config::{Config, WorkerConfig};
 use outbox_host::ops::metrics::Metrics;
-use outbox_host::relay::{Publish, settings::BrokerConfig, settings::BrokerKind};
+use outbox_host::relay::{Publish, publish_in_turn, settings::BrokerConfig, settings::BrokerKind};
 use outbox_host::sandbox::relay::{Record, RelayRuntime};
 use outbox_host::sandbox::{AttemptFailure, Deliver, Delivered, Event, FailureClass, Turn};
 use outbox_test_support::brokers::{Broker, BrokerServer};
@@ -96,8 +96,8 @@ impl Deliver for NativeRelay {
         if !turn.wait().await {
             return Err(failed("an earlier event of the room was not published".into()));
         }
-        self.publisher
-            .publish(&event.event_id, vec![record], timeout, &mut turn)
+        let deadline = tokio::time::Instant::now() + timeout;
+        publish_in_turn(self.publisher.as_ref(), &event.event_id, vec![record], deadline, &mut turn)
             .await
             .map_err(|e| failed(format!("{e:?}")))?;
         Ok(Delivered::Delivered)
@@ -279,7 +279,8 @@ async fn floor(target: &Target, n: usize, in_flight: usize) -> anyhow::Result<f6
         tasks.spawn(async move {
             let _permit = permit;
             let record = native_record(&event, destination);
-            publisher.publish(&event.event_id, vec![record], Duration::from_secs(30), &mut Turn::default()).await
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            publish_in_turn(publisher.as_ref(), &event.event_id, vec![record], deadline, &mut Turn::default()).await
         });
     }
     while let Some(done) = tasks.join_next().await {

@@ -167,7 +167,8 @@ mod redis_streams {
             .await;
         let row = world.row(&refused).await;
         assert_ne!(row.status, Status::Delivered);
-        assert!(row.last_error.as_deref().unwrap_or_default().contains("WRONGTYPE"), "{row:?}");
+        let error = row.last_error.unwrap_or_default();
+        assert!(error.contains("broker events: XADD to") && error.contains("WRONGTYPE"), "{error}");
 
         server.stop();
         let during = events(&world, 3, 3);
@@ -291,7 +292,7 @@ mod rabbitmq {
         let row = world.row(&event).await;
         assert_ne!(row.status, Status::Delivered, "an unroutable message was taken for delivered");
         let error = row.last_error.unwrap_or_default();
-        assert!(error.contains("unroutable") && error.contains("rooms.room-1"), "{error}");
+        assert!(error.contains("broker events: unroutable") && error.contains("rooms.room-1"), "{error}");
 
         let queue = queue(&channel, &exchange, "rooms.#").await;
         wait_delivered(&mut host, &world, &[&event]).await;

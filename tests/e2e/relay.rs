@@ -273,7 +273,7 @@ async fn a_subject_no_stream_takes_fails_the_attempt_naming_it() {
     let row = world.row(&id).await;
     assert_ne!(row.status, Status::Delivered);
     let error = row.last_error.unwrap_or_default();
-    assert!(error.contains("no stream takes subject elsewhere.room-1"), "{error}");
+    assert!(error.contains("broker events: no stream takes subject elsewhere.room-1"), "{error}");
     let refused = metric(&base, "room_outbox_broker_errors_total{broker=\"events\",kind=\"refused\"}").await;
     assert!(refused >= 1.0, "the refusal counted as refused: {refused}");
     assert_eq!(metric(&base, "room_outbox_broker_up{broker=\"events\"}").await, 1.0);

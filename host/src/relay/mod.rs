@@ -32,7 +32,13 @@ pub enum PublishError {
     Refused(String),
 }
 
-/// A broker connection that publishes an event's records and waits for their acks.
+/// The broker's acks of records already on the wire: how many of them it said it already
+/// had (its dedup dropped them).
+pub type Acks = std::pin::Pin<Box<dyn std::future::Future<Output = Result<u64, PublishError>> + Send>>;
+
+/// A broker connection that puts an event's records on the wire and hands back the wait for
+/// their acks. What is common to every broker (the deadline, the room's turn, the broker's
+/// name in every message) is [`publish_in_turn`]'s.
 #[async_trait::async_trait]
 pub trait Publish: Send + Sync {
     /// The broker's name in `brokers:`.
@@ -54,18 +60,56 @@ pub trait Publish: Send + Sync {
     /// connection has gone); `Err` says why not, short and secret-free.
     async fn probe(&self) -> Result<(), String>;
 
-    /// Publishes `records` of event `event_id`, in order, and returns once the broker has
-    /// acknowledged every one, with how many of them it said it already had (its dedup
-    /// dropped them); gives up at `timeout`. Calls `turn.sent()` once every record is on
-    /// the wire, in the connection's order, so that the room's next event may follow while
-    /// these acks are awaited. Messages are short and secret-free.
-    async fn publish(
-        &self,
-        event_id: &str,
-        records: Vec<Record>,
-        timeout: Duration,
-        turn: &mut Turn,
-    ) -> Result<u64, PublishError>;
+    /// Puts `records` of event `event_id` on the wire, in order, in the connection's order
+    /// (the room's next event may be sent as soon as this returns), and returns the wait for
+    /// their acks. Messages are short and secret-free, without the broker's name.
+    async fn send(&self, event_id: &str, records: Vec<Record>) -> Result<Acks, PublishError>;
+}
+
+/// Publishes `records` of event `event_id` through `publisher` by `deadline`: sends them,
+/// lets the room's next event follow (`turn`), and awaits the acks. Returns how many records
+/// the broker already had; every error names the broker.
+pub async fn publish_in_turn(
+    publisher: &dyn Publish,
+    event_id: &str,
+    records: Vec<Record>,
+    deadline: tokio::time::Instant,
+    turn: &mut Turn,
+) -> Result<u64, PublishError> {
+    let broker = publisher.name();
+    let named = |e: PublishError| match e {
+        PublishError::Unavailable(m) => PublishError::Unavailable(format!("broker {broker}: {m}")),
+        PublishError::Refused(m) => PublishError::Refused(format!("broker {broker}: {m}")),
+    };
+    let budget = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let acks = tokio::time::timeout_at(deadline, publisher.send(event_id, records))
+        .await
+        .map_err(|_| PublishError::Unavailable(format!("broker {broker}: not sent within {budget:?}")))?
+        .map_err(named)?;
+    turn.sent();
+    tokio::time::timeout_at(deadline, acks)
+        .await
+        .map_err(|_| PublishError::Unavailable(format!("broker {broker}: no ack within {budget:?}")))?
+        .map_err(named)
+}
+
+/// Connecting to broker `name` (at `shown`, redacted) within [`START_TIMEOUT`]: no answer in
+/// time, or an error that `unreachable` says is one of reaching it, is [`Unreachable`]
+/// (worth waiting for); any other error is a refusal. Every message names the broker.
+pub(crate) async fn reach<T, E: std::fmt::Display>(
+    name: &str,
+    shown: &str,
+    connecting: impl std::future::Future<Output = Result<T, E>>,
+    unreachable: impl FnOnce(&E) -> bool,
+) -> anyhow::Result<T> {
+    match tokio::time::timeout(START_TIMEOUT, connecting).await {
+        Err(_) => Err(Unreachable(format!("broker {name}: no answer from {shown} within {START_TIMEOUT:?}")).into()),
+        Ok(Ok(reached)) => Ok(reached),
+        Ok(Err(e)) => {
+            let said = format!("broker {name}: cannot connect to {shown}: {e}");
+            Err(if unreachable(&e) { Unreachable(said).into() } else { anyhow::anyhow!(said) })
+        }
+    }
 }
 
 /// A broker that did not answer at all (connection refused, no route, no answer in time),
@@ -238,10 +282,9 @@ impl Deliver for RelaySink {
             turn.sent();
             return Ok(Delivered::Skipped("not for this relay".to_string()));
         }
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let started = std::time::Instant::now();
         self.metrics.in_flight(count);
-        let published = self.publisher.publish(&event.event_id, records, left, &mut turn).await;
+        let published = publish_in_turn(self.publisher.as_ref(), &event.event_id, records, deadline, &mut turn).await;
         self.metrics.in_flight(-count);
         let took = started.elapsed();
         match published {
@@ -277,6 +320,74 @@ impl Deliver for RelaySink {
         let mut answered = self.answered.clone();
         if answered.wait_for(|at| at.is_some_and(|at| at > since)).await.is_err() {
             std::future::pending::<()>().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A broker whose sends go on the wire at once and whose acks come when `ack` says.
+    struct Acking {
+        destinations: Destinations,
+        acks: std::sync::Mutex<Vec<tokio::sync::oneshot::Receiver<Result<u64, PublishError>>>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Publish for Acking {
+        fn name(&self) -> &str {
+            "events"
+        }
+        fn kind(&self) -> BrokerKind {
+            BrokerKind::Nats
+        }
+        fn destinations(&self) -> &Destinations {
+            &self.destinations
+        }
+        async fn probe(&self) -> Result<(), String> {
+            Ok(())
+        }
+        async fn send(&self, _: &str, _: Vec<Record>) -> Result<Acks, PublishError> {
+            let ack = self.acks.lock().unwrap().pop().expect("an ack for each send");
+            Ok(Box::pin(async move { ack.await.unwrap_or(Err(PublishError::Unavailable("dropped".into()))) }))
+        }
+    }
+
+    fn acking(n: usize) -> (Acking, Vec<tokio::sync::oneshot::Sender<Result<u64, PublishError>>>) {
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| tokio::sync::oneshot::channel()).unzip();
+        let config = BrokerConfig::new("events", BrokerKind::Nats, "nats://127.0.0.1:4222");
+        (Acking { destinations: Destinations::of(&config, vec![">".into()]), acks: receivers.into() }, senders)
+    }
+
+    /// The room's next event may be sent once this one is on the wire, before its acks; the
+    /// acks decide the outcome; every error names the broker, and a missing ack ends at the
+    /// deadline.
+    #[tokio::test]
+    async fn the_next_event_follows_the_send_and_the_acks_decide_naming_the_broker() {
+        let (broker, mut acks) = acking(2);
+        let (mut first, after_first) = Turn::after(None);
+        let (mut second, _) = Turn::after(Some(after_first));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let publishing = publish_in_turn(&broker, "e1", Vec::new(), deadline, &mut first);
+        tokio::pin!(publishing);
+        tokio::select! {
+            _ = &mut publishing => panic!("published before its ack"),
+            went = second.wait() => assert!(went, "the next event waits for the send only"),
+        }
+        acks.pop().unwrap().send(Err(PublishError::Refused("nope".into()))).unwrap();
+        match publishing.await {
+            Err(PublishError::Refused(message)) => assert_eq!(message, "broker events: nope"),
+            other => panic!("{other:?}"),
+        }
+
+        let (mut third, _) = Turn::after(None);
+        let soon = tokio::time::Instant::now() + Duration::from_millis(50);
+        match publish_in_turn(&broker, "e2", Vec::new(), soon, &mut third).await {
+            Err(PublishError::Unavailable(message)) => {
+                assert!(message.starts_with("broker events: no ack within"), "{message}")
+            }
+            other => panic!("{other:?}"),
         }
     }
 }

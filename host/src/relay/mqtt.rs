@@ -24,8 +24,7 @@ use tokio::sync::oneshot;
 
 use super::confine::Destinations;
 use super::settings::{BrokerConfig, BrokerKind};
-use super::{Publish, PublishError, START_TIMEOUT, Unreachable, dedup_id};
-use crate::sandbox::Turn;
+use super::{Acks, Publish, PublishError, dedup_id};
 use crate::sandbox::relay::Record;
 
 /// Publishes waiting in the client's queue at most; past it a publish is push-back.
@@ -81,7 +80,7 @@ impl MqttPublisher {
             options.set_credentials(user.clone(), password.clone());
         }
         let (client, mut events) = AsyncClient::new(options.clone(), QUEUE);
-        let connected = tokio::time::timeout(START_TIMEOUT, async {
+        let connecting = async {
             loop {
                 match events.poll().await {
                     Ok(Event::Incoming(Packet::ConnAck(_))) => return Ok(()),
@@ -89,16 +88,9 @@ impl MqttPublisher {
                     Err(e) => return Err(e),
                 }
             }
-        })
-        .await
-        .map_err(|_| Unreachable(format!("broker {name}: no answer from {shown} within {START_TIMEOUT:?}")))?;
-        connected.map_err(|e| {
-            let said = format!("broker {name}: cannot connect to {shown}: {e}");
-            match e {
-                ConnectionError::Io(_) | ConnectionError::Timeout(_) => anyhow::Error::new(Unreachable(said)),
-                _ => anyhow::anyhow!(said),
-            }
-        })?;
+        };
+        super::reach(&name, &shown, connecting, |e| matches!(e, ConnectionError::Io(_) | ConnectionError::Timeout(_)))
+            .await?;
         let unsettled = Arc::new(Mutex::new(Unsettled::new(client)));
         let driver = tokio::spawn(drive(name.clone(), options, events, unsettled.clone()));
         tracing::info!(broker = %name, "relaying to MQTT");
@@ -126,7 +118,7 @@ impl MqttPublisher {
         unsettled
             .client
             .try_publish_with_properties(record.destination, QoS::AtLeastOnce, false, record.payload, properties)
-            .map_err(|e| PublishError::Unavailable(format!("broker {}: {e}", self.name)))?;
+            .map_err(|e| PublishError::Unavailable(e.to_string()))?;
         unsettled.queued.push_back(settle);
         Ok(settled)
     }
@@ -140,7 +132,7 @@ async fn drive(name: String, options: MqttOptions, mut events: EventLoop, unsett
         let event = events.poll().await;
         let lost = {
             let mut waiting = unsettled.lock().unwrap_or_else(|e| e.into_inner());
-            let lost = settle(&name, &mut waiting, event);
+            let lost = settle(&mut waiting, event);
             if lost.is_some() {
                 // Under the lock that `queue` holds while it queues: nothing is queued on
                 // the old client from here on, and what it still held goes with it.
@@ -159,7 +151,7 @@ async fn drive(name: String, options: MqttOptions, mut events: EventLoop, unsett
 
 /// Settles what `event` settles; a broken connection fails everything unsettled, and is
 /// returned.
-fn settle(name: &str, waiting: &mut Unsettled, event: Result<Event, ConnectionError>) -> Option<ConnectionError> {
+fn settle(waiting: &mut Unsettled, event: Result<Event, ConnectionError>) -> Option<ConnectionError> {
     match event {
         Ok(Event::Outgoing(Outgoing::Publish(pkid))) => {
             if let Some(settle) = waiting.queued.pop_front() {
@@ -170,7 +162,7 @@ fn settle(name: &str, waiting: &mut Unsettled, event: Result<Event, ConnectionEr
             if let Some(settle) = waiting.sent.remove(&ack.pkid) {
                 let result = match ack.reason {
                     PubAckReason::Success | PubAckReason::NoMatchingSubscribers => Ok(()),
-                    refused => Err(PublishError::Refused(format!("broker {name}: the broker refused it: {refused:?}"))),
+                    refused => Err(PublishError::Refused(format!("the broker refused it: {refused:?}"))),
                 };
                 let _ = settle.send(result);
             }
@@ -178,7 +170,7 @@ fn settle(name: &str, waiting: &mut Unsettled, event: Result<Event, ConnectionEr
         Ok(Event::Incoming(Packet::ConnAck(_))) => waiting.connection = Ok(()),
         Ok(_) => {}
         Err(error) => {
-            let message = format!("broker {name}: connection lost: {error}");
+            let message = format!("connection lost: {error}");
             waiting.connection = Err(message.clone());
             let Unsettled { queued, sent, .. } = waiting;
             for settle in queued.drain(..).chain(sent.drain().map(|(_, s)| s)) {
@@ -206,30 +198,22 @@ impl Publish for MqttPublisher {
 
     /// What the event loop last saw: a CONNACK, or the connection breaking.
     async fn probe(&self) -> Result<(), String> {
-        self.unsettled.lock().unwrap_or_else(|e| e.into_inner()).connection.clone()
+        let connection = self.unsettled.lock().unwrap_or_else(|e| e.into_inner()).connection.clone();
+        connection.map_err(|e| format!("broker {}: {e}", self.name))
     }
 
-    /// Queues every record, then awaits their PUBACKs.
-    async fn publish(
-        &self,
-        event_id: &str,
-        records: Vec<Record>,
-        timeout: Duration,
-        turn: &mut Turn,
-    ) -> Result<u64, PublishError> {
+    /// Queues every record; the PUBACKs are awaited in order.
+    async fn send(&self, event_id: &str, records: Vec<Record>) -> Result<Acks, PublishError> {
         let count = records.len();
         let mut settled = Vec::with_capacity(count);
         for (i, record) in records.into_iter().enumerate() {
             settled.push(self.queue(&dedup_id(event_id, i, count), record)?);
         }
-        turn.sent();
-        let deadline = tokio::time::Instant::now() + timeout;
-        for one in settled {
-            tokio::time::timeout_at(deadline, one)
-                .await
-                .map_err(|_| PublishError::Unavailable(format!("broker {}: no PUBACK within {timeout:?}", self.name)))?
-                .map_err(|_| PublishError::Unavailable(format!("broker {}: the client stopped", self.name)))??;
-        }
-        Ok(0) // it reports no duplicates
+        Ok(Box::pin(async move {
+            for one in settled {
+                one.await.map_err(|_| PublishError::Unavailable("the client stopped".into()))??;
+            }
+            Ok(0) // it reports no duplicates
+        }))
     }
 }

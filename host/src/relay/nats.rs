@@ -3,16 +3,13 @@
 //! record however often the event is delivered within the stream's duplicate window. An
 //! event's records are sent at once and their acks awaited together.
 
-use std::time::Duration;
-
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::{self, stream};
 use async_nats::{ConnectErrorKind, HeaderMap};
 
 use super::confine::Destinations;
 use super::settings::{BrokerConfig, BrokerKind};
-use super::{Publish, PublishError, START_TIMEOUT, Unreachable, dedup_id};
-use crate::sandbox::Turn;
+use super::{Acks, Publish, PublishError, START_TIMEOUT, dedup_id};
 use crate::sandbox::relay::Record;
 
 /// A JetStream publisher on one connection.
@@ -36,18 +33,10 @@ impl NatsPublisher {
             options = options.user_and_password(user.clone(), password.clone());
         }
         let url = crate::redact::url(&config.url);
-        let client = tokio::time::timeout(START_TIMEOUT, options.connect(config.url.as_str()))
-            .await
-            .map_err(|_| Unreachable(format!("broker {name}: no answer from {url} within {START_TIMEOUT:?}")))?
-            .map_err(|e| {
-                let said = format!("broker {name}: cannot connect to {url}: {e}");
-                match e.kind() {
-                    ConnectErrorKind::Io | ConnectErrorKind::TimedOut | ConnectErrorKind::Dns => {
-                        anyhow::Error::new(Unreachable(said))
-                    }
-                    _ => anyhow::anyhow!(said),
-                }
-            })?;
+        let client = super::reach(name, &url, options.connect(config.url.as_str()), |e| {
+            matches!(e.kind(), ConnectErrorKind::Io | ConnectErrorKind::TimedOut | ConnectErrorKind::Dns)
+        })
+        .await?;
         let jetstream = jetstream::new(client.clone());
         let stream = if config.create_stream {
             let wanted =
@@ -104,17 +93,10 @@ impl Publish for NatsPublisher {
         }
     }
 
-    /// Sends every record at once, then awaits their acks.
-    async fn publish(
-        &self,
-        event_id: &str,
-        records: Vec<Record>,
-        timeout: Duration,
-        turn: &mut Turn,
-    ) -> Result<u64, PublishError> {
-        let unavailable = PublishError::Unavailable;
-        let deadline = tokio::time::Instant::now() + timeout;
-        let (count, mut acks, mut duplicates) = (records.len(), Vec::with_capacity(records.len()), 0);
+    /// Sends every record at once; the acks are awaited together.
+    async fn send(&self, event_id: &str, records: Vec<Record>) -> Result<Acks, PublishError> {
+        let count = records.len();
+        let mut acks = Vec::with_capacity(count);
         for (i, record) in records.into_iter().enumerate() {
             let mut headers = HeaderMap::new();
             for (name, value) in &record.headers {
@@ -123,31 +105,27 @@ impl Publish for NatsPublisher {
                 }
             }
             headers.insert("Nats-Msg-Id", dedup_id(event_id, i, count).as_str());
-            let sent = tokio::time::timeout_at(
-                deadline,
-                self.jetstream.publish_with_headers(record.destination.clone(), headers, record.payload.into()),
-            )
-            .await
-            .map_err(|_| unavailable(format!("broker {}: the publish was not sent within {timeout:?}", self.name)))?
-            .map_err(|e| unavailable(format!("broker {}: publish to {}: {e}", self.name, record.destination)))?;
+            let sent = self
+                .jetstream
+                .publish_with_headers(record.destination.clone(), headers, record.payload.into())
+                .await
+                .map_err(|e| PublishError::Unavailable(format!("publish to {}: {e}", record.destination)))?;
             acks.push((sent, record.destination));
         }
-        turn.sent();
-        for (ack, destination) in acks {
-            let ack = tokio::time::timeout_at(deadline, ack.into_future())
-                .await
-                .map_err(|_| unavailable(format!("broker {}: no ack within {timeout:?}", self.name)))?
-                .map_err(|e| match e.kind() {
+        Ok(Box::pin(async move {
+            let mut duplicates = 0;
+            for (ack, destination) in acks {
+                let ack = ack.into_future().await.map_err(|e| match e.kind() {
                     // No stream takes the subject: the server answered, and will answer so
                     // again until a stream covers it.
-                    PublishErrorKind::StreamNotFound => PublishError::Refused(format!(
-                        "broker {}: no stream takes subject {destination} (no responders)",
-                        self.name
-                    )),
-                    _ => unavailable(format!("broker {}: {e}", self.name)),
+                    PublishErrorKind::StreamNotFound => {
+                        PublishError::Refused(format!("no stream takes subject {destination} (no responders)"))
+                    }
+                    _ => PublishError::Unavailable(e.to_string()),
                 })?;
-            duplicates += u64::from(ack.duplicate);
-        }
-        Ok(duplicates)
+                duplicates += u64::from(ack.duplicate);
+            }
+            Ok(duplicates)
+        }))
     }
 }

@@ -5,8 +5,6 @@
 //! attempt even though the broker then confirms it. RabbitMQ has no dedup of its own: an
 //! event delivered again is a second message with the same `message_id`.
 
-use std::time::Duration;
-
 use anyhow::Context as _;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::publisher_confirm::Confirmation;
@@ -15,8 +13,7 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
 use super::confine::Destinations;
 use super::settings::{BrokerConfig, BrokerKind};
-use super::{Publish, PublishError, START_TIMEOUT, Unreachable, dedup_id};
-use crate::sandbox::Turn;
+use super::{Acks, Publish, PublishError, dedup_id};
 use crate::sandbox::relay::Record;
 
 /// AMQP's limit on a short string: a routing key, a header's name, a message id.
@@ -55,16 +52,8 @@ impl RabbitPublisher {
             // default exchange reaches every queue by name, so its patterns are required.
             destinations: Destinations::of(config, vec!["#".to_string()]),
         };
-        let (connection, channel) = tokio::time::timeout(START_TIMEOUT, publisher.open())
-            .await
-            .map_err(|_| Unreachable(format!("broker {name}: no answer from {shown} within {START_TIMEOUT:?}")))?
-            .map_err(|e| {
-                let said = format!("broker {name}: cannot connect to {shown}: {e}");
-                match e {
-                    lapin::Error::IOError(_) => anyhow::Error::new(Unreachable(said)),
-                    _ => anyhow::anyhow!(said),
-                }
-            })?;
+        let (connection, channel) =
+            super::reach(name, &shown, publisher.open(), |e| matches!(e, lapin::Error::IOError(_))).await?;
         if !config.exchange.is_empty() {
             let check = connection.create_channel().await.with_context(|| format!("broker {name}: a channel"))?;
             let passive = ExchangeDeclareOptions { passive: true, ..Default::default() };
@@ -97,17 +86,10 @@ impl RabbitPublisher {
             return Ok(channel.clone());
         }
         *open = None;
-        let (connection, channel) = self.open().await.map_err(|e| self.unavailable(format!("cannot connect: {e}")))?;
+        let (connection, channel) =
+            self.open().await.map_err(|e| PublishError::Unavailable(format!("cannot connect: {e}")))?;
         *open = Some((connection, channel.clone()));
         Ok(channel)
-    }
-
-    fn unavailable(&self, what: String) -> PublishError {
-        PublishError::Unavailable(format!("broker {}: {what}", self.name))
-    }
-
-    fn refused(&self, what: String) -> PublishError {
-        PublishError::Refused(format!("broker {}: {what}", self.name))
     }
 
     /// The AMQP properties of record `id`.
@@ -116,7 +98,7 @@ impl RabbitPublisher {
         let mut content_type = None;
         for (name, value) in &record.headers {
             if name.len() > SHORT_STRING {
-                return Err(self.refused(format!("a header name is longer than {SHORT_STRING} bytes")));
+                return Err(PublishError::Refused(format!("a header name is longer than {SHORT_STRING} bytes")));
             }
             if name.eq_ignore_ascii_case("content-type") {
                 content_type = Some(value.clone());
@@ -154,54 +136,50 @@ impl Publish for RabbitPublisher {
     /// The open channel, opened again when it has closed.
     async fn probe(&self) -> Result<(), String> {
         self.channel().await.map(drop).map_err(|e| match e {
-            PublishError::Unavailable(message) | PublishError::Refused(message) => message,
+            PublishError::Unavailable(message) | PublishError::Refused(message) => {
+                format!("broker {}: {message}", self.name)
+            }
         })
     }
 
-    /// Publishes every record, then awaits their confirms in order.
-    async fn publish(
-        &self,
-        event_id: &str,
-        records: Vec<Record>,
-        timeout: Duration,
-        turn: &mut Turn,
-    ) -> Result<u64, PublishError> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let late = || self.unavailable(format!("no confirm within {timeout:?}"));
-        let channel = tokio::time::timeout_at(deadline, self.channel()).await.map_err(|_| late())??;
+    /// Publishes every record; the confirms are awaited in order.
+    async fn send(&self, event_id: &str, records: Vec<Record>) -> Result<Acks, PublishError> {
+        let channel = self.channel().await?;
         let (count, mut confirms) = (records.len(), Vec::with_capacity(records.len()));
-        for (i, record) in records.iter().enumerate() {
+        for (i, record) in records.into_iter().enumerate() {
             if record.destination.len() > SHORT_STRING {
-                return Err(self.refused(format!("a routing key is longer than {SHORT_STRING} bytes")));
+                return Err(PublishError::Refused(format!("a routing key is longer than {SHORT_STRING} bytes")));
             }
-            let properties = self.properties(&dedup_id(event_id, i, count), record)?;
+            let properties = self.properties(&dedup_id(event_id, i, count), &record)?;
             let mandatory = BasicPublishOptions { mandatory: true, ..Default::default() };
-            let publish =
-                channel.basic_publish(&self.exchange, &record.destination, mandatory, &record.payload, properties);
-            let confirm = tokio::time::timeout_at(deadline, publish)
+            let confirm = channel
+                .basic_publish(&self.exchange, &record.destination, mandatory, &record.payload, properties)
                 .await
-                .map_err(|_| late())?
-                .map_err(|e| self.unavailable(format!("publish to {}: {e}", record.destination)))?;
-            confirms.push((confirm, &record.destination));
+                .map_err(|e| PublishError::Unavailable(format!("publish to {}: {e}", record.destination)))?;
+            confirms.push((confirm, record.destination));
         }
-        turn.sent();
-        for (confirm, destination) in confirms {
-            let confirmation = tokio::time::timeout_at(deadline, confirm)
-                .await
-                .map_err(|_| late())?
-                .map_err(|e| self.unavailable(format!("confirm of {destination}: {e}")))?;
-            match confirmation {
-                Confirmation::Ack(None) => {}
-                Confirmation::Ack(Some(returned)) => {
-                    return Err(self.refused(format!(
-                        "unroutable: {} ({}) for routing key {destination} on exchange {:?}",
-                        returned.reply_text, returned.reply_code, self.exchange
-                    )));
+        let exchange = self.exchange.clone();
+        Ok(Box::pin(async move {
+            for (confirm, destination) in confirms {
+                let confirmation =
+                    confirm.await.map_err(|e| PublishError::Unavailable(format!("confirm of {destination}: {e}")))?;
+                match confirmation {
+                    Confirmation::Ack(None) => {}
+                    Confirmation::Ack(Some(returned)) => {
+                        return Err(PublishError::Refused(format!(
+                            "unroutable: {} ({}) for routing key {destination} on exchange {exchange:?}",
+                            returned.reply_text, returned.reply_code
+                        )));
+                    }
+                    Confirmation::Nack(_) => {
+                        return Err(PublishError::Unavailable(format!("{destination}: the broker nacked it")));
+                    }
+                    Confirmation::NotRequested => {
+                        return Err(PublishError::Unavailable("the channel is not confirming".into()));
+                    }
                 }
-                Confirmation::Nack(_) => return Err(self.unavailable(format!("{destination}: the broker nacked it"))),
-                Confirmation::NotRequested => return Err(self.unavailable("the channel is not confirming".into())),
             }
-        }
-        Ok(0) // it reports no duplicates
+            Ok(0) // it reports no duplicates
+        }))
     }
 }

@@ -12,8 +12,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::confine::{Destinations, REDIS_MARKER_PREFIX};
 use super::settings::{BrokerConfig, BrokerKind};
-use super::{Publish, PublishError, START_TIMEOUT, Unreachable, dedup_id};
-use crate::sandbox::Turn;
+use super::{Acks, Publish, PublishError, dedup_id};
 use crate::sandbox::relay::Record;
 
 /// KEYS: the stream, the dedup marker. ARGV: the window in seconds, MAXLEN (0: none), then
@@ -44,6 +43,11 @@ fn reconnect() -> ConnectionManagerConfig {
         .set_connection_timeout(Duration::from_secs(2))
 }
 
+/// Whether `e` says the server could not be reached (as opposed to answered and refused).
+fn away(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_connection_refusal() || e.is_timeout() || e.is_connection_dropped()
+}
+
 /// The entry field that holds a record's key, and the one that holds its payload.
 pub const KEY_FIELD: &str = "key";
 /// See [`KEY_FIELD`].
@@ -72,17 +76,7 @@ impl RedisPublisher {
         }
         let client = redis::Client::open(info).with_context(|| format!("broker {name}: {url}"))?;
         let mut connection =
-            tokio::time::timeout(START_TIMEOUT, ConnectionManager::new_with_config(client, reconnect()))
-                .await
-                .map_err(|_| Unreachable(format!("broker {name}: no answer from {url} within {START_TIMEOUT:?}")))?
-                .map_err(|e| {
-                    let said = format!("broker {name}: cannot connect to {url}: {e}");
-                    if e.is_io_error() || e.is_connection_refusal() || e.is_timeout() || e.is_connection_dropped() {
-                        anyhow::Error::new(Unreachable(said))
-                    } else {
-                        anyhow::anyhow!(said)
-                    }
-                })?;
+            super::reach(name, &url, ConnectionManager::new_with_config(client, reconnect()), away).await?;
         let _: String = redis::cmd("PING")
             .query_async(&mut connection)
             .await
@@ -126,14 +120,9 @@ impl Publish for RedisPublisher {
         redis::cmd("PING").query_async::<()>(&mut connection).await.map_err(|e| format!("broker {}: {e}", self.name))
     }
 
-    async fn publish(
-        &self,
-        event_id: &str,
-        records: Vec<Record>,
-        timeout: Duration,
-        turn: &mut Turn,
-    ) -> Result<u64, PublishError> {
-        let deadline = tokio::time::Instant::now() + timeout;
+    /// Adds the records one after another, each acknowledged by the script's reply: what
+    /// is handed back has every ack already.
+    async fn send(&self, event_id: &str, records: Vec<Record>) -> Result<Acks, PublishError> {
         let (count, mut duplicates) = (records.len(), 0);
         for (i, record) in records.into_iter().enumerate() {
             let id = dedup_id(event_id, i, count);
@@ -147,21 +136,12 @@ impl Publish for RedisPublisher {
             }
             call.arg(PAYLOAD_FIELD).arg(record.payload);
             let mut connection = self.connection.clone();
-            let added: i64 = tokio::time::timeout_at(deadline, call.invoke_async(&mut connection))
-                .await
-                .map_err(|_| PublishError::Unavailable(format!("broker {}: no reply within {timeout:?}", self.name)))?
-                .map_err(|e| {
-                    let message = format!("broker {}: XADD to {}: {e}", self.name, record.destination);
-                    if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
-                        PublishError::Unavailable(message)
-                    } else {
-                        PublishError::Refused(message)
-                    }
-                })?;
+            let added: i64 = call.invoke_async(&mut connection).await.map_err(|e| {
+                let message = format!("XADD to {}: {e}", record.destination);
+                if away(&e) { PublishError::Unavailable(message) } else { PublishError::Refused(message) }
+            })?;
             duplicates += u64::from(added == 0);
         }
-        // Each reply was awaited: the next event of the room follows the last.
-        turn.sent();
-        Ok(duplicates)
+        Ok(Box::pin(std::future::ready(Ok(duplicates))))
     }
 }

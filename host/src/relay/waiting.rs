@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use super::confine::Destinations;
 use super::settings::{BrokerConfig, BrokerKind};
-use super::{Publish, PublishError, connect};
-use crate::sandbox::Turn;
+use super::{Acks, Publish, PublishError, connect};
 use crate::sandbox::relay::Record;
 
 /// How often a broker not reached yet is tried again.
@@ -94,16 +93,10 @@ impl Publish for Waiting {
         }
     }
 
-    async fn publish(
-        &self,
-        event_id: &str,
-        records: Vec<Record>,
-        timeout: Duration,
-        turn: &mut Turn,
-    ) -> Result<u64, PublishError> {
+    async fn send(&self, event_id: &str, records: Vec<Record>) -> Result<Acks, PublishError> {
         match self.reached.get() {
-            Some(publisher) => publisher.publish(event_id, records, timeout, turn).await,
-            None => Err(PublishError::Unavailable(self.last_error())),
+            Some(publisher) => publisher.send(event_id, records).await,
+            None => Err(PublishError::Unavailable("not reached since start".into())),
         }
     }
 }
