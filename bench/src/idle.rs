@@ -224,6 +224,16 @@ impl Partitions for Counting {
         self.count_n(2);
         self.inner.leave_partitions(owner).await
     }
+    async fn announce(
+        &self,
+        owner: &str,
+        ordering: &str,
+        now: i64,
+        until: i64,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        self.count_n(2);
+        self.inner.announce(owner, ordering, now, until).await
+    }
     async fn partition_owners(&self, now: i64) -> Result<Vec<OwnerView>, StoreError> {
         self.count();
         self.inner.partition_owners(now).await

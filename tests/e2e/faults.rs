@@ -449,6 +449,15 @@ impl Partitions for Faulty {
     async fn leave_partitions(&self, owner: &str) -> Result<(), StoreError> {
         self.faults.at(Some(Point::Leave), self.inner.leave_partitions(owner)).await
     }
+    async fn announce(
+        &self,
+        owner: &str,
+        ordering: &str,
+        now_ms: i64,
+        until_ms: i64,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        self.faults.at(Some(Point::Heartbeat), self.inner.announce(owner, ordering, now_ms, until_ms)).await
+    }
     async fn partition_owners(&self, now_ms: i64) -> Result<Vec<OwnerView>, StoreError> {
         self.inner.partition_owners(now_ms).await
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use outbox_host::store::{Fence, Heartbeat, Mark, Outcome, OwnedRead, Status, Store, now_ms};
 
 use crate::binary::{signal, spawn_host, wait_exit};
-use crate::support::{Running, World, per_backend};
+use crate::support::{Running, World, per_backend, query_strings};
 
 per_backend!(
     an_outcome_from_a_lost_partition_is_not_written,
@@ -16,7 +16,8 @@ per_backend!(
     a_clean_shutdown_gives_up_every_partition_and_claims_nothing,
     a_host_joining_one_just_started_gets_its_share_within_short_beats,
     the_partition_count_changes_only_by_command_with_the_hosts_stopped,
-    a_go_workers_live_lease_holds_its_room_until_it_ends;
+    a_go_workers_live_lease_holds_its_room_until_it_ends,
+    a_host_with_another_ordering_than_the_live_hosts_refuses_to_start;
     servers: a_stopped_owner_is_taken_over_and_its_late_outcomes_are_fenced
 );
 
@@ -361,4 +362,45 @@ async fn postgres_a_page_of_a_backlog_reads_a_page_of_the_index_before_any_stati
     assert_eq!(ids, oldest, "the page is the 100 oldest rows");
     let entries = entries_read(&mut conn, "room_outbox_claim_idx", Some(before)).await - before;
     assert!(entries < 1_000, "{entries} claim index entries read for a page of 100 of 20,000 waiting rows");
+}
+
+/// The hosts of a sink deliver with one ordering: a host whose `ordering` differs from the
+/// live hosts' refuses to start, naming theirs, and leaves no trace that would hold back a
+/// host started after it; once they have stopped, it starts. Both ways round.
+async fn a_host_with_another_ordering_than_the_live_hosts_refuses_to_start(world: World) {
+    let per_room = world.config("", "default: ok");
+    let none = world.config("ordering: none", "default: ok");
+    // The sink's hosts of each ordering, as (per_room, none).
+    let hosts = || async {
+        let count = |ordering: &str| format!("SELECT COUNT(*) FROM room_outbox_owners WHERE ordering = '{ordering}'");
+        let per_room = query_strings(&world.db, &count("per_room")).await;
+        let none = query_strings(&world.db, &count("none")).await;
+        (per_room[0].clone(), none[0].clone())
+    };
+    let count = |per_room: &str, none: &str| (per_room.to_string(), none.to_string());
+
+    let first = Running::start(per_room.clone()).await;
+    let refused =
+        outbox_host::app::Host::start(none.clone()).await.err().expect("ordering: none refused beside per_room");
+    let said = format!("{refused:#}");
+    assert!(said.contains("deliver this sink with outbox_worker.ordering: per_room"), "{said}");
+    assert!(said.contains("this host is configured with ordering: none"), "{said}");
+    assert_eq!(hosts().await, count("1", "0"), "the refused host left its row");
+    first.stop().await;
+    assert_eq!(hosts().await, count("0", "0"), "a clean stop leaves");
+
+    let first = Running::start(none.clone()).await;
+    assert_eq!(hosts().await, count("0", "1"), "an ordering: none host is among the hosts");
+    let refused = outbox_host::app::Host::start(per_room.clone()).await.err().expect("per_room refused beside none");
+    let said = format!("{refused:#}");
+    assert!(said.contains("deliver this sink with outbox_worker.ordering: none"), "{said}");
+    assert!(said.contains("this host is configured with ordering: per_room"), "{said}");
+    assert_eq!(hosts().await, count("0", "1"), "the refused host left its row");
+    first.stop().await;
+    assert_eq!(hosts().await, count("0", "0"), "a clean stop of an ordering: none host leaves");
+
+    let id = world.produce("RoomGiftSent", "room-1", Status::Pending).await;
+    let mut last = Running::start(per_room).await;
+    last.wait_status(&world, &[&id], Status::Delivered).await;
+    last.stop().await;
 }

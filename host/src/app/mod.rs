@@ -167,13 +167,15 @@ impl Host {
                 relay = connect_broker(&config, sink_config, true).await.with_context(context)?;
                 let sink =
                     reload::build(sink_config, relay.as_ref(), sink_metrics.clone()).await.with_context(context)?;
-                Some(Worker::new(
+                let worker = Worker::new(
                     sink_store.clone(),
                     sink,
                     sink_config.worker.clone(),
                     &config.node_id,
                     sink_metrics.clone(),
-                ))
+                );
+                worker.join_hosts().await.with_context(context)?;
+                Some(worker)
             } else {
                 None
             };

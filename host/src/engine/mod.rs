@@ -191,10 +191,16 @@ impl Worker {
         let (claims, mut claimed) = mpsc::unbounded_channel();
         let mut breaker = Breaker::new(self.config.breaker);
         let (gate, gate_rx) = watch::channel(breaker.state());
-        let keeper = self.tracker.clone().map(|tracker| {
+        // Partition leases under per-room order; under `none`, this host's place among the
+        // sink's hosts (see `join_hosts`).
+        let keeper = {
             let stop = shutdown.child_token();
-            (tokio::spawn(self.clone().keep_partitions(tracker, stop.clone())), stop)
-        });
+            let keeping = match self.tracker.clone() {
+                Some(tracker) => tokio::spawn(self.clone().keep_partitions(tracker, stop.clone())),
+                None => tokio::spawn(self.clone().keep_announced(stop.clone())),
+            };
+            (keeping, stop)
+        };
         let claimer = tokio::spawn(self.clone().claim_ahead(outstanding.clone(), claims, gate_rx, shutdown.clone()));
         // A sink that keeps order across deliveries in flight may have several of a room's.
         let mut buffer = Buffer::new(self.sink.get().room_pipeline());
@@ -285,7 +291,7 @@ impl Worker {
         &self,
         recorder: tokio::task::JoinHandle<Vec<Pending>>,
         give_up: CancellationToken,
-        keeper: Option<(tokio::task::JoinHandle<()>, CancellationToken)>,
+        (keeper, stop): (tokio::task::JoinHandle<()>, CancellationToken),
     ) -> anyhow::Result<()> {
         let grace = self.config.shutdown_grace;
         let give_up_later = {
@@ -303,12 +309,10 @@ impl Worker {
             }
         };
         give_up_later.abort();
-        if let Some((keeper, stop)) = keeper {
-            stop.cancel();
-            let _ = keeper.await;
-            if unwritten.is_empty() {
-                self.leave_partitions().await;
-            }
+        stop.cancel();
+        let _ = keeper.await;
+        if unwritten.is_empty() {
+            self.leave_partitions().await;
         }
         if !unwritten.is_empty() {
             let ids: Vec<&str> = unwritten.iter().map(|p| p.mark.event_id.as_str()).collect();

@@ -516,6 +516,54 @@ impl Worker {
         Ok((page, failed))
     }
 
+    /// Joins the sink's hosts under this host's `ordering`; refuses, naming the live hosts
+    /// and their ordering, when they deliver the sink with another (a room's order would
+    /// not hold between them). A refused host leaves at once, so that it does not hold back
+    /// a host that starts after it with theirs.
+    pub async fn join_hosts(&self) -> anyhow::Result<()> {
+        let now = self.store.clock_ms().await?;
+        let until = now + self.config.partition_lease.as_millis() as i64;
+        let mine = self.config.ordering.name();
+        let others = self.store.announce(&self.worker_id, mine, now, until).await?;
+        let Some((_, theirs)) = others.first() else { return Ok(()) };
+        let _ = self.store.leave_partitions(&self.worker_id).await;
+        let hosts: Vec<&str> = others.iter().map(|(owner, _)| owner.as_str()).collect();
+        anyhow::bail!(
+            "host(s) {} deliver this sink with outbox_worker.ordering: {theirs}, and this host is configured with \
+             ordering: {mine}. All hosts of a sink deliver with one ordering (a room's order would not hold between \
+             them): set ordering: {theirs} here, or stop those hosts before changing it",
+            hosts.join(", ")
+        )
+    }
+
+    /// Under `ordering: none`, keeps this host among the sink's hosts (a heartbeat every
+    /// third of `partition_lease`), so that a `per_room` host starting meanwhile refuses.
+    pub(super) async fn keep_announced(self: Arc<Self>, shutdown: CancellationToken) {
+        let every = self.config.partition_lease / 3;
+        let lease_ms = self.config.partition_lease.as_millis() as i64;
+        while !shutdown.is_cancelled() {
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                () = shutdown.cancelled() => return,
+            }
+            self.clock.sync(self.store.as_ref()).await;
+            let now = self.clock.now_ms();
+            let said = self.store.announce(&self.worker_id, self.config.ordering.name(), now, now + lease_ms).await;
+            match said {
+                Ok(others) if others.is_empty() => self.metrics.db_ok("partitions"),
+                Ok(others) => {
+                    self.metrics.db_ok("partitions");
+                    let hosts: Vec<&str> = others.iter().map(|(owner, _)| owner.as_str()).collect();
+                    tracing::error!(worker = "room_outbox", node_id = %self.node_id, hosts = %hosts.join(","), "hosts with another outbox_worker.ordering deliver this sink (they started together with this one): stop them")
+                }
+                Err(e) => {
+                    self.metrics.db_error("partitions", &e);
+                    tracing::warn!(worker = "room_outbox", node_id = %self.node_id, error = %e, "could not renew this host's place among the sink's hosts; will retry");
+                }
+            }
+        }
+    }
+
     /// Gives up this host's partitions at a clean shutdown, so that the others take them at
     /// once rather than when the leases run out.
     pub(super) async fn leave_partitions(&self) {

@@ -34,6 +34,16 @@ pub enum RoomOrdering {
     None,
 }
 
+impl RoomOrdering {
+    /// Its name in the config.
+    pub fn name(self) -> &'static str {
+        match self {
+            RoomOrdering::PerRoom => "per_room",
+            RoomOrdering::None => "none",
+        }
+    }
+}
+
 /// `outbox_worker.retry_strategy`: how long a `retryable` row waits before its next attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RetryStrategy {

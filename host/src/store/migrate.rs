@@ -46,8 +46,9 @@ pub struct Step {
 }
 
 impl Step {
-    /// The baseline's two parts: the table itself (with its indexes), then the outbox's own
-    /// bookkeeping. Any other version is all table.
+    /// The step's two parts: the table itself (with its indexes), then the outbox's own
+    /// bookkeeping, which a sink's own table does not get. A step without the marker line
+    /// is all table.
     pub fn parts(&self) -> (&str, &str) {
         match self.sql.find(BOOKKEEPING) {
             Some(at) => self.sql.split_at(at),
@@ -189,7 +190,7 @@ mod tests {
 
     /// Each baseline has its bookkeeping part, and the table part creates no bookkeeping.
     #[test]
-    fn each_baseline_splits_into_the_table_and_the_bookkeeping() {
+    fn each_baseline_and_version_2_split_into_the_table_and_the_bookkeeping() {
         for migrator in [&SQLITE, &POSTGRES, &MYSQL] {
             let steps = steps(migrator, "t");
             let (table, bookkeeping) = steps[0].parts();
@@ -198,6 +199,10 @@ mod tests {
                 assert!(bookkeeping.contains(&format!("CREATE TABLE IF NOT EXISTS {own} (")), "{own}");
                 assert!(!table.contains(own), "{own} in the table part");
             }
+            // Version 2 is all bookkeeping: a sink's own table gets none of it.
+            let (table, bookkeeping) = steps[1].parts();
+            assert!(!table.contains("ALTER"), "{table}");
+            assert!(bookkeeping.contains("ALTER TABLE t_owners ADD COLUMN ordering"), "{bookkeeping}");
         }
     }
 

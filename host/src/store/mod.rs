@@ -596,8 +596,20 @@ pub trait Partitions: Send + Sync + 'static {
     /// indexes of the marks fenced off.
     async fn mark_owned(&self, owner: &str, marks: &[Mark], now_ms: i64) -> Result<(u64, Vec<usize>), StoreError>;
 
-    /// Gives up every partition `owner` holds on this sink (a clean shutdown).
+    /// Gives up every partition `owner` holds on this sink, and its place among the sink's
+    /// hosts (a clean shutdown).
     async fn leave_partitions(&self, owner: &str) -> Result<(), StoreError>;
+
+    /// Says `owner` delivers this sink with `ordering` (`per_room`, `none`) until `until_ms`
+    /// on the database's clock, joining the sink's hosts if it was not among them. Returns
+    /// the hosts live at `now_ms` that deliver it with another ordering, and theirs.
+    async fn announce(
+        &self,
+        owner: &str,
+        ordering: &str,
+        now_ms: i64,
+        until_ms: i64,
+    ) -> Result<Vec<(String, String)>, StoreError>;
 
     /// The live owners of this sink's partitions.
     async fn partition_owners(&self, now_ms: i64) -> Result<Vec<OwnerView>, StoreError>;

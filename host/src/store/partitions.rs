@@ -324,7 +324,8 @@ for_every_dialect!(impl {
         let p = D::param;
         let sql = format!(
             "SELECT part, owner, epoch, lease_until_ms FROM {parts} WHERE sink_table = {} \
-             UNION ALL SELECT -1, owner, 0, lease_until_ms FROM {owners} WHERE sink_table = {} AND lease_until_ms > {}",
+             UNION ALL SELECT -1, owner, 0, lease_until_ms FROM {owners} WHERE sink_table = {} AND lease_until_ms > {} \
+             AND ordering = 'per_room'",
             p(1),
             p(2),
             p(3)
@@ -424,6 +425,51 @@ for_every_dialect!(impl {
         Ok(())
     }
 
+    /// See [`super::Partitions::announce`]. Hosts of both orderings keep a row in
+    /// `<outbox>_owners`; only `per_room` ones share the partitions.
+    pub(super) async fn announce_ordering(
+        &self,
+        owner: &str,
+        ordering: &str,
+        now_ms: i64,
+        until_ms: i64,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let (_, owners) = self.lease_tables();
+        let (t, p) = (&self.table, D::param);
+        let seen = format!(
+            "UPDATE {owners} SET lease_until_ms = {}, ordering = {} WHERE sink_table = {} AND owner = {}",
+            p(1),
+            p(2),
+            p(3),
+            p(4)
+        );
+        let seen = sqlx::query(&seen).bind(until_ms).bind(ordering.to_string()).bind(t.clone()).bind(owner.to_string());
+        if D::rows_affected(&seen.execute(&self.pool).await?) == 0 {
+            let join = format!(
+                "INSERT INTO {owners} (sink_table, owner, lease_until_ms, in_flight, ordering) VALUES ({})",
+                params::<D>(1, 5)
+            );
+            sqlx::query(&join)
+                .bind(t.clone())
+                .bind(owner.to_string())
+                .bind(until_ms)
+                .bind(0i64)
+                .bind(ordering.to_string())
+                .execute(&self.pool)
+                .await?;
+        }
+        let others = format!(
+            "SELECT owner, ordering FROM {owners} WHERE sink_table = {} AND lease_until_ms > {} AND ordering <> {} \
+             ORDER BY owner",
+            p(1),
+            p(2),
+            p(3)
+        );
+        let rows =
+            sqlx::query(&others).bind(t.clone()).bind(now_ms).bind(ordering.to_string()).fetch_all(&self.pool).await?;
+        rows.iter().map(|r| Ok((D::text(r, 0)?, D::text(r, 1)?))).collect()
+    }
+
     /// Every owner of this sink's partitions with a live heartbeat, and what it holds.
     pub(super) async fn owners(&self, now_ms: i64) -> Result<Vec<OwnerView>, StoreError> {
         let (parts, owners) = self.lease_tables();
@@ -431,7 +477,7 @@ for_every_dialect!(impl {
         let sql = format!(
             "SELECT o.owner, o.in_flight, o.lease_until_ms, p.part FROM {owners} o \
              LEFT JOIN {parts} p ON p.sink_table = o.sink_table AND p.owner = o.owner AND p.lease_until_ms > {} \
-             WHERE o.sink_table = {} AND o.lease_until_ms > {} ORDER BY o.owner, p.part",
+             WHERE o.sink_table = {} AND o.lease_until_ms > {} AND o.ordering = 'per_room' ORDER BY o.owner, p.part",
             p(1),
             p(2),
             p(3)

@@ -246,7 +246,9 @@ for_every_dialect!(impl {
                 };
                 (sql, description)
             } else {
-                (step.sql.as_str(), step.description.clone())
+                // A sink's own table has none of the outbox's bookkeeping.
+                let (table, _) = step.parts();
+                (if copy { table } else { step.sql.as_str() }, step.description.clone())
             };
             if !sql.trim().is_empty() {
                 Executor::execute(&mut *conn, sql)

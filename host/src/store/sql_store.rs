@@ -398,6 +398,16 @@ for_every_dialect!(
             self.leave(owner).await
         }
 
+        async fn announce(
+            &self,
+            owner: &str,
+            ordering: &str,
+            now_ms: i64,
+            until_ms: i64,
+        ) -> Result<Vec<(String, String)>, StoreError> {
+            self.announce_ordering(owner, ordering, now_ms, until_ms).await
+        }
+
         async fn partition_owners(&self, now_ms: i64) -> Result<Vec<super::OwnerView>, StoreError> {
             self.owners(now_ms).await
         }
