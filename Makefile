@@ -55,14 +55,16 @@ bench: plugins ## Benchmark on release builds: SQLite, plus PostgreSQL and Maria
 	cargo build --release -p outbox-host -p outbox-bench
 	{ source scripts/test-databases.sh || true; } && $(TARGET_DIR)/release/outbox-bench --json target/bench/latest.json $(BENCH_ARGS)
 
-soak: plugins ## The soak: 4 hosts, 2 then 3 sinks, 100,000 events on PostgreSQL and MariaDB under kills, a cut, a reload, a purge and a replay (SOAK_ARGS=--help); then 500 fault-harness schedules per database (FAULT_SCHEDULES=N)
+soak: plugins ## The soak: 4 hosts, 2 then 3 sinks, 100,000 events on PostgreSQL and MariaDB under kills, a cut, a reload, a purge and a replay (SOAK_ARGS=--help); the kill storm, five runs per server (STORM_RUNS=N); then 500 fault-harness schedules per database (FAULT_SCHEDULES=N)
 	cargo build --release -p outbox-host -p outbox-bench
 	source scripts/test-databases.sh && $(TARGET_DIR)/release/outbox-soak $(SOAK_ARGS)
+	source scripts/test-databases.sh && $(TARGET_DIR)/release/outbox-soak --storm --runs $(or $(STORM_RUNS),5)
 	source scripts/test-databases.sh && OUTBOX_FAULT_SCHEDULES=$(or $(FAULT_SCHEDULES),500) cargo test -p outbox-host --test e2e -- faults --nocapture
 
-soak-short: plugins ## The soak's short version, on the debug build, then 200 fault-harness schedules per database (what CI runs)
+soak-short: plugins ## The soak's short version, on the debug build, one kill storm per server, then 200 fault-harness schedules per database (what CI runs)
 	cargo build -p outbox-host -p outbox-bench --bin outbox-host --bin outbox-soak
 	source scripts/test-databases.sh && $(TARGET_DIR)/debug/outbox-soak --events 6000 --rate 600 --rooms 200 --drain-seconds 300 $(SOAK_ARGS)
+	source scripts/test-databases.sh && $(TARGET_DIR)/debug/outbox-soak --storm --runs 1 --drain-seconds 300
 	source scripts/test-databases.sh && OUTBOX_FAULT_SCHEDULES=$(or $(FAULT_SCHEDULES),200) cargo test -p outbox-host --test e2e -- faults --nocapture
 
 dist: plugins ## Pack a release tarball into dist/: the release binary, the three sinks, examples, deploy/ (with a systemd unit), docs

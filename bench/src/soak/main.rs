@@ -8,6 +8,7 @@
 //! order violations (must be 0); and exits 1 if any of those does not hold.
 
 mod faults;
+mod storm;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -53,6 +54,25 @@ struct Args {
     /// its creation time, its receipts, whether the replay covered it).
     #[arg(long)]
     details: Option<PathBuf>,
+    /// The kill storm instead of the soak: 10 chunks of 2,000 events one second apart, each
+    /// over its own 100 rooms as two 1,000-row inserts, created up to 2 s ahead of the
+    /// database's clock, while a random host is SIGKILLed (and started again) every 1 to 1.6
+    /// s for 20 s; `--events`, `--rooms` and `--rate` do not apply.
+    #[arg(long)]
+    storm: bool,
+    /// Runs per backend.
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+    /// The storm's seed (which host is killed when); default: from the clock, printed.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// The hosts' `outbox_worker` settings left at their defaults (else short leases and
+    /// timeouts, so that a killed host's rows come back within seconds).
+    #[arg(long)]
+    default_worker: bool,
+    /// The hosts' log level.
+    #[arg(long, default_value = "warn")]
+    log_level: String,
 }
 
 /// The hosts' delivery settings: leases short enough that a killed host's rows come back
@@ -84,21 +104,37 @@ async fn soak(args: Args) -> anyhow::Result<()> {
     let mut failed = false;
     let mut rows = Vec::new();
     for backend in &backends {
-        let db = match backend.as_str() {
-            "postgres" => TestDb::postgres().await,
-            "mysql" => TestDb::mysql().await,
-            other => bail!("--backends: {other:?} is not postgres or mysql"),
-        };
-        let db = db.with_context(|| format!("{backend}: set TEST_POSTGRES_URL / TEST_MYSQL_URL (make soak does)"))?;
-        println!(
-            "== {backend}: {} hosts, {} events over {} rooms at {}/s",
-            args.hosts, args.events, args.rooms, args.rate
-        );
-        let report = Soak::new(&args, backend, db).await?.run().await?;
-        for sink in &report {
-            failed |= !sink.holds();
+        for run in 1..=args.runs.max(1) {
+            let db = match backend.as_str() {
+                "postgres" => TestDb::postgres().await,
+                "mysql" => TestDb::mysql().await,
+                other => bail!("--backends: {other:?} is not postgres or mysql"),
+            };
+            let db =
+                db.with_context(|| format!("{backend}: set TEST_POSTGRES_URL / TEST_MYSQL_URL (make soak does)"))?;
+            let soak = Soak::new(&args, backend, db).await?;
+            let report = if args.storm {
+                let seed = args.seed.unwrap_or_else(|| now_ms() as u64);
+                println!(
+                    "== {backend}, storm {run} of {}: {} hosts, {} events over {} rooms, seed {seed}",
+                    args.runs,
+                    args.hosts,
+                    storm::CHUNKS * storm::CHUNK_EVENTS,
+                    storm::CHUNKS * storm::CHUNK_ROOMS
+                );
+                soak.storm(seed).await?
+            } else {
+                println!(
+                    "== {backend}: {} hosts, {} events over {} rooms at {}/s",
+                    args.hosts, args.events, args.rooms, args.rate
+                );
+                soak.run().await?
+            };
+            for sink in &report {
+                failed |= !sink.holds();
+            }
+            rows.extend(report);
         }
-        rows.extend(report);
     }
     println!();
     println!(
@@ -204,8 +240,10 @@ impl Soak {
     fn config(&self, sinks: usize) -> anyhow::Result<PathBuf> {
         let url = self.proxy.url_through(&self.db.url);
         let cache = self.dir.path().join("cache");
+        let worker = if self.args.default_worker { "  enabled: true\n" } else { WORKER };
         let mut yaml = format!(
-            "database:\n  url: \"{url}\"\n  max_connections: 6\nadmin:\n  listen: \"\"\nlog:\n  level: warn\noutbox_worker:\n{WORKER}sinks:\n"
+            "database:\n  url: \"{url}\"\n  max_connections: 6\nadmin:\n  listen: \"\"\nlog:\n  level: {}\noutbox_worker:\n{worker}sinks:\n",
+            self.args.log_level
         );
         for (i, name) in SINKS.iter().take(sinks).enumerate() {
             let plugin =
@@ -360,14 +398,30 @@ impl Soak {
         }
         drained?;
         let report = self.report(&producer, &produced, replay_range).await?;
+        self.keep_logs()?;
+        producer.close().await;
+        Ok(report)
+    }
+
+    /// The most rows one host holds for one sink (see [`HELD_PER_HOST`]), at the default
+    /// batch size with `--default-worker`.
+    fn held_per_host(&self) -> usize {
+        if self.args.default_worker {
+            HELD_PER_HOST / BATCH_SIZE * outbox_host::engine::settings::DEFAULT_BATCH_SIZE as usize
+        } else {
+            HELD_PER_HOST
+        }
+    }
+
+    /// Copies the hosts' logs into the details folder, if there is one.
+    fn keep_logs(&self) -> anyhow::Result<()> {
         if let Some(dir) = &self.args.details {
             for i in 0..self.hosts.len() {
                 let log = self.dir.path().join(format!("host-{i}.log"));
                 std::fs::copy(&log, dir.join(format!("{}-host-{i}.log", self.backend)))?;
             }
         }
-        producer.close().await;
-        Ok(report)
+        Ok(())
     }
 
     /// Waits until every sink has received every event and its table has nothing waiting
@@ -404,7 +458,9 @@ impl Soak {
         let sinks = outbox.sinks().await?;
         let by_id: HashMap<&str, &Produced> = produced.iter().map(|p| (p.event_id.as_str(), p)).collect();
         let mut out = Vec::new();
-        for (i, name) in SINKS.iter().enumerate() {
+        // The sinks the hosts ran with.
+        let used = if self.third_sink { SINKS.len() } else { 2 };
+        for (i, name) in SINKS.iter().take(used).enumerate() {
             let sink = sinks.iter().find(|s| s.name == *name).with_context(|| format!("sink {name} not registered"))?;
             let stats = outbox.clone().sink_store(sink).await?.stats().await?;
             let reports = self.collectors[i].reports();
@@ -465,7 +521,7 @@ impl Soak {
                 events: produced.len(),
                 received: receipts.len(),
                 duplicates,
-                duplicate_bound: (self.kills + self.cut_hosts) * HELD_PER_HOST,
+                duplicate_bound: (self.kills + self.cut_hosts) * self.held_per_host(),
                 replayed: replayed_again,
                 delivering: stats.count(Status::Delivering),
                 order_violations,
@@ -487,7 +543,7 @@ async fn produce(outbox: Arc<dyn Store>, events: usize, rooms: usize, rate: usiz
         let mut chunk = Vec::new();
         for i in produced.len()..events.min(produced.len() + CHUNK) {
             let room = i % rooms;
-            chunk.push(event(room, next_seq[room]));
+            chunk.push(event(room, next_seq[room], now_ms()));
             next_seq[room] += 1;
         }
         let rows: Vec<NewEvent> = chunk.iter().map(|(row, _)| row.clone()).collect();
@@ -499,14 +555,14 @@ async fn produce(outbox: Arc<dyn Store>, events: usize, rooms: usize, rate: usiz
     Ok(produced)
 }
 
-/// Event `seq` of room `room`, as room-service writes it.
-fn event(room: usize, seq: usize) -> (NewEvent, Produced) {
+/// Event `seq` of room `room`, as room-service writes it, created at `now` by the producer's
+/// clock.
+fn event(room: usize, seq: usize, now: i64) -> (NewEvent, Produced) {
     let event_id = format!("soak-{room:05}-{seq:06}");
     let room_id = format!("room-{room}");
     let body = outbox_proto::body_from_json("RoomGiftSent", &serde_json::json!({ "room_id": room_id }))
         .and_then(Result::ok)
         .unwrap_or_default();
-    let now = now_ms();
     let envelope =
         outbox_host::envelope::encode("soak", &event_id, "RoomGiftSent", &room_id, seq as i64 + 1, now, body);
     let row = NewEvent {
