@@ -5,7 +5,11 @@ use outbox_host::store::{Status, now_ms};
 
 use crate::support::{Running, World, per_backend};
 
-per_backend!(worker_delivers_a_row_whose_lease_expired; servers: a_host_whose_clock_runs_ahead_takes_no_live_lease);
+per_backend!(
+    worker_delivers_a_row_whose_lease_expired;
+    servers: a_host_whose_clock_runs_ahead_takes_no_live_lease,
+    the_database_clock_is_read_without_the_wait_for_a_connection
+);
 
 async fn worker_delivers_a_row_whose_lease_expired(world: World) {
     let id = world.produce("RoomGiftSent", "room-1", Status::Pending).await;
@@ -75,4 +79,52 @@ fn libfaketime() -> String {
             .into_iter()
             .find(|p| std::path::Path::new(p).exists());
     found.expect("libfaketime is missing: apt-get install faketime (make test does)").to_string()
+}
+
+/// A host reads the database's clock through its pool; behind a backlog every connection
+/// may be busy. The wait for one is not a round trip: with the pool's only connection held
+/// for 1.5 s (its statement blocked behind a lock another session holds), the offset read
+/// stays near the true one (0: the database runs on this machine's clock), where counting
+/// the wait would put it about 750 ms ahead, and a host that far ahead takes a lease early.
+async fn the_database_clock_is_read_without_the_wait_for_a_connection(world: World) {
+    use sqlx::Connection as _;
+    use std::time::Duration;
+    let store = outbox_host::store::open(&world.db_url(), 1, "room_outbox").await.unwrap();
+    let url = world.db_url();
+    let (locked, lock) = tokio::sync::oneshot::channel();
+    // Another session takes the table for 1.5 s; the store's one connection waits on it.
+    let hold = async {
+        if url.starts_with("postgres") {
+            let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+            let mut tx = c.begin().await.unwrap();
+            sqlx::query("LOCK TABLE room_outbox IN ACCESS EXCLUSIVE MODE").execute(&mut *tx).await.unwrap();
+            locked.send(()).unwrap();
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            tx.commit().await.unwrap();
+        } else {
+            let mut c = sqlx::MySqlConnection::connect(&url).await.unwrap();
+            sqlx::raw_sql("LOCK TABLES room_outbox WRITE").execute(&mut c).await.unwrap();
+            locked.send(()).unwrap();
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            sqlx::raw_sql("UNLOCK TABLES").execute(&mut c).await.unwrap();
+        }
+    };
+    let measure = async {
+        lock.await.unwrap();
+        let blocked = tokio::spawn({
+            let store = store.clone();
+            async move { store.stats().await.map(drop) }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let clock = outbox_host::engine::dbclock::DbClock::default();
+        let started = std::time::Instant::now();
+        clock.sync(store.as_ref()).await;
+        let waited = started.elapsed();
+        let offset = clock.now_ms() - outbox_host::clock::now_ms();
+        blocked.await.unwrap().unwrap();
+        (waited, offset)
+    };
+    let ((), (waited, offset)) = tokio::join!(hold, measure);
+    assert!(waited >= Duration::from_millis(1_000), "the read did not wait for the connection ({waited:?})");
+    assert!(offset.abs() < 300, "the offset read is {offset} ms after waiting {waited:?} for the pool's connection");
 }

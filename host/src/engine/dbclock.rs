@@ -26,20 +26,20 @@ impl DbClock {
         crate::clock::now_ms().saturating_add(self.offset_ms.load(Ordering::Relaxed))
     }
 
-    /// Reads the offset again if it is older than [`RESYNC`]: the database's now against
-    /// the middle of the round trip. A failure keeps the last offset (the claim that follows
-    /// will fail and back off the same way).
+    /// Reads the offset again if it is older than [`RESYNC`]: the database's now (as the
+    /// store reads it, the query's own round trip accounted for and a wait for a pooled
+    /// connection not) against this clock when the read returns. A failure keeps the last
+    /// offset (the claim that follows will fail and back off the same way).
     pub async fn sync(&self, store: &dyn Store) {
         let due = self.synced_at.lock().unwrap_or_else(|p| p.into_inner()).is_none_or(|at| at.elapsed() >= RESYNC);
         if !due {
             return;
         }
-        let before = crate::clock::now_ms();
         let read = store.clock_ms().await;
         let after = crate::clock::now_ms();
         match read {
             Ok(db_ms) => {
-                let offset = db_ms - (before + (after - before) / 2);
+                let offset = db_ms - after;
                 let was = self.offset_ms.swap(offset, Ordering::Relaxed);
                 if (offset - was).abs() > 1_000 {
                     tracing::warn!(

@@ -42,10 +42,14 @@ for_every_dialect!(
         }
 
         async fn clock_ms(&self) -> Result<i64, StoreError> {
-            match D::clock_sql() {
-                None => Ok(now_ms()),
-                Some(sql) => Ok(D::int(&sqlx::query(sql).fetch_one(&self.pool).await?, 0)?),
-            }
+            let Some(sql) = D::clock_sql() else { return Ok(now_ms()) };
+            // Timed on a connection already held: a wait for the pool (every connection
+            // busy behind a backlog) is not taken for the round trip.
+            let mut connection = self.pool.acquire().await?;
+            let before = now_ms();
+            let read = D::int(&sqlx::query(sql).fetch_one(&mut *connection).await?, 0)?;
+            // The server read its clock about halfway through the round trip.
+            Ok(read + (now_ms() - before) / 2)
         }
 
         async fn close(&self) {
