@@ -221,7 +221,7 @@ impl Partitions for Counting {
         self.inner.index_partitions(total).await
     }
     async fn leave_partitions(&self, owner: &str) -> Result<(), StoreError> {
-        self.count_n(2);
+        self.count_n(3);
         self.inner.leave_partitions(owner).await
     }
     async fn announce(

@@ -505,8 +505,8 @@ async fn a_table_of_the_development_versions_is_adopted_in_place(world: World) {
         }
     };
     let recorded = scalar(format!("SELECT description FROM {DEV}_migrations ORDER BY version")).await;
-    assert_eq!(recorded, "baseline, adopting a table of development versions 1-19");
-    let checksum = scalar(format!("SELECT checksum FROM {DEV}_migrations")).await;
+    assert_eq!(recorded, "baseline, adopting a table of development versions 1-19,row claimers");
+    let checksum = scalar(format!("SELECT checksum FROM {DEV}_migrations WHERE version = 1")).await;
     assert_eq!(checksum.len(), 96, "a SHA-384 in hex: {checksum}");
     let routines = scalar(format!("SELECT name FROM {DEV}_routines ORDER BY name")).await;
     let dialect = store.backend();
@@ -590,6 +590,7 @@ async fn an_applied_migration_that_changed_is_refused_by_name(world: World) {
         )),
         "{refused}"
     );
-    let still = crate::support::query_strings(&world.db, "SELECT checksum FROM room_outbox_migrations").await;
+    let still =
+        crate::support::query_strings(&world.db, "SELECT checksum FROM room_outbox_migrations WHERE version = 1").await;
     assert_eq!(still, ["edited"], "nothing was changed");
 }

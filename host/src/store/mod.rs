@@ -421,8 +421,9 @@ pub trait Schema: Send + Sync + 'static {
     /// A cheap round trip, for readiness.
     async fn ping(&self) -> Result<(), StoreError>;
 
-    /// Now on the database's clock, UTC milliseconds (this machine's for SQLite): what
-    /// leases and due times are judged by, whichever host's clock runs ahead.
+    /// Now on the database's clock, UTC milliseconds (this machine's for SQLite), as of
+    /// the moment this returns: what leases and due times are judged by, whichever host's
+    /// clock runs ahead.
     async fn clock_ms(&self) -> Result<i64, StoreError>;
 
     /// Closes the pool once in-flight work has been recorded.

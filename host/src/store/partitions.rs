@@ -200,6 +200,11 @@ for_every_dialect!(impl {
         (format!("{outbox}_partitions"), format!("{outbox}_owners"))
     }
 
+    /// The outbox's table of the hosts that deliver with `ordering: none`.
+    fn claimers_table(&self) -> String {
+        format!("{}_claimers", self.copy_of.as_deref().unwrap_or(&self.table))
+    }
+
     /// One heartbeat: says this owner is there, renews its leases, gives up `release`, makes
     /// the sink's partitions if there are none, and takes free or expired ones up to its
     /// share. Returns what it holds afterwards.
@@ -324,8 +329,7 @@ for_every_dialect!(impl {
         let p = D::param;
         let sql = format!(
             "SELECT part, owner, epoch, lease_until_ms FROM {parts} WHERE sink_table = {} \
-             UNION ALL SELECT -1, owner, 0, lease_until_ms FROM {owners} WHERE sink_table = {} AND lease_until_ms > {} \
-             AND ordering = 'per_room'",
+             UNION ALL SELECT -1, owner, 0, lease_until_ms FROM {owners} WHERE sink_table = {} AND lease_until_ms > {}",
             p(1),
             p(2),
             p(3)
@@ -410,7 +414,8 @@ for_every_dialect!(impl {
         format!("INSERT INTO {parts} (sink_table, part) VALUES {}", values.join(", "))
     }
 
-    /// Gives up every partition `owner` holds and its heartbeat (a clean shutdown).
+    /// Gives up every partition `owner` holds and its place among the sink's hosts (a
+    /// clean shutdown).
     pub(super) async fn leave(&self, owner: &str) -> Result<(), StoreError> {
         let (parts, owners) = self.lease_tables();
         let p = D::param;
@@ -420,13 +425,16 @@ for_every_dialect!(impl {
             p(2)
         );
         sqlx::query(&give_up).bind(self.table.clone()).bind(owner.to_string()).execute(&self.pool).await?;
-        let gone = format!("DELETE FROM {owners} WHERE sink_table = {} AND owner = {}", p(1), p(2));
-        sqlx::query(&gone).bind(self.table.clone()).bind(owner.to_string()).execute(&self.pool).await?;
+        for table in [owners, self.claimers_table()] {
+            let gone = format!("DELETE FROM {table} WHERE sink_table = {} AND owner = {}", p(1), p(2));
+            sqlx::query(&gone).bind(self.table.clone()).bind(owner.to_string()).execute(&self.pool).await?;
+        }
         Ok(())
     }
 
-    /// See [`super::Partitions::announce`]. Hosts of both orderings keep a row in
-    /// `<outbox>_owners`; only `per_room` ones share the partitions.
+    /// See [`super::Partitions::announce`]. A `per_room` host says it is there in
+    /// `<outbox>_owners` (as its heartbeat does) and is answered with the live
+    /// `<outbox>_claimers`; an `ordering: none` host the other way round.
     pub(super) async fn announce_ordering(
         &self,
         owner: &str,
@@ -435,39 +443,29 @@ for_every_dialect!(impl {
         until_ms: i64,
     ) -> Result<Vec<(String, String)>, StoreError> {
         let (_, owners) = self.lease_tables();
+        let claimers = self.claimers_table();
+        let (mine, theirs, other) =
+            if ordering == "none" { (&claimers, &owners, "per_room") } else { (&owners, &claimers, "none") };
         let (t, p) = (&self.table, D::param);
         let seen = format!(
-            "UPDATE {owners} SET lease_until_ms = {}, ordering = {} WHERE sink_table = {} AND owner = {}",
-            p(1),
-            p(2),
-            p(3),
-            p(4)
-        );
-        let seen = sqlx::query(&seen).bind(until_ms).bind(ordering.to_string()).bind(t.clone()).bind(owner.to_string());
-        if D::rows_affected(&seen.execute(&self.pool).await?) == 0 {
-            let join = format!(
-                "INSERT INTO {owners} (sink_table, owner, lease_until_ms, in_flight, ordering) VALUES ({})",
-                params::<D>(1, 5)
-            );
-            sqlx::query(&join)
-                .bind(t.clone())
-                .bind(owner.to_string())
-                .bind(until_ms)
-                .bind(0i64)
-                .bind(ordering.to_string())
-                .execute(&self.pool)
-                .await?;
-        }
-        let others = format!(
-            "SELECT owner, ordering FROM {owners} WHERE sink_table = {} AND lease_until_ms > {} AND ordering <> {} \
-             ORDER BY owner",
+            "UPDATE {mine} SET lease_until_ms = {} WHERE sink_table = {} AND owner = {}",
             p(1),
             p(2),
             p(3)
         );
-        let rows =
-            sqlx::query(&others).bind(t.clone()).bind(now_ms).bind(ordering.to_string()).fetch_all(&self.pool).await?;
-        rows.iter().map(|r| Ok((D::text(r, 0)?, D::text(r, 1)?))).collect()
+        let seen = sqlx::query(&seen).bind(until_ms).bind(t.clone()).bind(owner.to_string());
+        if D::rows_affected(&seen.execute(&self.pool).await?) == 0 {
+            let join =
+                format!("INSERT INTO {mine} (sink_table, owner, lease_until_ms) VALUES ({})", params::<D>(1, 3));
+            sqlx::query(&join).bind(t.clone()).bind(owner.to_string()).bind(until_ms).execute(&self.pool).await?;
+        }
+        let live = format!(
+            "SELECT owner FROM {theirs} WHERE sink_table = {} AND lease_until_ms > {} ORDER BY owner",
+            p(1),
+            p(2)
+        );
+        let rows = sqlx::query(&live).bind(t.clone()).bind(now_ms).fetch_all(&self.pool).await?;
+        rows.iter().map(|r| Ok((D::text(r, 0)?, other.to_string()))).collect()
     }
 
     /// Every owner of this sink's partitions with a live heartbeat, and what it holds.
@@ -477,7 +475,7 @@ for_every_dialect!(impl {
         let sql = format!(
             "SELECT o.owner, o.in_flight, o.lease_until_ms, p.part FROM {owners} o \
              LEFT JOIN {parts} p ON p.sink_table = o.sink_table AND p.owner = o.owner AND p.lease_until_ms > {} \
-             WHERE o.sink_table = {} AND o.lease_until_ms > {} AND o.ordering = 'per_room' ORDER BY o.owner, p.part",
+             WHERE o.sink_table = {} AND o.lease_until_ms > {} ORDER BY o.owner, p.part",
             p(1),
             p(2),
             p(3)
