@@ -81,6 +81,27 @@ impl Db {
         Ok(Some([row.0, row.1, row.2]))
     }
 
+    /// On PostgreSQL, the rows the host wrote so far in every table of the schema (inserted,
+    /// updated and deleted, by the server's table counters; the producer's inserts into the
+    /// outbox left out, whenever the server counts them) and the WAL position in bytes: what
+    /// several sinks cost, wherever their state lives. `None` elsewhere.
+    pub async fn pg_schema_writes(&self) -> anyhow::Result<Option<[i64; 2]>> {
+        if self.backend != Backend::Postgres {
+            return Ok(None);
+        }
+        let pool = sqlx::PgPool::connect(self.url()).await?;
+        let row: (i64, i64) = sqlx::query_as(
+            "SELECT COALESCE((SELECT SUM(n_tup_ins + n_tup_upd + n_tup_del) \
+             - SUM(CASE WHEN relname = 'room_outbox' THEN n_tup_ins ELSE 0 END) FROM pg_stat_user_tables \
+             WHERE schemaname = current_schema()), 0)::BIGINT, \
+             pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::BIGINT",
+        )
+        .fetch_one(&pool)
+        .await?;
+        pool.close().await;
+        Ok(Some([row.0, row.1]))
+    }
+
     /// The event ids of the outbox's rows in `status`.
     pub async fn event_ids_with_status(&self, status: &str) -> anyhow::Result<Vec<String>> {
         let sql = format!("SELECT event_id FROM room_outbox WHERE status = '{status}'");

@@ -86,7 +86,8 @@ struct Args {
     /// default: the host's.
     #[arg(long)]
     concurrency: Option<u32>,
-    /// Only the relay's figures (`--only relay`).
+    /// Only the relay's figures (`--only relay`), or only what several sinks cost
+    /// (`--only sinks`).
     #[arg(long)]
     only: Option<String>,
     /// Where to write the JSON results.
@@ -165,6 +166,8 @@ struct Drain {
     cores: cpu::Cores,
     /// Claims that returned rows, over all workers (not counted for the seed's loop).
     claims: u64,
+    /// Outcome writes (each its own transaction), over all workers.
+    outcome_writes: u64,
     /// On PostgreSQL: row updates, the share of them that were HOT, and WAL bytes, per
     /// delivered event.
     writes: Option<[f64; 3]>,
@@ -178,7 +181,13 @@ impl Drain {
     /// Cores and claims, for the table.
     fn describe(&self) -> String {
         let claims = if self.claims > 0 {
-            format!("; {} claims, {:.0} rows each", self.claims, self.events as f64 / self.claims as f64)
+            format!(
+                "; {} claims, {:.0} rows each; {} outcome writes, {:.0} rows each",
+                self.claims,
+                self.events as f64 / self.claims as f64,
+                self.outcome_writes,
+                self.events as f64 / self.outcome_writes.max(1) as f64
+            )
         } else {
             String::new()
         };
@@ -242,10 +251,11 @@ async fn drain_rooms(
     for task in tasks {
         task.await??;
     }
-    let mut claims = 0;
+    let (mut claims, mut outcome_writes) = (0, 0);
     for counted in trips {
         let counted = counted.await?;
         claims += counted.claims - counted.empty_claims;
+        outcome_writes += counted.writes;
     }
     // A backend reports its table counters when it ends: close the workers' connections
     // and give the server a moment before reading them.
@@ -271,7 +281,7 @@ async fn drain_rooms(
     let delivered: u64 = all_metrics.iter().map(|m| m.delivered_total()).sum();
     ensure!(delivered == n as u64, "the sink was called {delivered} times for {n} events");
     producer.close().await;
-    Ok(Drain { events: n, seconds, cores, claims, writes })
+    Ok(Drain { events: n, seconds, cores, claims, outcome_writes, writes })
 }
 
 /// Waits until every table in `states` has `n` rows delivered; returns when that was seen.
@@ -326,7 +336,7 @@ async fn seed_drain(db: &Db, n: usize, config: &WorkerConfig, sink: &dyn Deliver
     let stats = store.stats().await?;
     ensure!(stats.count(Status::Delivered) == n as i64, "rows not all delivered: {stats:?}");
     store.close().await;
-    Ok(Drain { events: n, seconds, cores: cpu::Cores::default(), claims: 0, writes: None })
+    Ok(Drain { events: n, seconds, cores: cpu::Cores::default(), claims: 0, outcome_writes: 0, writes: None })
 }
 
 /// The `p`th percentile of sorted values (the nearest rank; 0 when there are none).
@@ -564,13 +574,13 @@ async fn drains(r: &mut Report, backend: Backend, setup: Setup<'_>) -> anyhow::R
         "backend": name,
         "drain_wasm": { "events": with_wasm.events, "seconds": with_wasm.seconds, "per_s": with_wasm.per_second(),
                         "cores_host": with_wasm.cores.host, "cores_server": with_wasm.cores.server,
-                        "claims": with_wasm.claims,
+                        "claims": with_wasm.claims, "outcome_writes": with_wasm.outcome_writes,
                         "row_updates_per_event": with_wasm.writes.map(|w| w[0]),
                         "hot_update_share": with_wasm.writes.map(|w| w[1]),
                         "wal_bytes_per_event": with_wasm.writes.map(|w| w[2]) },
         "drain_native": { "events": floor.events, "seconds": floor.seconds, "per_s": floor.per_second(),
                           "cores_host": floor.cores.host, "cores_server": floor.cores.server,
-                          "claims": floor.claims },
+                          "claims": floor.claims, "outcome_writes": floor.outcome_writes },
         "seed_loop": { "events": seed.events, "seconds": seed.seconds, "per_s": seed.per_second() },
         "ratio_wasm_over_native": wasm_vs_native,
         "ratio_ours_over_seed": vs_seed,
@@ -621,22 +631,26 @@ async fn several_sinks(r: &mut Report, backend: Backend, args: &Args, cache: &Pa
     let mut per_sinks = Vec::new();
     for count in [1usize, 2, 4] {
         eprintln!("{name}: {} events through {count} sink(s) …", args.sink_events);
-        let seconds = sinks::drain(&Db::fresh(backend).await?, args.sink_events, count, cache).await?;
-        let per_s = args.sink_events as f64 / seconds;
-        let vs_one = per_sinks.first().map(|(_, one): &(usize, f64)| per_s / one);
-        row(
-            table,
-            name,
-            &format!("{count} sink(s), every event to each"),
-            args.sink_events,
-            seconds,
-            vs_one.map(|r| format!("{r:.2}× of 1 sink")).unwrap_or_default(),
-        );
-        per_sinks.push((count, per_s));
+        let d = sinks::drain(&Db::fresh(backend).await?, args.sink_events, count, cache).await?;
+        let per_s = args.sink_events as f64 / d.seconds;
+        let one = per_sinks.first().map(|(_, one, writes): &(usize, f64, Option<[f64; 2]>)| (per_s / one, *writes));
+        let mut note = one.map(|(r, _)| format!("{r:.2}× of 1 sink")).unwrap_or_default();
+        if let Some([rows, wal]) = d.writes {
+            let wal_vs_one = match one {
+                Some((_, Some([_, one_wal]))) => format!(" ({:.2}× of 1 sink)", wal / one_wal),
+                _ => String::new(),
+            };
+            note.push_str(&format!("; {rows:.2} row writes and {wal:.0} WAL bytes{wal_vs_one} per event"));
+        }
+        row(table, name, &format!("{count} sink(s), every event to each"), args.sink_events, d.seconds, note);
+        per_sinks.push((count, per_s, d.writes));
     }
     results.push(json!({
         "backend": name,
-        "sinks": per_sinks.iter().map(|(count, per_s)| json!({ "sinks": count, "events_per_s": per_s })).collect::<Vec<_>>(),
+        "sinks": per_sinks.iter().map(|(count, per_s, writes)| json!({
+            "sinks": count, "events_per_s": per_s,
+            "row_writes_per_event": writes.map(|w| w[0]), "wal_bytes_per_event": writes.map(|w| w[1]),
+        })).collect::<Vec<_>>(),
     }));
     Ok(())
 }
@@ -855,6 +869,10 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     let setup = Setup { args: &args, config: &config, wasm: &wasm };
 
     for backend in &backends {
+        if args.only.as_deref() == Some("sinks") {
+            several_sinks(&mut r, *backend, &args, cache.path()).await?;
+            continue;
+        }
         if *backend != Backend::Mysql {
             relays(&mut r, *backend, setup, cache.path()).await?;
         }

@@ -12,11 +12,19 @@ use tokio_util::sync::CancellationToken;
 
 use crate::db::Db;
 
+/// One drain through several sinks.
+pub struct SinksDrain {
+    /// Until every sink had every event.
+    pub seconds: f64,
+    /// On PostgreSQL, per event: rows the host wrote in every table of the schema and WAL
+    /// bytes.
+    pub writes: Option<[f64; 2]>,
+}
+
 /// Fills a fresh table with `n` events and drains it through `sinks` no-op sinks on one
-/// host with the default config; returns the seconds until every sink had every event,
-/// after checking that each sink's state says delivered for each and its sink was called
-/// once per event.
-pub async fn drain(db: &Db, n: usize, sinks: usize, cache: &std::path::Path) -> anyhow::Result<f64> {
+/// host with the default config, after checking that each sink's state says delivered for
+/// each and its sink was called once per event.
+pub async fn drain(db: &Db, n: usize, sinks: usize, cache: &std::path::Path) -> anyhow::Result<SinksDrain> {
     let producer = db.open().await?;
     crate::fill(producer.as_ref(), n, 1_000).await?;
     let entries: String = (0..sinks)
@@ -39,6 +47,7 @@ pub async fn drain(db: &Db, n: usize, sinks: usize, cache: &std::path::Path) -> 
     }
     ensure!(states.len() == sinks, "{} sinks registered, {sinks} configured", states.len());
     let metrics: Vec<_> = host.sinks().iter().map(|s| s.metrics.clone()).collect();
+    let writes_before = db.pg_schema_writes().await?;
     let shutdown = CancellationToken::new();
     let started = Instant::now();
     let run = tokio::spawn(host.run(shutdown.clone()));
@@ -46,6 +55,16 @@ pub async fn drain(db: &Db, n: usize, sinks: usize, cache: &std::path::Path) -> 
     let seconds = started.elapsed().as_secs_f64();
     shutdown.cancel();
     run.await??;
+    // The server counts a backend's writes when it reports them: the host's pool is closed
+    // by now; give the server a moment.
+    let writes = match writes_before {
+        Some(before) => {
+            tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+            let after = db.pg_schema_writes().await?.unwrap_or(before);
+            Some([0, 1].map(|i| (after[i] - before[i]) as f64 / n as f64))
+        }
+        None => None,
+    };
     for (state, metrics) in states.iter().zip(&metrics) {
         let stats = state.stats().await?;
         ensure!(
@@ -61,5 +80,5 @@ pub async fn drain(db: &Db, n: usize, sinks: usize, cache: &std::path::Path) -> 
         );
     }
     producer.close().await;
-    Ok(seconds)
+    Ok(SinksDrain { seconds, writes })
 }
