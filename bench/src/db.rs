@@ -21,6 +21,19 @@ pub struct Db {
     db: TestDb,
 }
 
+/// PostgreSQL's write counters at one moment (see [`Db::pg_writes`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PgWrites {
+    /// The outbox's row updates.
+    pub updates: i64,
+    /// Of them, HOT updates.
+    pub hot: i64,
+    /// The WAL position, bytes.
+    pub wal: i64,
+    /// Rows the host inserted, updated or deleted in any table of the schema.
+    pub schema_rows: i64,
+}
+
 impl Db {
     pub async fn fresh(backend: Backend) -> anyhow::Result<Db> {
         let db = match backend {
@@ -62,44 +75,39 @@ impl Db {
         })
     }
 
-    /// On PostgreSQL, the outbox's row updates and HOT updates so far (the server's table
-    /// counters) and the WAL position in bytes; `None` elsewhere.
-    pub async fn pg_writes(&self) -> anyhow::Result<Option<[i64; 3]>> {
+    /// On PostgreSQL, by the server's table counters: the outbox's row updates and HOT
+    /// updates so far, the WAL position in bytes, and the rows the host wrote in every table
+    /// of the schema (inserted, updated and deleted; the producer's inserts into the outbox
+    /// left out, whenever the server counts them: what several sinks cost, wherever their
+    /// state lives). `None` elsewhere.
+    pub async fn pg_writes(&self) -> anyhow::Result<Option<PgWrites>> {
         if self.backend != Backend::Postgres {
             return Ok(None);
         }
         let pool = sqlx::PgPool::connect(self.url()).await?;
-        let row: (i64, i64, i64) = sqlx::query_as(
+        let row: (i64, i64, i64, i64) = sqlx::query_as(
             "SELECT COALESCE(s.n_tup_upd, 0), COALESCE(s.n_tup_hot_upd, 0), \
-             pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::BIGINT \
+             pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::BIGINT, \
+             COALESCE((SELECT SUM(t.n_tup_ins + t.n_tup_upd + t.n_tup_del) \
+               - SUM(CASE WHEN t.relname = 'room_outbox' THEN t.n_tup_ins ELSE 0 END) \
+               FROM pg_stat_user_tables t WHERE t.schemaname = current_schema()), 0)::BIGINT \
              FROM (SELECT 1) one LEFT JOIN pg_stat_user_tables s \
              ON s.relname = 'room_outbox' AND s.schemaname = current_schema()",
         )
         .fetch_one(&pool)
         .await?;
         pool.close().await;
-        Ok(Some([row.0, row.1, row.2]))
+        Ok(Some(PgWrites { updates: row.0, hot: row.1, wal: row.2, schema_rows: row.3 }))
     }
 
-    /// On PostgreSQL, the rows the host wrote so far in every table of the schema (inserted,
-    /// updated and deleted, by the server's table counters; the producer's inserts into the
-    /// outbox left out, whenever the server counts them) and the WAL position in bytes: what
-    /// several sinks cost, wherever their state lives. `None` elsewhere.
-    pub async fn pg_schema_writes(&self) -> anyhow::Result<Option<[i64; 2]>> {
+    /// [`Self::pg_writes`] once the server has counted what the connections closed just
+    /// before wrote: it reports a backend's counters when the backend ends.
+    pub async fn pg_writes_settled(&self) -> anyhow::Result<Option<PgWrites>> {
         if self.backend != Backend::Postgres {
             return Ok(None);
         }
-        let pool = sqlx::PgPool::connect(self.url()).await?;
-        let row: (i64, i64) = sqlx::query_as(
-            "SELECT COALESCE((SELECT SUM(n_tup_ins + n_tup_upd + n_tup_del) \
-             - SUM(CASE WHEN relname = 'room_outbox' THEN n_tup_ins ELSE 0 END) FROM pg_stat_user_tables \
-             WHERE schemaname = current_schema()), 0)::BIGINT, \
-             pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::BIGINT",
-        )
-        .fetch_one(&pool)
-        .await?;
-        pool.close().await;
-        Ok(Some([row.0, row.1]))
+        tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+        self.pg_writes().await
     }
 
     /// The event ids of the outbox's rows in `status`.

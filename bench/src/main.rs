@@ -262,14 +262,12 @@ async fn drain_rooms(
     for store in stores {
         store.close().await;
     }
-    let writes = match (writes_before, db.pg_writes().await?) {
-        (Some(before), Some(_)) => {
-            tokio::time::sleep(Duration::from_millis(1_500)).await;
-            let after = db.pg_writes().await?.unwrap_or(before);
-            let per = |i: usize| (after[i] - before[i]) as f64 / n as f64;
-            let hot =
-                if after[0] > before[0] { (after[1] - before[1]) as f64 / (after[0] - before[0]) as f64 } else { 0.0 };
-            Some([per(0), hot, per(2)])
+    let writes = match (writes_before, db.pg_writes_settled().await?) {
+        (Some(before), Some(after)) => {
+            let per = |after: i64, before: i64| (after - before) as f64 / n as f64;
+            let updates = after.updates - before.updates;
+            let hot = if updates > 0 { (after.hot - before.hot) as f64 / updates as f64 } else { 0.0 };
+            Some([per(after.updates, before.updates), hot, per(after.wal, before.wal)])
         }
         _ => None,
     };

@@ -47,7 +47,7 @@ pub async fn drain(db: &Db, n: usize, sinks: usize, cache: &std::path::Path) -> 
     }
     ensure!(states.len() == sinks, "{} sinks registered, {sinks} configured", states.len());
     let metrics: Vec<_> = host.sinks().iter().map(|s| s.metrics.clone()).collect();
-    let writes_before = db.pg_schema_writes().await?;
+    let writes_before = db.pg_writes().await?;
     let shutdown = CancellationToken::new();
     let started = Instant::now();
     let run = tokio::spawn(host.run(shutdown.clone()));
@@ -55,15 +55,13 @@ pub async fn drain(db: &Db, n: usize, sinks: usize, cache: &std::path::Path) -> 
     let seconds = started.elapsed().as_secs_f64();
     shutdown.cancel();
     run.await??;
-    // The server counts a backend's writes when it reports them: the host's pool is closed
-    // by now; give the server a moment.
-    let writes = match writes_before {
-        Some(before) => {
-            tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
-            let after = db.pg_schema_writes().await?.unwrap_or(before);
-            Some([0, 1].map(|i| (after[i] - before[i]) as f64 / n as f64))
+    // The host's pool is closed by now.
+    let writes = match (writes_before, db.pg_writes_settled().await?) {
+        (Some(before), Some(after)) => {
+            let per = |after: i64, before: i64| (after - before) as f64 / n as f64;
+            Some([per(after.schema_rows, before.schema_rows), per(after.wal, before.wal)])
         }
-        None => None,
+        _ => None,
     };
     for (state, metrics) in states.iter().zip(&metrics) {
         let stats = state.stats().await?;
