@@ -193,6 +193,31 @@ impl SinkRegistry for Counting {
 }
 
 #[async_trait]
+impl outbox_host::store::Consumers for Counting {
+    async fn positions(
+        &self,
+        sink: &RegisteredSink,
+        parts: &[u32],
+    ) -> Result<Vec<outbox_host::store::Position>, StoreError> {
+        self.count();
+        self.inner.positions(sink, parts).await
+    }
+    async fn read_consumer(
+        &self,
+        sink: &RegisteredSink,
+        read: &OwnedRead<'_>,
+        finished: &outbox_host::store::Finished<'_>,
+    ) -> Result<Page, StoreError> {
+        self.count();
+        self.inner.read_consumer(sink, read, finished).await
+    }
+    async fn settle(&self, settle: &outbox_host::store::Settle<'_>) -> Result<outbox_host::store::Settled, StoreError> {
+        self.count();
+        self.inner.settle(settle).await
+    }
+}
+
+#[async_trait]
 impl Partitions for Counting {
     /// A steady heartbeat is three statements: the owner's own row, the renewal, and the read
     /// of the partition and owner rows (taking or giving up partitions adds one each).

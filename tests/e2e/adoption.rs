@@ -505,7 +505,7 @@ async fn a_table_of_the_development_versions_is_adopted_in_place(world: World) {
         }
     };
     let recorded = scalar(format!("SELECT description FROM {DEV}_migrations ORDER BY version")).await;
-    assert_eq!(recorded, "baseline, adopting a table of development versions 1-19,row claimers");
+    assert_eq!(recorded, "baseline, adopting a table of development versions 1-19,row claimers,sink positions");
     let checksum = scalar(format!("SELECT checksum FROM {DEV}_migrations WHERE version = 1")).await;
     assert_eq!(checksum.len(), 96, "a SHA-384 in hex: {checksum}");
     let routines = scalar(format!("SELECT name FROM {DEV}_routines ORDER BY name")).await;

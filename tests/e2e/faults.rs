@@ -427,6 +427,28 @@ impl SinkRegistry for Faulty {
 }
 
 #[async_trait]
+impl outbox_host::store::Consumers for Faulty {
+    async fn positions(
+        &self,
+        sink: &RegisteredSink,
+        parts: &[u32],
+    ) -> Result<Vec<outbox_host::store::Position>, StoreError> {
+        self.inner.positions(sink, parts).await
+    }
+    async fn read_consumer(
+        &self,
+        sink: &RegisteredSink,
+        read: &OwnedRead<'_>,
+        finished: &outbox_host::store::Finished<'_>,
+    ) -> Result<Page, StoreError> {
+        self.inner.read_consumer(sink, read, finished).await
+    }
+    async fn settle(&self, settle: &outbox_host::store::Settle<'_>) -> Result<outbox_host::store::Settled, StoreError> {
+        self.inner.settle(settle).await
+    }
+}
+
+#[async_trait]
 impl Partitions for Faulty {
     async fn keep_partitions(&self, beat: &Heartbeat<'_>) -> Result<Holding, StoreError> {
         self.faults.at(Some(Point::Heartbeat), self.inner.keep_partitions(beat)).await

@@ -452,9 +452,14 @@ pub async fn query_strings(db: &TestDb, sql: &str) -> Vec<String> {
     where
         for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
         for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
         usize: sqlx::ColumnIndex<R>,
     {
-        row.try_get::<String, _>(0).or_else(|_| row.try_get::<i64, _>(0).map(|n| n.to_string())).unwrap()
+        // MySQL hands a binary-collated column (the bookkeeping tables') over as bytes.
+        row.try_get::<String, _>(0)
+            .or_else(|_| row.try_get::<i64, _>(0).map(|n| n.to_string()))
+            .or_else(|_| row.try_get::<Vec<u8>, _>(0).map(|b| String::from_utf8_lossy(&b).into_owned()))
+            .unwrap()
     }
     if db.url.starts_with("sqlite:") {
         let mut c = sqlx::SqliteConnection::connect(&db.url).await.unwrap();

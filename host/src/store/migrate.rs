@@ -203,6 +203,12 @@ mod tests {
             let (table, bookkeeping) = steps[1].parts();
             assert!(!table.contains("CREATE"), "{table}");
             assert!(bookkeeping.contains("CREATE TABLE IF NOT EXISTS t_claimers ("), "{bookkeeping}");
+            // So is version 3, the positions and exceptions of the sinks after the first.
+            let (table, bookkeeping) = steps[2].parts();
+            assert!(!table.contains("CREATE"), "{table}");
+            for own in ["t_positions", "t_exceptions"] {
+                assert!(bookkeeping.contains(&format!("CREATE TABLE IF NOT EXISTS {own} (")), "{own}");
+            }
         }
     }
 

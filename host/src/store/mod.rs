@@ -1,6 +1,7 @@
 //! The outbox table: one [`Store`] trait with the claim / mark / stats operations, and one
 //! module per database implementing it. Dialect differences live in the backend modules.
 
+mod consumers;
 pub mod migrate;
 mod mysql;
 pub mod partitions;
@@ -15,6 +16,7 @@ mod sqlite;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+pub use consumers::{Exception, Finished, Position, Settle, Settled};
 pub use mysql::MysqlStore;
 pub use partitions::{Fence, Heartbeat, Holding, OwnedRead, OwnerView, Page, Waiting};
 pub use postgres::PostgresStore;
@@ -621,11 +623,35 @@ pub trait Partitions: Send + Sync + 'static {
     async fn set_partitions(&self, total: u32, now_ms: i64) -> Result<Result<u32, Vec<String>>, StoreError>;
 }
 
+/// Sinks as consumers (issue 48): a sink's positions in its partitions and its exceptions,
+/// kept in the outbox's `<table>_positions` and `<table>_exceptions`.
+#[async_trait]
+pub trait Consumers: Send + Sync + 'static {
+    /// `sink`'s positions in `parts`, each at the sink's start until first written.
+    async fn positions(&self, sink: &RegisteredSink, parts: &[u32]) -> Result<Vec<Position>, StoreError>;
+
+    /// Up to `read.limit` events of `sink` waiting in the owned partitions, in order after
+    /// `read.after`: rows past their positions with no exception and not in `finished` (the
+    /// events the owner delivered past its positions), and the `pending` and `retryable`
+    /// exceptions, each with the sink's own status and retry count.
+    async fn read_consumer(
+        &self,
+        sink: &RegisteredSink,
+        read: &OwnedRead<'_>,
+        finished: &Finished<'_>,
+    ) -> Result<Page, StoreError>;
+
+    /// Records exceptions and moves positions, fenced by the partitions' epochs (see
+    /// [`Settle`]).
+    async fn settle(&self, settle: &Settle<'_>) -> Result<Settled, StoreError>;
+}
+
 /// The outbox table: every role above, as one object (`Arc<dyn Store>`). A module calls the
 /// methods of the roles it imports, which says what it does with the table.
-pub trait Store: Schema + Claims + Producer + Inspection + SinkRegistry + Partitions {}
+pub trait Store: Schema + Claims + Producer + Inspection + SinkRegistry + Partitions + Consumers {}
 
-impl<T: Schema + Claims + Producer + Inspection + SinkRegistry + Partitions> Store for T {}
+impl<T: Schema + Claims + Producer + Inspection + SinkRegistry + Partitions + Consumers> Store for T {}
+
 /// Which events a replay delivers again to one sink: created in `[from_ms, to_ms)`, and of
 /// one type or room if given.
 #[derive(Debug, Clone, PartialEq, Eq)]

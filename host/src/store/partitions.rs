@@ -155,7 +155,7 @@ pub(super) fn partition_index_count(table: &str, index: &str) -> Option<u32> {
 
 /// How a read locks the partition rows it checks, so that no takeover commits between the
 /// check and the outcome writes of the same transaction.
-fn share_lock(backend: Backend) -> &'static str {
+pub(super) fn share_lock(backend: Backend) -> &'static str {
     match backend {
         Backend::Postgres => " FOR SHARE",
         Backend::Mysql => " LOCK IN SHARE MODE",
@@ -171,7 +171,7 @@ fn share_lock(backend: Backend) -> &'static str {
 /// (a burst puts hundreds in one): a row comparison on PostgreSQL, ranges MySQL's optimizer
 /// merges in order on MySQL. SQLite seeks on neither; it reads its millisecond's earlier
 /// rows again.
-fn after_cursor<D: Dialect>(key: &str, first: usize) -> String {
+pub(super) fn after_cursor<D: Dialect>(key: &str, first: usize) -> String {
     let (at, again, last) = (D::param(first), D::param(first + 1), D::param(first + 2));
     match D::BACKEND {
         Backend::Postgres => format!("created_at_ms >= {at} AND (created_at_ms, {key}) > ({again}, {last})"),
@@ -180,7 +180,7 @@ fn after_cursor<D: Dialect>(key: &str, first: usize) -> String {
     }
 }
 
-fn list(parts: &[u32]) -> String {
+pub(super) fn list(parts: &[u32]) -> String {
     parts.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
 }
 

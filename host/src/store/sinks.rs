@@ -70,8 +70,8 @@ impl KeyValue {
     }
 }
 
-/// A row key, as the back-fill walks them.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A row key, as the back-fill walks them (and a table's keys are all of one kind).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum KeyValue {
     /// `id` or SQLite's `rowid`.
     Int(i64),

@@ -366,6 +366,8 @@ pub struct SqlStore<D: Dialect> {
     pub(super) own: D::Statements,
     /// The registry's and the fan-out's statements, built once.
     pub(super) fan_out: FanOutStatements,
+    /// The statements of the sinks' positions and exceptions, built once.
+    pub(super) consumers: super::consumers::ConsumerStatements,
     pub(super) inserted: std::sync::Arc<tokio::sync::Notify>,
     /// Shared with the stores of the sinks' own tables on the same pool.
     pub(super) writes: std::sync::Arc<tokio::sync::Mutex<()>>,
@@ -386,6 +388,7 @@ impl<D: Dialect> SqlStore<D> {
             sql: SharedStatements::new::<D>(table, &profile, true),
             own: D::statements(table, &profile),
             fan_out: FanOutStatements::new::<D>(table, &profile),
+            consumers: super::consumers::ConsumerStatements::new::<D>(table),
             profile,
             inserted: Default::default(),
             writes: Default::default(),
@@ -404,6 +407,7 @@ impl<D: Dialect> SqlStore<D> {
             sql: SharedStatements::new::<D>(table, &profile, false),
             own: D::statements(table, &profile),
             fan_out: FanOutStatements::new::<D>(table, &profile),
+            consumers: super::consumers::ConsumerStatements::new::<D>(table),
             profile,
             inserted: Default::default(),
             writes: self.writes.clone(),
@@ -428,6 +432,7 @@ impl<D: Dialect> SqlStore<D> {
             sql: SharedStatements::new::<D>(&self.table, &profile, self.copy_of.is_none()),
             own: D::statements(&self.table, &profile),
             fan_out: FanOutStatements::new::<D>(&self.table, &profile),
+            consumers: super::consumers::ConsumerStatements::new::<D>(&self.table),
             profile,
             ..self
         })

@@ -1,5 +1,5 @@
 //! [`SqlStore`] as a [`Store`]: each method once for every dialect, over the statements of
-//! `sql.rs` and the roles' files (`sinks.rs`, `partitions.rs`, `runner.rs`). This is the one
+//! `sql.rs` and the roles' files (`sinks.rs`, `partitions.rs`, `consumers.rs`, `runner.rs`). This is the one
 //! file of the store that looks at all of them; none of them looks back at it.
 
 use async_trait::async_trait;
@@ -9,8 +9,8 @@ use super::schema::TableInfo;
 use super::sql::for_every_dialect;
 use super::sql::*;
 use super::{
-    Backend, Claimed, Claims, Held, Inspection, Mark, Minute, NewEvent, Outcome, Partitions, Producer, RetryFilter,
-    Row, Schema, SinkRegistry, Stats, Store, StoreError, now_ms,
+    Backend, Claimed, Claims, Consumers, Held, Inspection, Mark, Minute, NewEvent, Outcome, Partitions, Producer,
+    RetryFilter, Row, Schema, SinkRegistry, Stats, Store, StoreError, now_ms,
 };
 
 for_every_dialect!(
@@ -418,6 +418,32 @@ for_every_dialect!(
 
         async fn set_partitions(&self, total: u32, now_ms: i64) -> Result<Result<u32, Vec<String>>, StoreError> {
             self.set_partition_count(total, now_ms).await
+        }
+    }
+);
+
+for_every_dialect!(
+    #[async_trait]
+    impl Consumers {
+        async fn positions(
+            &self,
+            sink: &super::RegisteredSink,
+            parts: &[u32],
+        ) -> Result<Vec<super::Position>, StoreError> {
+            self.positions_of(sink, parts).await
+        }
+
+        async fn read_consumer(
+            &self,
+            sink: &super::RegisteredSink,
+            read: &super::OwnedRead<'_>,
+            finished: &super::Finished<'_>,
+        ) -> Result<super::Page, StoreError> {
+            self.consumer_page(sink, read, finished).await
+        }
+
+        async fn settle(&self, settle: &super::Settle<'_>) -> Result<super::Settled, StoreError> {
+            self.settle_positions(settle).await
         }
     }
 );

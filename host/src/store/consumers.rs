@@ -1,0 +1,591 @@
+//! Sinks as consumers of the outbox (issue 48, decision 0203): what a sink after the first
+//! keeps instead of a copy of every row.
+//!
+//! - **A position per partition** (`<table>_positions`): every row of the partition at or
+//!   before `(created_at_ms, key)` is finished for the sink, unless an exception says
+//!   otherwise. Before its first write a partition stands at the sink's start
+//!   (`start_from_ms`): every row created earlier is none of its business.
+//! - **Exceptions** (`<table>_exceptions`): one event's state for one sink where the
+//!   position does not tell it: `delivered` past the position (finished out of order, kept
+//!   when a partition changes hands), `pending` (held behind its room), `retryable`,
+//!   `failed`.
+//!
+//! A sink's state for an event is its exception if it has one, else finished at or before
+//! the position, else waiting. An owner reads its partitions' rows past their positions
+//! and the exceptions still to deliver ([`SqlStore::consumer_page`]); it moves a position
+//! in one fenced transaction ([`SqlStore::settle_positions`]) that walks the rows it would pass and
+//! stops before the first one neither finished nor excepted: a row that committed late,
+//! behind rows already delivered, is never passed. No position passes the settle horizon,
+//! so a row committing after the walk was not created before it.
+
+use std::collections::{HashMap, HashSet};
+
+use sqlx::Database;
+
+use super::partitions::{OwnedRead, Page, Waiting, after_cursor, list, partition_of, partition_sql, share_lock};
+use super::sinks::{KeyValue, RegisteredSink, bind_key};
+use super::sql::for_every_dialect;
+use super::sql::{Dialect, SqlStore};
+use super::{Backend, Claimed, Fence, Lease, Status, StoreError};
+
+/// Where a sink stands in one partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Position {
+    /// The partition.
+    pub part: u32,
+    /// The last finished row's creation time.
+    pub created_at_ms: i64,
+    /// The last finished row's key.
+    pub key: KeyValue,
+}
+
+impl Position {
+    /// Where a partition stands before its first write: just before the first row created
+    /// at `start_from_ms`.
+    pub fn start(part: u32, start_from_ms: i64, key: super::schema::Key) -> Position {
+        Position { part, created_at_ms: start_from_ms, key: KeyValue::first(key) }
+    }
+
+    /// Whether the row `(created_at_ms, key)` is at or before this position.
+    pub fn passed(&self, created_at_ms: i64, key: &KeyValue) -> bool {
+        (created_at_ms, key) <= (self.created_at_ms, &self.key)
+    }
+}
+
+/// One event's state for one sink, to write as an exception.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exception {
+    /// The event.
+    pub event_id: String,
+    /// Its room's app.
+    pub app_code: String,
+    /// Its room.
+    pub room_id: String,
+    /// Its type.
+    pub event_type: String,
+    /// Its partition, under the epoch its owner read it with: an exception is written only
+    /// while its owner holds the partition under that epoch.
+    pub fence: Fence,
+    /// Its creation time.
+    pub created_at_ms: i64,
+    /// `pending`, `delivered`, `retryable` or `failed`.
+    pub status: Status,
+    /// Added to the exception's retry count (1 for a counted attempt).
+    pub counted: i32,
+    /// When a `retryable` event is due.
+    pub next_retry_at_ms: i64,
+    /// Why the last attempt failed.
+    pub last_error: Option<String>,
+    /// The build of the sink that made this outcome.
+    pub plugin_digest: Option<String>,
+}
+
+/// Whether an owner delivered an event (by id) past its partition's position: the owner's
+/// memory, asked row by row.
+pub type Finished<'f> = dyn Fn(&str) -> bool + Send + Sync + 'f;
+
+/// What one fenced settle of an owner asks.
+#[derive(Clone)]
+pub struct Settle<'a> {
+    /// The sink (its name keys positions and exceptions; its table keys the partition leases).
+    pub sink: &'a RegisteredSink,
+    /// The owner, as in the partition leases.
+    pub owner: &'a str,
+    /// `P`.
+    pub total: u32,
+    /// The partitions whose positions may move, with the epochs they are held under.
+    pub fences: &'a [Fence],
+    /// No position passes a row created after this (the database's clock less the settle
+    /// time: a producer transaction open longer may commit rows before it).
+    pub horizon_ms: i64,
+    /// Whether the owner delivered this event (by id) past its partition's position.
+    pub finished: &'a Finished<'a>,
+    /// Outcomes to record, each in a held partition.
+    pub exceptions: &'a [Exception],
+    /// Now on the database's clock.
+    pub now_ms: i64,
+    /// Rows walked at most, over every partition.
+    pub limit: u32,
+}
+
+/// What a settle did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Settled {
+    /// The positions of the partitions it held, moved or not.
+    pub positions: Vec<Position>,
+    /// The finished events it passed (the owner may forget them).
+    pub passed: Vec<String>,
+    /// Partitions not held under the fences' epochs: nothing of theirs was written.
+    pub fenced: Vec<u32>,
+}
+
+/// The statements of positions and exceptions, built once per store.
+pub(super) struct ConsumerStatements {
+    /// `(sink, part)` → position, for the parts bound as a comma list.
+    positions: String,
+    /// Writes one position: sink, part, created_at_ms, key, now.
+    set_position: String,
+    /// Writes one exception (pending, retryable or failed are kept over by delivered).
+    set_exception: String,
+    /// Deletes a sink's exceptions by event id (`{ids}`: the placeholders from 2).
+    forget: String,
+}
+
+impl ConsumerStatements {
+    pub(super) fn new<D: Dialect>(table: &str) -> Self {
+        let p = D::param;
+        let (positions, exceptions) = (format!("{table}_positions"), format!("{table}_exceptions"));
+        let set_position = match D::BACKEND {
+            Backend::Mysql => format!(
+                "INSERT INTO {positions} (sink, part, created_at_ms, row_key, updated_at_ms) VALUES (?, ?, ?, ?, ?) \
+                 ON DUPLICATE KEY UPDATE created_at_ms = VALUES(created_at_ms), row_key = VALUES(row_key), \
+                 updated_at_ms = VALUES(updated_at_ms)"
+            ),
+            _ => format!(
+                "INSERT INTO {positions} (sink, part, created_at_ms, row_key, updated_at_ms) VALUES ({}, {}, {}, {}, {}) \
+                 ON CONFLICT (sink, part) DO UPDATE SET created_at_ms = excluded.created_at_ms, \
+                 row_key = excluded.row_key, updated_at_ms = excluded.updated_at_ms",
+                p(1),
+                p(2),
+                p(3),
+                p(4),
+                p(5)
+            ),
+        };
+        let columns = "sink, event_id, app_code, room_id, event_type, part, created_at_ms, status, retry_count, \
+                       next_retry_at_ms, last_error, updated_at_ms, plugin_digest";
+        let set_exception = match D::BACKEND {
+            // Delivered wins over anything but delivered: each column keeps its value once it is.
+            Backend::Mysql => {
+                let keep = |column: &str| format!("{column} = IF(status = 'delivered', {column}, VALUES({column}))");
+                format!(
+                    "INSERT INTO {exceptions} ({columns}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULLIF(?, ''), ?, NULLIF(?, '')) ON DUPLICATE KEY UPDATE \
+                     retry_count = IF(status = 'delivered', retry_count, retry_count + VALUES(retry_count)), {}, {}, {}, {}, \
+                     status = IF(status = 'delivered', status, VALUES(status))",
+                    keep("next_retry_at_ms"),
+                    keep("last_error"),
+                    keep("updated_at_ms"),
+                    keep("plugin_digest"),
+                )
+            }
+            _ => format!(
+                "INSERT INTO {exceptions} ({columns}) VALUES ({}) ON CONFLICT (sink, event_id) DO UPDATE SET \
+                 status = excluded.status, retry_count = {exceptions}.retry_count + excluded.retry_count, \
+                 next_retry_at_ms = excluded.next_retry_at_ms, last_error = excluded.last_error, \
+                 updated_at_ms = excluded.updated_at_ms, plugin_digest = excluded.plugin_digest \
+                 WHERE {exceptions}.status <> 'delivered'",
+                (1..=13)
+                    .map(|n| if n == 11 || n == 13 { format!("NULLIF({}, '')", p(n)) } else { p(n) })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        ConsumerStatements {
+            positions: format!(
+                "SELECT part, created_at_ms, row_key FROM {positions} WHERE sink = {} AND part IN ({{parts}})",
+                p(1)
+            ),
+            set_position,
+            set_exception,
+            forget: format!("DELETE FROM {exceptions} WHERE sink = {} AND event_id IN ({{ids}})", p(1)),
+        }
+    }
+}
+
+/// A key as `<table>_positions.row_key` keeps it.
+fn key_text(key: &KeyValue) -> String {
+    match key {
+        KeyValue::Int(n) => n.to_string(),
+        KeyValue::Text(s) => s.clone(),
+    }
+}
+
+/// An exception as read: `(status, retry_count, next_retry_at_ms)`.
+type Excepted = (Status, i32, i64);
+
+for_every_dialect!(impl {
+    /// A key read back from `<table>_positions.row_key`.
+    fn key_from_text(&self, text: String) -> Result<KeyValue, StoreError> {
+        if self.profile.key.is_text() {
+            return Ok(KeyValue::Text(text));
+        }
+        text.parse().map(KeyValue::Int).map_err(|_| StoreError::Query(format!("a position's key {text:?} is no number")))
+    }
+
+    /// `sink`'s positions in `parts` (each at the sink's start until first written), read on
+    /// `conn`.
+    async fn positions_on(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+        sink: &RegisteredSink,
+        parts: &[u32],
+    ) -> Result<HashMap<u32, Position>, StoreError> {
+        let mut found: HashMap<u32, Position> =
+            parts.iter().map(|&part| (part, Position::start(part, sink.start_from_ms, self.profile.key))).collect();
+        if parts.is_empty() {
+            return Ok(found);
+        }
+        let sql = self.consumers.positions.replace("{parts}", &list(parts));
+        for r in sqlx::query(&sql).bind(sink.name.clone()).fetch_all(&mut *conn).await? {
+            let part = D::int(&r, 0)? as u32;
+            let key = self.key_from_text(D::text(&r, 2)?)?;
+            found.insert(part, Position { part, created_at_ms: D::int(&r, 1)?, key });
+        }
+        Ok(found)
+    }
+
+    /// `sink`'s positions in `parts`.
+    pub(super) async fn positions_of(
+        &self,
+        sink: &RegisteredSink,
+        parts: &[u32],
+    ) -> Result<Vec<Position>, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let mut positions: Vec<Position> = self.positions_on(&mut conn, sink, parts).await?.into_values().collect();
+        positions.sort_by_key(|p| p.part);
+        Ok(positions)
+    }
+
+    /// `sink`'s exceptions in `parts` that a read or a walk from `from_ms` must know: those
+    /// still to deliver wherever they are, and every other created at or after `from_ms`.
+    /// By event id, with the creation time and partition of those still to deliver.
+    async fn exceptions_on(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+        sink: &str,
+        parts: &[u32],
+        from_ms: i64,
+    ) -> Result<HashMap<String, (Excepted, i64)>, StoreError> {
+        if parts.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let sql = format!(
+            "SELECT event_id, status, retry_count, next_retry_at_ms, created_at_ms FROM {}_exceptions \
+             WHERE sink = {} AND part IN ({}) AND (status IN ('pending', 'retryable') OR created_at_ms >= {})",
+            self.table,
+            D::param(1),
+            list(parts),
+            D::param(2)
+        );
+        let rows = sqlx::query(&sql).bind(sink.to_string()).bind(from_ms).fetch_all(&mut *conn).await?;
+        let mut found = HashMap::with_capacity(rows.len());
+        for r in rows {
+            let status = Status::parse(&D::text(&r, 1)?).unwrap_or(Status::Pending);
+            let retry_count = i32::try_from(D::int(&r, 2)?).unwrap_or(i32::MAX);
+            found.insert(D::text(&r, 0)?, ((status, retry_count, D::int(&r, 3)?), D::int(&r, 4)?));
+        }
+        Ok(found)
+    }
+
+    /// The rows of the table's partitions `parts` (all of them on SQLite, which the caller
+    /// filters) after `(after_at, after_key)` in `(created_at_ms, key)` order, created at or
+    /// before `until_ms`, up to `limit`. Columns as [`Self::decode_page`] reads them.
+    async fn rows_after(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+        total: u32,
+        parts: &[u32],
+        after: &(i64, KeyValue),
+        until_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<<D::Db as Database>::Row>, StoreError> {
+        let key = self.profile.key.column();
+        let id = super::key_as_id(self.profile.key);
+        let expr = partition_sql(D::BACKEND, total);
+        let part = expr.as_deref().unwrap_or("0");
+        let only = match &expr {
+            Some(expr) if (parts.len() as u32) < total => format!(" AND {expr} IN ({})", list(parts)),
+            _ => String::new(),
+        };
+        let sql = format!(
+            "SELECT {id}, app_code, event_id, event_type, room_id, envelope, created_at_ms, retry_count, \
+             status, next_retry_at_ms, lock_until_ms, {part} AS part_no, {key} AS sort_key FROM {} \
+             WHERE {} AND created_at_ms <= {}{only} ORDER BY created_at_ms, {key} LIMIT {}",
+            self.table,
+            after_cursor::<D>(key, 1),
+            D::param(4),
+            D::param(5)
+        );
+        let q = bind_key::<D>(sqlx::query(&sql).bind(after.0).bind(after.0), &after.1).bind(until_ms).bind(i64::from(limit));
+        Ok(q.fetch_all(&mut *conn).await?)
+    }
+
+    /// The partition of a row read by [`Self::rows_after`].
+    fn part_of(&self, row: &<D::Db as Database>::Row, total: u32) -> Result<u32, sqlx::Error> {
+        if partition_sql(D::BACKEND, total).is_some() {
+            return Ok(D::int(row, 11)? as u32);
+        }
+        Ok(partition_of(&D::text(row, 1)?, &D::text(row, 4)?, total))
+    }
+
+    /// The key of a row read by [`Self::rows_after`].
+    fn sort_key(&self, row: &<D::Db as Database>::Row) -> Result<KeyValue, sqlx::Error> {
+        if self.profile.key.is_text() { D::text(row, 12).map(KeyValue::Text) } else { D::int(row, 12).map(KeyValue::Int) }
+    }
+
+    /// Up to `read.limit` events of `sink` waiting in the owned partitions, in
+    /// `(created_at_ms, key)` order after `read.after`: rows past their partition's position
+    /// with no exception and not in `finished`, and the `pending` and `retryable` exceptions
+    /// (due or not: a room's earliest such event decides whether the room may go on). Each
+    /// carries the sink's own status and retry count, not the row's.
+    pub(super) async fn consumer_page(
+        &self,
+        sink: &RegisteredSink,
+        read: &OwnedRead<'_>,
+        finished: &Finished<'_>,
+    ) -> Result<Page, StoreError> {
+        let parts: Vec<u32> = read.owned.iter().map(|f| f.partition).collect();
+        let epochs: HashMap<u32, i64> = read.owned.iter().map(|f| (f.partition, f.epoch)).collect();
+        let mut conn = self.pool.acquire().await?;
+        let positions = self.positions_on(&mut conn, sink, &parts).await?;
+        let Some(lowest) = positions.values().map(|p| (p.created_at_ms, p.key.clone())).min() else {
+            return Ok(Page { at_end: true, ..Page::default() });
+        };
+        let from = match &read.after {
+            Some(after) if *after > lowest => after.clone(),
+            _ => lowest.clone(),
+        };
+        let exceptions = self.exceptions_on(&mut conn, &sink.name, &parts, lowest.0).await?;
+        let rows = self.rows_after(&mut conn, read.total, &parts, &from, i64::MAX, read.limit).await?;
+        let mut at_end = rows.len() < read.limit as usize;
+        let mut last = None;
+        let mut waiting = Vec::with_capacity(rows.len());
+        let mut seen = HashSet::new();
+        for r in &rows {
+            let key = self.sort_key(r)?;
+            let created_at_ms = D::int(r, 6)?;
+            last = Some((created_at_ms, key.clone()));
+            let part = self.part_of(r, read.total)?;
+            let (Some(&epoch), Some(position)) = (epochs.get(&part), positions.get(&part)) else { continue };
+            let event_id = D::text(r, 2)?;
+            let excepted = exceptions.get(&event_id).map(|(e, _)| *e);
+            let state = match excepted {
+                Some((status @ (Status::Pending | Status::Retryable), retry_count, next_retry_at_ms)) => {
+                    (status, retry_count, next_retry_at_ms)
+                }
+                Some(_) => continue,
+                None if position.passed(created_at_ms, &key) || finished(&event_id) => continue,
+                None => (Status::Pending, 0, 0),
+            };
+            seen.insert(event_id.clone());
+            waiting.push(self.waiting_of(r, read.owner, Fence { partition: part, epoch }, state, key)?);
+        }
+        // The exceptions still to deliver that this page's rows did not bring: those before
+        // the read's start (at or before their position), read by event id.
+        let mut before: Vec<(i64, &String)> = exceptions
+            .iter()
+            .filter(|(id, ((status, _, _), created_at_ms))| {
+                matches!(status, Status::Pending | Status::Retryable)
+                    && !seen.contains(*id)
+                    && read.after.as_ref().is_none_or(|after| *created_at_ms >= after.0)
+                    && (at_end || last.as_ref().is_none_or(|last: &(i64, KeyValue)| *created_at_ms <= last.0))
+            })
+            .map(|(id, (_, created_at_ms))| (*created_at_ms, id))
+            .collect();
+        if !before.is_empty() {
+            // The earliest a page can hold, read by event id.
+            before.sort_unstable();
+            before.truncate(read.limit as usize);
+            let ids: Vec<&String> = before.into_iter().map(|(_, id)| id).collect();
+            for r in self.rows_by_event_id(&mut conn, read.total, &ids).await? {
+                let key = self.sort_key(&r)?;
+                let created_at_ms = D::int(&r, 6)?;
+                if read.after.as_ref().is_some_and(|after| (created_at_ms, &key) <= (after.0, &after.1)) {
+                    continue;
+                }
+                if last.as_ref().is_some_and(|last: &(i64, KeyValue)| !at_end && (created_at_ms, &key) > (last.0, &last.1)) {
+                    continue;
+                }
+                let part = self.part_of(&r, read.total)?;
+                let Some(&epoch) = epochs.get(&part) else { continue };
+                let Some((state, _)) = exceptions.get(&D::text(&r, 2)?) else { continue };
+                waiting.push(self.waiting_of(&r, read.owner, Fence { partition: part, epoch }, *state, key)?);
+            }
+            waiting.sort_by(|a, b| (a.row.created_at_ms, &a.key).cmp(&(b.row.created_at_ms, &b.key)));
+            if waiting.len() > read.limit as usize {
+                // The page ends at its last event: the next starts after it.
+                waiting.truncate(read.limit as usize);
+                at_end = false;
+                last = waiting.last().map(|w| (w.row.created_at_ms, w.key.clone()));
+            } else if let Some(w) = waiting.last()
+                && last.as_ref().is_none_or(|last: &(i64, KeyValue)| (w.row.created_at_ms, &w.key) > (last.0, &last.1))
+            {
+                last = Some((w.row.created_at_ms, w.key.clone()));
+            }
+        }
+        Ok(Page { waiting, last, at_end })
+    }
+
+    /// The rows named by `event_ids`, with [`Self::rows_after`]'s columns.
+    async fn rows_by_event_id(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+        total: u32,
+        event_ids: &[&String],
+    ) -> Result<Vec<<D::Db as Database>::Row>, StoreError> {
+        let key = self.profile.key.column();
+        let id = super::key_as_id(self.profile.key);
+        let part = partition_sql(D::BACKEND, total).unwrap_or_else(|| "0".to_string());
+        let mut rows = Vec::with_capacity(event_ids.len());
+        for chunk in event_ids.chunks(500) {
+            let sql = format!(
+                "SELECT {id}, app_code, event_id, event_type, room_id, envelope, created_at_ms, retry_count, \
+                 status, next_retry_at_ms, lock_until_ms, {part} AS part_no, {key} AS sort_key FROM {} \
+                 WHERE event_id IN ({})",
+                self.table,
+                super::sql::params::<D>(1, chunk.len())
+            );
+            let mut q = sqlx::query(&sql);
+            for event_id in chunk {
+                q = q.bind((*event_id).clone());
+            }
+            rows.extend(q.fetch_all(&mut *conn).await?);
+        }
+        Ok(rows)
+    }
+
+    /// A waiting event of a consumer: the row, with the sink's own state.
+    fn waiting_of(
+        &self,
+        r: &<D::Db as Database>::Row,
+        owner: &str,
+        fence: Fence,
+        (status, retry_count, next_retry_at_ms): Excepted,
+        key: KeyValue,
+    ) -> Result<Waiting, StoreError> {
+        Ok(Waiting {
+            row: Claimed {
+                id: D::int(r, 0)?,
+                app_code: D::text(r, 1)?,
+                event_id: D::text(r, 2)?,
+                event_type: D::text(r, 3)?,
+                room_id: D::text(r, 4)?,
+                envelope: D::bytes(r, 5)?,
+                created_at_ms: D::int(r, 6)?,
+                retry_count,
+                lease: Lease { worker_id: owner.to_string(), lock_until_ms: i64::MAX, fence: Some(fence) },
+                rescued: false,
+            },
+            status,
+            next_retry_at_ms,
+            lock_until_ms: 0,
+            key,
+        })
+    }
+
+    /// Records `settle.exceptions` and moves the positions of the partitions `settle.owner`
+    /// holds, in one transaction that first checks, under a share lock on the partition
+    /// rows, that it holds each under its fence's epoch and lease (nothing of a partition it
+    /// lost is written). A position moves over rows in order while each is in
+    /// `settle.finished` or has an exception, and stops before the first that is neither,
+    /// and before the first created after `settle.horizon_ms`. `delivered` exceptions a
+    /// position passes are deleted: the position says as much.
+    pub(super) async fn settle_positions(&self, settle: &Settle<'_>) -> Result<Settled, StoreError> {
+        let (lease_parts, _) = self.lease_tables();
+        let _writing = self.writing().await;
+        let mut tx = if D::BACKEND == Backend::Sqlite {
+            self.pool.begin_with("BEGIN IMMEDIATE").await?
+        } else {
+            self.pool.begin().await?
+        };
+        let mut asked: Vec<u32> = settle.fences.iter().map(|f| f.partition).collect();
+        asked.sort_unstable();
+        asked.dedup();
+        let (mut held, mut held_fences) = (Vec::new(), Vec::new());
+        if !asked.is_empty() {
+            let check = format!(
+                "SELECT part, epoch, owner, lease_until_ms FROM {lease_parts} WHERE sink_table = {} AND part IN ({}){}",
+                D::param(1),
+                list(&asked),
+                share_lock(D::BACKEND)
+            );
+            for r in sqlx::query(&check).bind(settle.sink.table.clone()).fetch_all(&mut *tx).await? {
+                let fence = Fence { partition: D::int(&r, 0)? as u32, epoch: D::int(&r, 1)? };
+                if D::opt_text(&r, 2)?.as_deref() == Some(settle.owner)
+                    && D::int(&r, 3)? > settle.now_ms
+                    && settle.fences.contains(&fence)
+                {
+                    held.push(fence.partition);
+                    held_fences.push(fence);
+                }
+            }
+        }
+        let fenced: Vec<u32> = asked.iter().copied().filter(|p| !held.contains(p)).collect();
+        for e in settle.exceptions.iter().filter(|e| held_fences.contains(&e.fence)) {
+            sqlx::query(&self.consumers.set_exception)
+                .bind(settle.sink.name.clone())
+                .bind(e.event_id.clone())
+                .bind(e.app_code.clone())
+                .bind(e.room_id.clone())
+                .bind(e.event_type.clone())
+                .bind(i64::from(e.fence.partition))
+                .bind(e.created_at_ms)
+                .bind(e.status.as_str().to_string())
+                .bind(i64::from(e.counted))
+                .bind(e.next_retry_at_ms)
+                .bind(e.last_error.as_deref().map(|m| self.fit_error(m).into_owned()).unwrap_or_default())
+                .bind(settle.now_ms)
+                .bind(e.plugin_digest.clone().unwrap_or_default())
+                .execute(&mut *tx)
+                .await?;
+        }
+        let mut positions = self.positions_on(&mut tx, settle.sink, &held).await?;
+        let mut passed = Vec::new();
+        if let Some(lowest) = positions.values().map(|p| (p.created_at_ms, p.key.clone())).min() {
+            let exceptions = self.exceptions_on(&mut tx, &settle.sink.name, &held, lowest.0).await?;
+            let rows = self.rows_after(&mut tx, settle.total, &held, &lowest, settle.horizon_ms, settle.limit).await?;
+            let mut stopped: HashSet<u32> = HashSet::new();
+            let mut moved: HashSet<u32> = HashSet::new();
+            // `delivered` exceptions a position passes: the position says as much now.
+            let mut redundant: Vec<String> = Vec::new();
+            for r in &rows {
+                let part = self.part_of(r, settle.total)?;
+                if stopped.contains(&part) {
+                    continue;
+                }
+                let Some(position) = positions.get_mut(&part) else { continue };
+                let (created_at_ms, key) = (D::int(r, 6)?, self.sort_key(r)?);
+                if position.passed(created_at_ms, &key) {
+                    continue;
+                }
+                let event_id = D::text(r, 2)?;
+                match exceptions.get(&event_id) {
+                    Some(((Status::Delivered, _, _), _)) => redundant.push(event_id),
+                    Some(_) => {}
+                    None if (settle.finished)(&event_id) => passed.push(event_id),
+                    None => {
+                        stopped.insert(part);
+                        continue;
+                    }
+                }
+                *position = Position { part, created_at_ms, key };
+                moved.insert(part);
+            }
+            let mut moved: Vec<u32> = moved.into_iter().collect();
+            moved.sort_unstable();
+            for part in moved {
+                let position = &positions[&part];
+                sqlx::query(&self.consumers.set_position)
+                    .bind(settle.sink.name.clone())
+                    .bind(i64::from(part))
+                    .bind(position.created_at_ms)
+                    .bind(key_text(&position.key))
+                    .bind(settle.now_ms)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            for ids in redundant.chunks(500) {
+                let sql = self.consumers.forget.replace("{ids}", &super::sql::params::<D>(2, ids.len()));
+                let mut q = sqlx::query(&sql).bind(settle.sink.name.clone());
+                for id in ids {
+                    q = q.bind(id.clone());
+                }
+                q.execute(&mut *tx).await?;
+            }
+        }
+        tx.commit().await?;
+        let mut positions: Vec<Position> = positions.into_values().collect();
+        positions.sort_by_key(|p| p.part);
+        Ok(Settled { positions, passed, fenced })
+    }
+});

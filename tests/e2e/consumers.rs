@@ -1,0 +1,318 @@
+//! Sinks as consumers (issue 48): a sink's positions and exceptions in the outbox's
+//! `<table>_positions` and `<table>_exceptions`, read and settled through the store on every
+//! database. What is in the tables afterwards is what a sink's state is.
+
+use std::collections::HashSet;
+
+use outbox_host::store::{
+    Exception, Fence, Heartbeat, KeyValue, NewEvent, OwnedRead, Position, RegisteredSink, Settle, Status, Store, now_ms,
+};
+
+use crate::support::{World, per_backend, query_strings};
+
+per_backend!(
+    a_position_moves_over_finished_rows_in_order_and_stops_at_the_first_unfinished,
+    a_row_committed_late_behind_finished_rows_is_not_passed,
+    no_position_passes_the_settle_horizon,
+    a_settle_from_a_lost_partition_writes_nothing,
+    a_sink_that_starts_later_reads_nothing_created_before
+);
+
+/// The partitions of the tests' sink.
+const TOTAL: u32 = 4;
+
+/// A second sink, `audit`, whose partition leases are the outbox's own (the leases the
+/// tests' `beat` takes).
+fn audit(start_from_ms: i64) -> RegisteredSink {
+    RegisteredSink {
+        name: "audit".into(),
+        table: "room_outbox".into(),
+        start_from_ms,
+        added_at_ms: 0,
+        backfilled_at_ms: Some(0),
+    }
+}
+
+/// One heartbeat of `owner` at `now`, with a one-second lease.
+async fn beat(store: &dyn Store, owner: &str, now: i64) -> Vec<Fence> {
+    let beat =
+        Heartbeat { owner, partitions: TOTAL, in_flight: 0, now_ms: now, lease_ms: 1_000, renew: &[], release: &[] };
+    store.keep_partitions(&beat).await.unwrap().owned
+}
+
+/// `n` events of one room, created one millisecond apart from `first_ms`, inserted.
+async fn room_events(world: &World, room: &str, first_ms: i64, n: usize) -> Vec<NewEvent> {
+    let events: Vec<NewEvent> = (0..n)
+        .map(|i| NewEvent { created_at_ms: first_ms + i as i64, ..world.event("RoomGiftSent", room, Status::Pending) })
+        .collect();
+    world.producer.insert(&events).await.unwrap();
+    events
+}
+
+/// Every waiting event of `sink` for `owner`, as `(event id, status, retry count)`, reading
+/// pages of two so that a page's end and the next page's start are crossed.
+async fn waiting(
+    store: &dyn Store,
+    sink: &RegisteredSink,
+    owned: &[Fence],
+    finished: &HashSet<String>,
+) -> Vec<(String, Status, i32)> {
+    let mut all = Vec::new();
+    let mut after: Option<(i64, KeyValue)> = None;
+    loop {
+        let read = OwnedRead { owner: "host-a", total: TOTAL, owned, after: after.clone(), limit: 2 };
+        let page = store.read_consumer(sink, &read, &|id: &str| finished.contains(id)).await.unwrap();
+        all.extend(page.waiting.iter().map(|w| (w.row.event_id.clone(), w.status, w.row.retry_count)));
+        if page.at_end {
+            return all;
+        }
+        after = page.last;
+        assert!(after.is_some(), "a page not at the end says where the next starts");
+    }
+}
+
+fn ids(events: &[NewEvent], which: &[usize]) -> HashSet<String> {
+    which.iter().map(|&i| events[i].event_id.clone()).collect()
+}
+
+/// The position of the partition of `room`.
+async fn position_of(store: &dyn Store, sink: &RegisteredSink, events: &[NewEvent], fences: &[Fence]) -> Position {
+    let parts: Vec<u32> = fences.iter().map(|f| f.partition).collect();
+    let positions = store.positions(sink, &parts).await.unwrap();
+    let created: Vec<i64> = events.iter().map(|e| e.created_at_ms).collect();
+    // The room's partition is the one whose position moved into its events, else any.
+    positions.iter().find(|p| created.contains(&p.created_at_ms)).cloned().unwrap_or_else(|| positions[0].clone())
+}
+
+async fn exception_status(world: &World, event_id: &str) -> Vec<String> {
+    query_strings(
+        &world.db,
+        &format!("SELECT status FROM room_outbox_exceptions WHERE sink = 'audit' AND event_id = '{event_id}'"),
+    )
+    .await
+}
+
+fn retry(event: &NewEvent, fence: Fence, error: &str) -> Exception {
+    Exception {
+        event_id: event.event_id.clone(),
+        app_code: event.app_code.clone(),
+        room_id: event.room_id.clone(),
+        event_type: event.event_type.clone(),
+        fence,
+        created_at_ms: event.created_at_ms,
+        status: Status::Retryable,
+        counted: 1,
+        next_retry_at_ms: 0,
+        last_error: Some(error.into()),
+        plugin_digest: None,
+    }
+}
+
+/// Five events of one room; the owner delivered the first, second and fourth, the fifth
+/// failed for now. The position moves over the first two and stops before the third; the
+/// third and fifth wait (the fifth as `retryable` with its count), the fourth does not.
+/// Once the third is delivered too, the position moves over the third to fifth, and only
+/// the fifth, an exception, still waits.
+async fn a_position_moves_over_finished_rows_in_order_and_stops_at_the_first_unfinished(world: World) {
+    let store = world.producer.as_ref();
+    let sink = audit(0);
+    let now = now_ms();
+    let events = room_events(&world, "room-1", now - 60_000, 5).await;
+    let fences = beat(store, "host-a", now).await;
+    assert_eq!(fences.len(), TOTAL as usize);
+    let everything: Vec<String> = events.iter().map(|e| e.event_id.clone()).collect();
+    let read = waiting(store, &sink, &fences, &HashSet::new()).await;
+    assert_eq!(read.iter().map(|w| w.0.clone()).collect::<Vec<_>>(), everything, "every event waits, in order");
+    assert!(read.iter().all(|w| w.1 == Status::Pending && w.2 == 0));
+    let fence = {
+        let read = OwnedRead { owner: "host-a", total: TOTAL, owned: &fences, after: None, limit: 1 };
+        store.read_consumer(&sink, &read, &|_: &str| false).await.unwrap().waiting[0].row.lease.fence.unwrap()
+    };
+    let part = fence.partition;
+
+    let finished = ids(&events, &[0, 1, 3]);
+    let settle = Settle {
+        sink: &sink,
+        owner: "host-a",
+        total: TOTAL,
+        fences: &fences,
+        horizon_ms: now,
+        finished: &|id: &str| finished.contains(id),
+        exceptions: &[retry(&events[4], fence, "503 from the destination")],
+        now_ms: now,
+        limit: 100,
+    };
+    let settled = store.settle(&settle).await.unwrap();
+    assert!(settled.fenced.is_empty());
+    let mut passed = settled.passed.clone();
+    passed.sort();
+    let mut expected: Vec<String> = ids(&events, &[0, 1]).into_iter().collect();
+    expected.sort();
+    assert_eq!(passed, expected, "the first two are passed, the fourth is behind the third");
+    let position = position_of(store, &sink, &events, &fences).await;
+    assert_eq!((position.part, position.created_at_ms), (part, events[1].created_at_ms));
+    assert_eq!(exception_status(&world, &events[4].event_id).await, ["retryable"]);
+
+    let still = ids(&events, &[3]);
+    let read = waiting(store, &sink, &fences, &still).await;
+    assert_eq!(
+        read,
+        vec![(events[2].event_id.clone(), Status::Pending, 0), (events[4].event_id.clone(), Status::Retryable, 1)],
+        "the third waits, the fourth is finished, the fifth waits with its retry"
+    );
+
+    let finished = ids(&events, &[2, 3]);
+    let settled = store
+        .settle(&Settle { finished: &|id: &str| finished.contains(id), exceptions: &[], ..settle.clone() })
+        .await
+        .unwrap();
+    assert_eq!(settled.passed.len(), 2);
+    let position = position_of(store, &sink, &events, &fences).await;
+    assert_eq!(position.created_at_ms, events[4].created_at_ms, "over the fifth, an exception, too");
+    assert_eq!(
+        waiting(store, &sink, &fences, &HashSet::new()).await,
+        vec![(events[4].event_id.clone(), Status::Retryable, 1)],
+        "behind the position, the retryable exception still waits"
+    );
+
+    // Delivered at last: nothing waits, and a later retry outcome does not undo it.
+    let delivered =
+        Exception { status: Status::Delivered, counted: 0, last_error: None, ..retry(&events[4], fence, "") };
+    store.settle(&Settle { exceptions: &[delivered], finished: &|_: &str| false, ..settle.clone() }).await.unwrap();
+    assert!(waiting(store, &sink, &fences, &HashSet::new()).await.is_empty());
+    store.settle(&Settle { finished: &|_: &str| false, ..settle.clone() }).await.unwrap();
+    assert_eq!(exception_status(&world, &events[4].event_id).await, ["delivered"]);
+    assert!(waiting(store, &sink, &fences, &HashSet::new()).await.is_empty());
+    // The first sink's state is the row's own, untouched.
+    assert_eq!(world.row(&events[0].event_id).await.status, Status::Pending);
+}
+
+/// The hazard positions bring: a producer's transaction commits a row created before rows
+/// the owner already delivered. A settle that would pass it stops before it, and it waits.
+async fn a_row_committed_late_behind_finished_rows_is_not_passed(world: World) {
+    let store = world.producer.as_ref();
+    let sink = audit(0);
+    let now = now_ms();
+    let fences = beat(store, "host-a", now).await;
+    let first = room_events(&world, "room-7", now - 60_000, 1).await;
+    let after = room_events(&world, "room-7", now - 60_000 + 10, 1).await;
+    let read = waiting(store, &sink, &fences, &HashSet::new()).await;
+    assert_eq!(read.len(), 2);
+    // Delivered both; meanwhile the late row, created between them, commits.
+    let late = room_events(&world, "room-7", now - 60_000 + 5, 1).await;
+    let finished: HashSet<String> = [first[0].event_id.clone(), after[0].event_id.clone()].into();
+    let settle = Settle {
+        sink: &sink,
+        owner: "host-a",
+        total: TOTAL,
+        fences: &fences,
+        horizon_ms: now,
+        finished: &|id: &str| finished.contains(id),
+        exceptions: &[],
+        now_ms: now,
+        limit: 100,
+    };
+    let settled = store.settle(&settle).await.unwrap();
+    assert_eq!(settled.passed, vec![first[0].event_id.clone()], "the position stops before the late row");
+    let mut events = first.clone();
+    events.extend(late.clone());
+    events.extend(after.clone());
+    assert_eq!(position_of(store, &sink, &events, &fences).await.created_at_ms, first[0].created_at_ms);
+    assert_eq!(
+        waiting(store, &sink, &fences, &[after[0].event_id.clone()].into()).await,
+        vec![(late[0].event_id.clone(), Status::Pending, 0)],
+        "the late row waits; the one after it was delivered"
+    );
+}
+
+/// Rows created after the horizon stay past the position even when finished: a producer's
+/// transaction still open may commit rows created before them.
+async fn no_position_passes_the_settle_horizon(world: World) {
+    let store = world.producer.as_ref();
+    let sink = audit(0);
+    let now = now_ms();
+    let fences = beat(store, "host-a", now).await;
+    let events = room_events(&world, "room-3", now - 3_000, 3).await;
+    let finished = ids(&events, &[0, 1, 2]);
+    let settle = Settle {
+        sink: &sink,
+        owner: "host-a",
+        total: TOTAL,
+        fences: &fences,
+        horizon_ms: events[1].created_at_ms,
+        finished: &|id: &str| finished.contains(id),
+        exceptions: &[],
+        now_ms: now,
+        limit: 100,
+    };
+    let settled = store.settle(&settle).await.unwrap();
+    assert_eq!(settled.passed.len(), 2, "{settled:?}");
+    assert!(!settled.passed.contains(&events[2].event_id));
+    assert_eq!(position_of(store, &sink, &events, &fences).await.created_at_ms, events[1].created_at_ms);
+    // Finished past the position: not read again while the owner remembers it.
+    assert!(waiting(store, &sink, &fences, &finished).await.is_empty());
+    assert_eq!(waiting(store, &sink, &fences, &HashSet::new()).await.len(), 1, "forgotten, it waits again");
+}
+
+/// Owner `a`'s leases run out and `b` takes every partition: `a`'s settle, written
+/// afterwards, records no exception and moves no position.
+async fn a_settle_from_a_lost_partition_writes_nothing(world: World) {
+    let store = world.producer.as_ref();
+    let sink = audit(0);
+    let now = now_ms();
+    let events = room_events(&world, "room-2", now - 60_000, 2).await;
+    let a = beat(store, "host-a", now).await;
+    let later = now + 2_000;
+    let b = beat(store, "host-b", later).await;
+    assert_eq!(b.len(), TOTAL as usize, "b takes every partition over");
+    let finished = ids(&events, &[0]);
+    let parts: Vec<u32> = (0..TOTAL).collect();
+    let settle = Settle {
+        sink: &sink,
+        owner: "host-a",
+        total: TOTAL,
+        fences: &a,
+        horizon_ms: later,
+        finished: &|id: &str| finished.contains(id),
+        exceptions: &[retry(&events[1], a[0], "late")],
+        now_ms: later,
+        limit: 100,
+    };
+    let settled = store.settle(&settle).await.unwrap();
+    assert_eq!(settled.fenced, parts, "every partition a lost is fenced");
+    assert!(settled.passed.is_empty() && settled.positions.is_empty());
+    assert_eq!(query_strings(&world.db, "SELECT COUNT(*) FROM room_outbox_positions").await, ["0"]);
+    assert_eq!(query_strings(&world.db, "SELECT COUNT(*) FROM room_outbox_exceptions").await, ["0"]);
+    // b, holding them, settles.
+    let settled =
+        store.settle(&Settle { owner: "host-b", fences: &b, exceptions: &[], ..settle.clone() }).await.unwrap();
+    assert_eq!(settled.passed, vec![events[0].event_id.clone()]);
+}
+
+/// A sink registered with `start_from: now` stands at its start: the rows created before are
+/// neither read nor walked.
+async fn a_sink_that_starts_later_reads_nothing_created_before(world: World) {
+    let store = world.producer.as_ref();
+    let now = now_ms();
+    let events = room_events(&world, "room-4", now - 60_000, 4).await;
+    let sink = audit(events[2].created_at_ms);
+    let fences = beat(store, "host-a", now).await;
+    let read = waiting(store, &sink, &fences, &HashSet::new()).await;
+    assert_eq!(
+        read.iter().map(|w| w.0.clone()).collect::<Vec<_>>(),
+        vec![events[2].event_id.clone(), events[3].event_id.clone()]
+    );
+    let finished = ids(&events, &[2]);
+    let settle = Settle {
+        sink: &sink,
+        owner: "host-a",
+        total: TOTAL,
+        fences: &fences,
+        horizon_ms: now,
+        finished: &|id: &str| finished.contains(id),
+        exceptions: &[],
+        now_ms: now,
+        limit: 100,
+    };
+    assert_eq!(store.settle(&settle).await.unwrap().passed, vec![events[2].event_id.clone()]);
+}
