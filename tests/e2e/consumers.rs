@@ -11,8 +11,9 @@ use outbox_host::store::{
 use crate::support::{World, per_backend, query_strings};
 
 per_backend!(
-    a_position_moves_over_finished_rows_in_order_and_stops_at_the_first_unfinished,
-    a_row_committed_late_behind_finished_rows_is_not_passed,
+    a_position_moves_over_finished_rows_and_what_it_passes_unfinished_waits,
+    a_row_committed_late_behind_finished_rows_becomes_an_exception_and_waits,
+    a_sink_that_delivers_nothing_writes_nothing,
     no_position_passes_the_settle_horizon,
     a_settle_from_a_lost_partition_writes_nothing,
     a_sink_that_starts_later_reads_nothing_created_before
@@ -109,11 +110,11 @@ fn retry(event: &NewEvent, fence: Fence, error: &str) -> Exception {
 }
 
 /// Five events of one room; the owner delivered the first, second and fourth, the fifth
-/// failed for now. The position moves over the first two and stops before the third; the
-/// third and fifth wait (the fifth as `retryable` with its count), the fourth does not.
-/// Once the third is delivered too, the position moves over the third to fifth, and only
-/// the fifth, an exception, still waits.
-async fn a_position_moves_over_finished_rows_in_order_and_stops_at_the_first_unfinished(world: World) {
+/// failed for now. The position moves over all five: the third, passed unfinished, becomes
+/// a `pending` exception, the fifth is `retryable`. Both wait, with their counts; once they
+/// are delivered nothing waits, and the third's `delivered` exception, behind the position,
+/// goes.
+async fn a_position_moves_over_finished_rows_and_what_it_passes_unfinished_waits(world: World) {
     let store = world.producer.as_ref();
     let sink = audit(0);
     let now = now_ms();
@@ -128,7 +129,6 @@ async fn a_position_moves_over_finished_rows_in_order_and_stops_at_the_first_unf
         let read = OwnedRead { owner: "host-a", total: TOTAL, owned: &fences, after: None, limit: 1 };
         store.read_consumer(&sink, &read, &|_: &str| false).await.unwrap().waiting[0].row.lease.fence.unwrap()
     };
-    let part = fence.partition;
 
     let finished = ids(&events, &[0, 1, 3]);
     let settle = Settle {
@@ -144,43 +144,42 @@ async fn a_position_moves_over_finished_rows_in_order_and_stops_at_the_first_unf
     };
     let settled = store.settle(&settle).await.unwrap();
     assert!(settled.fenced.is_empty());
+    assert_eq!(settled.held.len(), TOTAL as usize);
     let mut passed = settled.passed.clone();
     passed.sort();
-    let mut expected: Vec<String> = ids(&events, &[0, 1]).into_iter().collect();
+    let mut expected: Vec<String> = finished.iter().cloned().collect();
     expected.sort();
-    assert_eq!(passed, expected, "the first two are passed, the fourth is behind the third");
+    assert_eq!(passed, expected, "the delivered ones are passed");
     let position = position_of(store, &sink, &events, &fences).await;
-    assert_eq!((position.part, position.created_at_ms), (part, events[1].created_at_ms));
+    assert_eq!((position.part, position.created_at_ms), (fence.partition, events[4].created_at_ms));
+    assert_eq!(exception_status(&world, &events[2].event_id).await, ["pending"], "the hole is an exception");
     assert_eq!(exception_status(&world, &events[4].event_id).await, ["retryable"]);
+    assert_eq!(exception_status(&world, &events[3].event_id).await, Vec::<String>::new(), "delivered: no write");
 
-    let still = ids(&events, &[3]);
-    let read = waiting(store, &sink, &fences, &still).await;
-    assert_eq!(
-        read,
-        vec![(events[2].event_id.clone(), Status::Pending, 0), (events[4].event_id.clone(), Status::Retryable, 1)],
-        "the third waits, the fourth is finished, the fifth waits with its retry"
-    );
-
-    let finished = ids(&events, &[2, 3]);
-    let settled = store
-        .settle(&Settle { finished: &|id: &str| finished.contains(id), exceptions: &[], ..settle.clone() })
-        .await
-        .unwrap();
-    assert_eq!(settled.passed.len(), 2);
-    let position = position_of(store, &sink, &events, &fences).await;
-    assert_eq!(position.created_at_ms, events[4].created_at_ms, "over the fifth, an exception, too");
     assert_eq!(
         waiting(store, &sink, &fences, &HashSet::new()).await,
-        vec![(events[4].event_id.clone(), Status::Retryable, 1)],
-        "behind the position, the retryable exception still waits"
+        vec![(events[2].event_id.clone(), Status::Pending, 0), (events[4].event_id.clone(), Status::Retryable, 1)],
+        "behind the position, the third and the fifth wait, the fifth with its retry"
     );
 
-    // Delivered at last: nothing waits, and a later retry outcome does not undo it.
-    let delivered =
-        Exception { status: Status::Delivered, counted: 0, last_error: None, ..retry(&events[4], fence, "") };
-    store.settle(&Settle { exceptions: &[delivered], finished: &|_: &str| false, ..settle.clone() }).await.unwrap();
+    // The third is delivered: its exception says so, and goes once it is behind every
+    // position; the fifth is delivered, and a later retry outcome does not undo it.
+    let delivered = |i: usize| Exception {
+        status: Status::Delivered,
+        counted: 0,
+        last_error: None,
+        ..retry(&events[i], fence, "")
+    };
+    let nothing = |_: &str| false;
+    store.settle(&Settle { exceptions: &[delivered(2)], finished: &nothing, ..settle.clone() }).await.unwrap();
+    assert_eq!(exception_status(&world, &events[2].event_id).await, Vec::<String>::new());
+    assert_eq!(
+        waiting(store, &sink, &fences, &HashSet::new()).await,
+        vec![(events[4].event_id.clone(), Status::Retryable, 1)]
+    );
+    store.settle(&Settle { exceptions: &[delivered(4)], finished: &nothing, ..settle.clone() }).await.unwrap();
     assert!(waiting(store, &sink, &fences, &HashSet::new()).await.is_empty());
-    store.settle(&Settle { finished: &|_: &str| false, ..settle.clone() }).await.unwrap();
+    store.settle(&Settle { finished: &nothing, ..settle.clone() }).await.unwrap();
     assert_eq!(exception_status(&world, &events[4].event_id).await, ["delivered"]);
     assert!(waiting(store, &sink, &fences, &HashSet::new()).await.is_empty());
     // The first sink's state is the row's own, untouched.
@@ -188,8 +187,9 @@ async fn a_position_moves_over_finished_rows_in_order_and_stops_at_the_first_unf
 }
 
 /// The hazard positions bring: a producer's transaction commits a row created before rows
-/// the owner already delivered. A settle that would pass it stops before it, and it waits.
-async fn a_row_committed_late_behind_finished_rows_is_not_passed(world: World) {
+/// the owner already delivered. The settle that passes it makes it a `pending` exception,
+/// and it waits; nothing else is written for the delivered rows.
+async fn a_row_committed_late_behind_finished_rows_becomes_an_exception_and_waits(world: World) {
     let store = world.producer.as_ref();
     let sink = audit(0);
     let now = now_ms();
@@ -213,15 +213,17 @@ async fn a_row_committed_late_behind_finished_rows_is_not_passed(world: World) {
         limit: 100,
     };
     let settled = store.settle(&settle).await.unwrap();
-    assert_eq!(settled.passed, vec![first[0].event_id.clone()], "the position stops before the late row");
+    assert_eq!(settled.passed.len(), 2);
+    assert_eq!(exception_status(&world, &late[0].event_id).await, ["pending"]);
+    assert_eq!(query_strings(&world.db, "SELECT COUNT(*) FROM room_outbox_exceptions").await, ["1"]);
     let mut events = first.clone();
     events.extend(late.clone());
     events.extend(after.clone());
-    assert_eq!(position_of(store, &sink, &events, &fences).await.created_at_ms, first[0].created_at_ms);
+    assert_eq!(position_of(store, &sink, &events, &fences).await.created_at_ms, after[0].created_at_ms);
     assert_eq!(
-        waiting(store, &sink, &fences, &[after[0].event_id.clone()].into()).await,
+        waiting(store, &sink, &fences, &HashSet::new()).await,
         vec![(late[0].event_id.clone(), Status::Pending, 0)],
-        "the late row waits; the one after it was delivered"
+        "the late row waits; the others were delivered"
     );
 }
 
@@ -252,6 +254,32 @@ async fn no_position_passes_the_settle_horizon(world: World) {
     // Finished past the position: not read again while the owner remembers it.
     assert!(waiting(store, &sink, &fences, &finished).await.is_empty());
     assert_eq!(waiting(store, &sink, &fences, &HashSet::new()).await.len(), 1, "forgotten, it waits again");
+}
+
+/// An owner that delivered nothing (its destination away) writes nothing: its partitions'
+/// rows wait past their positions, however many there are.
+async fn a_sink_that_delivers_nothing_writes_nothing(world: World) {
+    let store = world.producer.as_ref();
+    let sink = audit(0);
+    let now = now_ms();
+    let fences = beat(store, "host-a", now).await;
+    let events = room_events(&world, "room-5", now - 60_000, 20).await;
+    let settle = Settle {
+        sink: &sink,
+        owner: "host-a",
+        total: TOTAL,
+        fences: &fences,
+        horizon_ms: now,
+        finished: &|_: &str| false,
+        exceptions: &[],
+        now_ms: now,
+        limit: 100,
+    };
+    let settled = store.settle(&settle).await.unwrap();
+    assert!(settled.passed.is_empty());
+    assert_eq!(query_strings(&world.db, "SELECT COUNT(*) FROM room_outbox_positions").await, ["0"]);
+    assert_eq!(query_strings(&world.db, "SELECT COUNT(*) FROM room_outbox_exceptions").await, ["0"]);
+    assert_eq!(waiting(store, &sink, &fences, &HashSet::new()).await.len(), events.len());
 }
 
 /// Owner `a`'s leases run out and `b` takes every partition: `a`'s settle, written

@@ -13,10 +13,11 @@
 //! A sink's state for an event is its exception if it has one, else finished at or before
 //! the position, else waiting. An owner reads its partitions' rows past their positions
 //! and the exceptions still to deliver ([`SqlStore::consumer_page`]); it moves a position
-//! in one fenced transaction ([`SqlStore::settle_positions`]) that walks the rows it would pass and
-//! stops before the first one neither finished nor excepted: a row that committed late,
-//! behind rows already delivered, is never passed. No position passes the settle horizon,
-//! so a row committing after the walk was not created before it.
+//! in one fenced transaction ([`SqlStore::settle_positions`]) that walks the rows it passes:
+//! one neither delivered nor excepted (a row that committed late, behind rows already
+//! delivered) becomes a `pending` exception rather than being passed in silence. No
+//! position passes the settle horizon, so a row committing after the walk was not created
+//! before it.
 
 use std::collections::{HashMap, HashSet};
 
@@ -117,6 +118,8 @@ pub struct Settled {
     pub passed: Vec<String>,
     /// Partitions not held under the fences' epochs: nothing of theirs was written.
     pub fenced: Vec<u32>,
+    /// The fences held: an exception was written only under one of these.
+    pub held: Vec<Fence>,
 }
 
 /// The statements of positions and exceptions, built once per store.
@@ -127,7 +130,7 @@ pub(super) struct ConsumerStatements {
     set_position: String,
     /// Writes one exception (pending, retryable or failed are kept over by delivered).
     set_exception: String,
-    /// Deletes a sink's exceptions by event id (`{ids}`: the placeholders from 2).
+    /// Deletes a sink's `delivered` exceptions behind positions (`{behind}`: per partition).
     forget: String,
 }
 
@@ -187,7 +190,7 @@ impl ConsumerStatements {
             ),
             set_position,
             set_exception,
-            forget: format!("DELETE FROM {exceptions} WHERE sink = {} AND event_id IN ({{ids}})", p(1)),
+            forget: format!("DELETE FROM {exceptions} WHERE sink = {} AND status = 'delivered' AND ({{behind}})", p(1)),
         }
     }
 }
@@ -473,13 +476,42 @@ for_every_dialect!(impl {
         })
     }
 
+    /// Writes one exception of `sink` in `tx` (see [`ConsumerStatements`]: delivered stays).
+    async fn write_exception(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+        sink: &str,
+        e: &Exception,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        sqlx::query(&self.consumers.set_exception)
+            .bind(sink.to_string())
+            .bind(e.event_id.clone())
+            .bind(e.app_code.clone())
+            .bind(e.room_id.clone())
+            .bind(e.event_type.clone())
+            .bind(i64::from(e.fence.partition))
+            .bind(e.created_at_ms)
+            .bind(e.status.as_str().to_string())
+            .bind(i64::from(e.counted))
+            .bind(e.next_retry_at_ms)
+            .bind(e.last_error.as_deref().map(|m| self.fit_error(m).into_owned()).unwrap_or_default())
+            .bind(now_ms)
+            .bind(e.plugin_digest.clone().unwrap_or_default())
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+
     /// Records `settle.exceptions` and moves the positions of the partitions `settle.owner`
     /// holds, in one transaction that first checks, under a share lock on the partition
     /// rows, that it holds each under its fence's epoch and lease (nothing of a partition it
-    /// lost is written). A position moves over rows in order while each is in
-    /// `settle.finished` or has an exception, and stops before the first that is neither,
-    /// and before the first created after `settle.horizon_ms`. `delivered` exceptions a
-    /// position passes are deleted: the position says as much.
+    /// lost is written). A position moves over rows in order up to the last one that is in
+    /// `settle.finished` or has an exception, created at or before `settle.horizon_ms`. A
+    /// row it passes that is neither (a hole: a row committed late behind finished ones, a
+    /// room's row held behind its retry, a delivery still under way) becomes a `pending`
+    /// exception, and waits as before. `delivered` exceptions behind every position are
+    /// deleted: the positions say as much.
     pub(super) async fn settle_positions(&self, settle: &Settle<'_>) -> Result<Settled, StoreError> {
         let (lease_parts, _) = self.lease_tables();
         let _writing = self.writing().await;
@@ -512,80 +544,91 @@ for_every_dialect!(impl {
         }
         let fenced: Vec<u32> = asked.iter().copied().filter(|p| !held.contains(p)).collect();
         for e in settle.exceptions.iter().filter(|e| held_fences.contains(&e.fence)) {
-            sqlx::query(&self.consumers.set_exception)
-                .bind(settle.sink.name.clone())
-                .bind(e.event_id.clone())
-                .bind(e.app_code.clone())
-                .bind(e.room_id.clone())
-                .bind(e.event_type.clone())
-                .bind(i64::from(e.fence.partition))
-                .bind(e.created_at_ms)
-                .bind(e.status.as_str().to_string())
-                .bind(i64::from(e.counted))
-                .bind(e.next_retry_at_ms)
-                .bind(e.last_error.as_deref().map(|m| self.fit_error(m).into_owned()).unwrap_or_default())
-                .bind(settle.now_ms)
-                .bind(e.plugin_digest.clone().unwrap_or_default())
-                .execute(&mut *tx)
-                .await?;
+            self.write_exception(&mut tx, &settle.sink.name, e, settle.now_ms).await?;
         }
         let mut positions = self.positions_on(&mut tx, settle.sink, &held).await?;
         let mut passed = Vec::new();
         if let Some(lowest) = positions.values().map(|p| (p.created_at_ms, p.key.clone())).min() {
-            let exceptions = self.exceptions_on(&mut tx, &settle.sink.name, &held, lowest.0).await?;
+            let known = self.exceptions_on(&mut tx, &settle.sink.name, &held, lowest.0).await?;
             let rows = self.rows_after(&mut tx, settle.total, &held, &lowest, settle.horizon_ms, settle.limit).await?;
-            let mut stopped: HashSet<u32> = HashSet::new();
+            let epochs: HashMap<u32, Fence> = held_fences.iter().map(|f| (f.partition, *f)).collect();
+            // Per partition, the rows passed over since its position last moved that are
+            // neither finished nor excepted: holes once a finished row follows them.
+            let mut unknown: HashMap<u32, Vec<Exception>> = HashMap::new();
+            let mut holes: Vec<Exception> = Vec::new();
             let mut moved: HashSet<u32> = HashSet::new();
-            // `delivered` exceptions a position passes: the position says as much now.
-            let mut redundant: Vec<String> = Vec::new();
             for r in &rows {
                 let part = self.part_of(r, settle.total)?;
-                if stopped.contains(&part) {
-                    continue;
-                }
-                let Some(position) = positions.get_mut(&part) else { continue };
+                let (Some(position), Some(&fence)) = (positions.get_mut(&part), epochs.get(&part)) else { continue };
                 let (created_at_ms, key) = (D::int(r, 6)?, self.sort_key(r)?);
                 if position.passed(created_at_ms, &key) {
                     continue;
                 }
                 let event_id = D::text(r, 2)?;
-                match exceptions.get(&event_id) {
-                    Some(((Status::Delivered, _, _), _)) => redundant.push(event_id),
-                    Some(_) => {}
-                    None if (settle.finished)(&event_id) => passed.push(event_id),
-                    None => {
-                        stopped.insert(part);
-                        continue;
-                    }
+                let finished = !known.contains_key(&event_id) && (settle.finished)(&event_id);
+                if !finished && !known.contains_key(&event_id) {
+                    unknown.entry(part).or_default().push(Exception {
+                        event_id,
+                        app_code: D::text(r, 1)?,
+                        room_id: D::text(r, 4)?,
+                        event_type: D::text(r, 3)?,
+                        fence,
+                        created_at_ms,
+                        status: Status::Pending,
+                        counted: 0,
+                        next_retry_at_ms: 0,
+                        last_error: None,
+                        plugin_digest: None,
+                    });
+                    continue;
+                }
+                holes.extend(unknown.remove(&part).unwrap_or_default());
+                if finished {
+                    passed.push(event_id);
                 }
                 *position = Position { part, created_at_ms, key };
                 moved.insert(part);
             }
+            for hole in &holes {
+                self.write_exception(&mut tx, &settle.sink.name, hole, settle.now_ms).await?;
+            }
             let mut moved: Vec<u32> = moved.into_iter().collect();
             moved.sort_unstable();
-            for part in moved {
-                let position = &positions[&part];
+            for part in &moved {
+                let position = &positions[part];
                 sqlx::query(&self.consumers.set_position)
                     .bind(settle.sink.name.clone())
-                    .bind(i64::from(part))
+                    .bind(i64::from(*part))
                     .bind(position.created_at_ms)
                     .bind(key_text(&position.key))
                     .bind(settle.now_ms)
                     .execute(&mut *tx)
                     .await?;
             }
-            for ids in redundant.chunks(500) {
-                let sql = self.consumers.forget.replace("{ids}", &super::sql::params::<D>(2, ids.len()));
-                let mut q = sqlx::query(&sql).bind(settle.sink.name.clone());
-                for id in ids {
-                    q = q.bind(id.clone());
-                }
-                q.execute(&mut *tx).await?;
+            // `delivered` exceptions behind their partition's position: the position says
+            // as much now (one range of the exceptions' index per partition).
+            let mut clean: Vec<u32> = settle
+                .exceptions
+                .iter()
+                .filter(|e| e.status == Status::Delivered && held_fences.contains(&e.fence))
+                .map(|e| e.fence.partition)
+                .chain(moved)
+                .collect();
+            clean.sort_unstable();
+            clean.dedup();
+            if !clean.is_empty() {
+                let behind = clean
+                    .iter()
+                    .map(|part| format!("(part = {part} AND created_at_ms < {})", positions[part].created_at_ms))
+                    .collect::<Vec<_>>()
+                    .join(" OR ");
+                let sql = self.consumers.forget.replace("{behind}", &behind);
+                sqlx::query(&sql).bind(settle.sink.name.clone()).execute(&mut *tx).await?;
             }
         }
         tx.commit().await?;
         let mut positions: Vec<Position> = positions.into_values().collect();
         positions.sort_by_key(|p| p.part);
-        Ok(Settled { positions, passed, fenced })
+        Ok(Settled { positions, passed, fenced, held: held_fences })
     }
 });
