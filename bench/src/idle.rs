@@ -150,6 +150,9 @@ impl SinkRegistry for Counting {
     async fn sink_store(self: Arc<Self>, sink: &RegisteredSink) -> Result<Arc<dyn Store>, StoreError> {
         self.inner.clone().sink_store(sink).await
     }
+    async fn consumer_store(self: Arc<Self>, sink: &RegisteredSink) -> Result<Arc<dyn Store>, StoreError> {
+        self.inner.clone().consumer_store(sink).await
+    }
     async fn fan_out(&self, limit: u32, now: i64) -> Result<u64, StoreError> {
         self.count();
         self.inner.fan_out(limit, now).await

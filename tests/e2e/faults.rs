@@ -36,10 +36,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::support::{World, fake_sink_to, per_backend};
 
-per_backend!(seeded_fault_schedules_lose_nothing_and_keep_room_order);
+per_backend!(
+    seeded_fault_schedules_lose_nothing_and_keep_room_order,
+    seeded_fault_schedules_lose_nothing_and_keep_room_order_for_a_consumer
+);
 
 /// Schedules per database in `make test`.
 const SHORT: u64 = 24;
+/// Of them, for a sink after the first (each waits out the settle horizon at its end).
+const SHORT_CONSUMER: u64 = 8;
 /// Schedules run at once (each on a table of its own).
 const AT_ONCE: usize = 2;
 /// How long one schedule may take to deliver everything.
@@ -53,10 +58,21 @@ const WORKER: &str = "ordering: per_room\nbatch_size: 20\nconcurrency: 8\npublis
 const LEASE_MS: u64 = 3_000;
 
 async fn seeded_fault_schedules_lose_nothing_and_keep_room_order(world: World) {
+    run_schedules(world, false).await
+}
+
+/// The same schedules, delivering a sink after the first: a consumer of the outbox with its
+/// positions and exceptions (issue 48).
+async fn seeded_fault_schedules_lose_nothing_and_keep_room_order_for_a_consumer(world: World) {
+    run_schedules(world, true).await
+}
+
+async fn run_schedules(world: World, consumer: bool) {
     let seeds: Vec<u64> = match std::env::var("OUTBOX_FAULT_SEED") {
         Ok(seed) => vec![seed.parse().expect("OUTBOX_FAULT_SEED is a number")],
         Err(_) => {
             let count = std::env::var("OUTBOX_FAULT_SCHEDULES").ok().and_then(|n| n.parse().ok()).unwrap_or(SHORT);
+            let count = if consumer { count.div_ceil(SHORT / SHORT_CONSUMER) } else { count };
             // Each database its own seeds, the same on every run.
             let base = match Backend::from_url(&world.db_url()).expect("a database URL") {
                 Backend::Sqlite => 1_000,
@@ -66,7 +82,7 @@ async fn seeded_fault_schedules_lose_nothing_and_keep_room_order(world: World) {
             (base..base + count).collect()
         }
     };
-    let harness = Arc::new(Harness::new(world).await);
+    let harness = Arc::new(Harness::new(world, consumer).await);
     let mut failures = Vec::new();
     let mut duplicates = 0;
     for chunk in seeds.chunks(AT_ONCE) {
@@ -86,7 +102,11 @@ async fn seeded_fault_schedules_lose_nothing_and_keep_room_order(world: World) {
         }
     }
     let backend = Backend::from_url(&harness.world.db_url()).expect("a database URL");
-    println!("{} schedules on {backend:?}: {duplicates} duplicate deliveries, all after a paused host", seeds.len());
+    let sink = if consumer { "a sink after the first" } else { "the first sink" };
+    println!(
+        "{} schedules on {backend:?}, {sink}: {duplicates} duplicate deliveries, all after a paused or killed host",
+        seeds.len()
+    );
     assert!(failures.is_empty(), "{} of {} schedules failed:\n{}", failures.len(), seeds.len(), failures.join("\n"));
 }
 
@@ -386,6 +406,9 @@ impl SinkRegistry for Faulty {
         let inner = self.inner.clone().sink_store(sink).await?;
         Ok(Arc::new(Faulty { inner, faults: self.faults.clone() }))
     }
+    async fn consumer_store(self: Arc<Self>, sink: &RegisteredSink) -> Result<Arc<dyn Store>, StoreError> {
+        self.inner.clone().consumer_store(sink).await
+    }
     async fn fan_out(&self, limit: u32, now_ms: i64) -> Result<u64, StoreError> {
         self.inner.fan_out(limit, now_ms).await
     }
@@ -497,10 +520,12 @@ struct Harness {
     world: World,
     collector: Collector,
     config: Config,
+    /// The hosts deliver a second sink, `audit`, a consumer of the outbox.
+    consumer: bool,
 }
 
 impl Harness {
-    async fn new(world: World) -> Harness {
+    async fn new(world: World, consumer: bool) -> Harness {
         let collector = Collector::start().await;
         let config = world.setup_with(WORKER, &fake_sink_to("fake", &collector, "")).parse();
         // Loaded once here, so that every host after finds it compiled in the cache.
@@ -509,7 +534,7 @@ impl Harness {
         SinkRuntime::load_checked(&config.sinks[0].sandbox, worker.concurrency, worker.publish_timeout, metrics)
             .await
             .expect("the fake sink loads");
-        Harness { world, collector, config }
+        Harness { world, collector, config, consumer }
     }
 
     /// Runs the schedule of `seed` on a table of its own; the duplicate deliveries it made.
@@ -526,6 +551,16 @@ impl Harness {
             .await
             .map_err(|e| said(format!("{e:#}")))?;
         let first = registered.into_iter().next().expect("one sink");
+        // The sink the hosts deliver, and its view of the outbox.
+        let (sink, view) = if self.consumer {
+            let audit = store
+                .register_sink("audit", 0, false, outbox_host::store::now_ms())
+                .await
+                .map_err(|e| said(e.to_string()))?;
+            (audit.clone(), store.clone().consumer_store(&audit).await.map_err(|e| said(e.to_string()))?)
+        } else {
+            (first, store.clone())
+        };
 
         let started = tokio::time::Instant::now();
         // The writers: each its own rooms, its own clock, INSERTs of several rows at once.
@@ -571,14 +606,14 @@ impl Harness {
             lives.push((i, at, stop_at));
         }
         for (i, at, stop_at) in lives {
-            let host = self.host(&schedule, i, &url, &table, &first, &config, at, stop_at);
+            let host = self.host(&schedule, i, &url, &table, &sink, &config, at, stop_at);
             hosts.lock().unwrap().push(host);
         }
         let mut killers = Vec::new();
         for (i, kill_ms, back_ms) in schedule.kills.iter().copied() {
             let kill_at = started + Duration::from_millis(kill_ms);
             let back_at = kill_at + Duration::from_millis(back_ms);
-            let host = self.host(&schedule, i, &url, &table, &first, &config, back_at, None);
+            let host = self.host(&schedule, i, &url, &table, &sink, &config, back_at, None);
             let hosts = hosts.clone();
             killers.push(tokio::spawn(async move {
                 tokio::time::sleep_until(kill_at).await;
@@ -599,7 +634,7 @@ impl Harness {
         // the schedule says nothing is left to deliver them: none does.
         let deadline = tokio::time::Instant::now() + DRAIN_LIMIT;
         loop {
-            let delivered = store.stats().await.map(|s| s.count(Status::Delivered)).unwrap_or(0);
+            let delivered = view.stats().await.map(|s| s.count(Status::Delivered)).unwrap_or(0);
             if delivered == events.len() as i64 {
                 break;
             }
@@ -639,13 +674,14 @@ impl Harness {
         i: usize,
         url: &str,
         table: &str,
-        first: &RegisteredSink,
+        sink: &RegisteredSink,
         config: &Config,
         at: tokio::time::Instant,
         stop_at: Option<tokio::time::Instant>,
     ) -> Incarnation {
         let faults = HostFaults::new(schedule.faults.iter().filter(|f| f.host == i).cloned().collect());
-        let (url, table, first, config) = (url.to_string(), table.to_string(), first.clone(), config.clone());
+        let (url, table, sink, config) = (url.to_string(), table.to_string(), sink.clone(), config.clone());
+        let consumer = self.consumer;
         let (stop, kill) = (CancellationToken::new(), CancellationToken::new());
         let (until, killed) = (stop.clone(), kill.clone());
         let (done, ended) = tokio::sync::oneshot::channel();
@@ -657,8 +693,14 @@ impl Harness {
                     () = killed.cancelled() => return Ok(()),
                 }
                 let inner = outbox_host::store::open(&url, 3, &table).await.map_err(|e| e.to_string())?;
-                let faulty: Arc<dyn Store> = Arc::new(Faulty { inner, faults });
-                let sink_store = faulty.sink_store(&first).await.map_err(|e| e.to_string())?;
+                let sink_store: Arc<dyn Store> = if consumer {
+                    // The faults sit between the engine and the consumer's own calls.
+                    let inner = inner.consumer_store(&sink).await.map_err(|e| e.to_string())?;
+                    Arc::new(Faulty { inner, faults })
+                } else {
+                    let faulty: Arc<dyn Store> = Arc::new(Faulty { inner, faults });
+                    faulty.sink_store(&sink).await.map_err(|e| e.to_string())?
+                };
                 let worker_config = config.sinks[0].worker.clone();
                 let metrics = Arc::new(Metrics::new("fake"));
                 let sink = SinkRuntime::load_checked(

@@ -632,3 +632,309 @@ for_every_dialect!(impl {
         Ok(Settled { positions, passed, fenced, held: held_fences })
     }
 });
+
+/// One event's exception, as an operator sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ExceptionState {
+    pub status: Status,
+    pub retry_count: i32,
+    pub next_retry_at_ms: i64,
+    pub last_error: Option<String>,
+    pub updated_at_ms: i64,
+    pub plugin_digest: Option<String>,
+}
+
+/// A sink's events by its state (see [`SqlStore::consumer_counts`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct ConsumerCounts {
+    /// Rows created at or after the sink's start.
+    pub rows: i64,
+    /// Rows past their partition's position with no exception.
+    pub waiting: i64,
+    /// The oldest of those, and of the `pending` and `retryable` exceptions.
+    pub oldest_waiting_created_at_ms: Option<i64>,
+    /// Exceptions by status.
+    pub excepted: Vec<(Status, i64)>,
+    /// The most frequent errors of `retryable` and `failed` exceptions.
+    pub top_errors: Vec<(String, i64)>,
+}
+
+/// The columns [`SqlStore::exception_states`] reads, after the event id.
+const STATE_COLUMNS: &str = "status, retry_count, next_retry_at_ms, last_error, updated_at_ms, plugin_digest";
+
+for_every_dialect!(impl {
+    fn decode_state(r: &<D::Db as Database>::Row, first: usize) -> Result<ExceptionState, StoreError> {
+        Ok(ExceptionState {
+            status: Status::parse(&D::text(r, first)?).unwrap_or(Status::Pending),
+            retry_count: i32::try_from(D::int(r, first + 1)?).unwrap_or(i32::MAX),
+            next_retry_at_ms: D::int(r, first + 2)?,
+            last_error: D::opt_text(r, first + 3)?,
+            updated_at_ms: D::int(r, first + 4)?,
+            plugin_digest: D::opt_text(r, first + 5)?,
+        })
+    }
+
+    /// `sink`'s exception for `event_id`, if it has one.
+    pub(super) async fn exception_state(&self, sink: &str, event_id: &str) -> Result<Option<ExceptionState>, StoreError> {
+        let sql = format!(
+            "SELECT {STATE_COLUMNS} FROM {}_exceptions WHERE sink = {} AND event_id = {}",
+            self.table,
+            D::param(1),
+            D::param(2)
+        );
+        let row = sqlx::query(&sql).bind(sink.to_string()).bind(event_id.to_string()).fetch_optional(&self.pool).await?;
+        row.map(|r| Self::decode_state(&r, 0)).transpose()
+    }
+
+    /// `sink`'s `failed` and `retryable` exceptions, the latest first, up to `limit`.
+    pub(super) async fn recent_exceptions(
+        &self,
+        sink: &str,
+        limit: u32,
+    ) -> Result<Vec<(String, ExceptionState)>, StoreError> {
+        let sql = format!(
+            "SELECT event_id, {STATE_COLUMNS} FROM {}_exceptions WHERE sink = {} AND status IN ('failed', 'retryable') \
+             ORDER BY updated_at_ms DESC, event_id DESC LIMIT {}",
+            self.table,
+            D::param(1),
+            D::param(2)
+        );
+        let rows = sqlx::query(&sql).bind(sink.to_string()).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        rows.iter().map(|r| Ok((D::text(r, 0)?, Self::decode_state(r, 1)?))).collect()
+    }
+
+    /// Of `rooms`, those where `sink` has a `failed` exception, with the earliest one's
+    /// creation time.
+    pub(super) async fn failed_exception_rooms(
+        &self,
+        sink: &str,
+        rooms: &[(String, String)],
+    ) -> Result<Vec<(String, String, i64)>, StoreError> {
+        if rooms.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "SELECT app_code, room_id, MIN(created_at_ms) FROM {}_exceptions WHERE sink = {} AND status = 'failed' \
+             AND room_id IN ({}) GROUP BY app_code, room_id",
+            self.table,
+            D::param(1),
+            super::sql::params::<D>(2, rooms.len())
+        );
+        let mut q = sqlx::query(&sql).bind(sink.to_string());
+        for (_, room) in rooms {
+            q = q.bind(room.clone());
+        }
+        let found = q
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|r| Ok((D::text(r, 0)?, D::text(r, 1)?, D::int(r, 2)?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        Ok(found.into_iter().filter(|(app, room, _)| rooms.iter().any(|(a, r)| a == app && r == room)).collect())
+    }
+
+    /// How many of `sink`'s `failed` exceptions `filter` selects.
+    pub(super) async fn count_failed_exceptions(&self, sink: &str, filter: &super::RetryFilter) -> Result<i64, StoreError> {
+        let (filter, value) = super::sql::failed_filter::<D>(filter, 2);
+        let sql = format!("SELECT COUNT(*) FROM {}_exceptions{filter} AND sink = {}", self.table, D::param(1));
+        let mut q = sqlx::query(&sql).bind(sink.to_string());
+        if let Some(value) = value {
+            q = q.bind(value);
+        }
+        Ok(D::int(&q.fetch_one(&self.pool).await?, 0)?)
+    }
+
+    /// An operator's retry of `sink`'s `failed` exceptions that `filter` selects: `pending`
+    /// again, with a new count.
+    pub(super) async fn retry_failed_exceptions(
+        &self,
+        sink: &str,
+        filter: &super::RetryFilter,
+        now_ms: i64,
+    ) -> Result<u64, StoreError> {
+        let _writing = self.writing().await;
+        let (filter, value) = super::sql::failed_filter::<D>(filter, 3);
+        let sql = format!(
+            "UPDATE {}_exceptions SET status = 'pending', retry_count = 0, next_retry_at_ms = 0, updated_at_ms = {}{filter} \
+             AND sink = {}",
+            self.table,
+            D::param(1),
+            D::param(2)
+        );
+        let mut q = sqlx::query(&sql).bind(now_ms).bind(sink.to_string());
+        if let Some(value) = value {
+            q = q.bind(value);
+        }
+        Ok(D::rows_affected(&q.execute(&self.pool).await?))
+    }
+
+    /// `sink`'s events by its state over `total` partitions. The rows past the positions are
+    /// read (not only counted) to tell each one's partition: the cost grows with the sink's
+    /// backlog, not with the table.
+    pub(super) async fn consumer_counts(&self, sink: &RegisteredSink, total: u32) -> Result<ConsumerCounts, StoreError> {
+        let parts: Vec<u32> = (0..total.max(1)).collect();
+        let mut conn = self.pool.acquire().await?;
+        let positions = self.positions_on(&mut conn, sink, &parts).await?;
+        let rows_sql = format!("SELECT COUNT(*) FROM {} WHERE created_at_ms >= {}", self.table, D::param(1));
+        let rows = D::int(&sqlx::query(&rows_sql).bind(sink.start_from_ms).fetch_one(&mut *conn).await?, 0)?;
+        let mut counts = ConsumerCounts { rows, ..ConsumerCounts::default() };
+        let exceptions = format!("{}_exceptions", self.table);
+        let by_status = format!(
+            "SELECT status, COUNT(*), MIN(CASE WHEN status IN ('pending', 'retryable') THEN created_at_ms END) \
+             FROM {exceptions} WHERE sink = {} GROUP BY status",
+            D::param(1)
+        );
+        for r in sqlx::query(&by_status).bind(sink.name.clone()).fetch_all(&mut *conn).await? {
+            let status = Status::parse(&D::text(&r, 0)?).unwrap_or(Status::Pending);
+            counts.excepted.push((status, D::int(&r, 1)?));
+            if let Some(at) = D::opt_int(&r, 2)? {
+                counts.oldest_waiting_created_at_ms = Some(counts.oldest_waiting_created_at_ms.map_or(at, |o| o.min(at)));
+            }
+        }
+        let errors = format!(
+            "SELECT last_error, COUNT(*) FROM {exceptions} WHERE sink = {} AND status IN ('retryable', 'failed') \
+             AND last_error IS NOT NULL GROUP BY last_error ORDER BY COUNT(*) DESC LIMIT 5",
+            D::param(1)
+        );
+        for r in sqlx::query(&errors).bind(sink.name.clone()).fetch_all(&mut *conn).await? {
+            counts.top_errors.push((D::text(&r, 0)?, D::int(&r, 1)?));
+        }
+        let Some(lowest) = positions.values().map(|p| (p.created_at_ms, p.key.clone())).min() else {
+            return Ok(counts);
+        };
+        let known = self.exceptions_on(&mut conn, &sink.name, &parts, lowest.0).await?;
+        let mut after = lowest;
+        loop {
+            let page = self.rows_after(&mut conn, total.max(1), &parts, &after, i64::MAX, 5_000).await?;
+            for r in &page {
+                let (created_at_ms, key) = (D::int(r, 6)?, self.sort_key(r)?);
+                after = (created_at_ms, key.clone());
+                let part = self.part_of(r, total.max(1))?;
+                if positions.get(&part).is_some_and(|p| !p.passed(created_at_ms, &key))
+                    && !known.contains_key(&D::text(r, 2)?)
+                {
+                    counts.waiting += 1;
+                    let oldest = counts.oldest_waiting_created_at_ms.get_or_insert(created_at_ms);
+                    *oldest = (*oldest).min(created_at_ms);
+                }
+            }
+            if page.len() < 5_000 {
+                return Ok(counts);
+            }
+        }
+    }
+
+    /// The minutes since `since_ms` in which `sink`'s events became `failed` (its
+    /// deliveries leave no time behind: see [`super::consumer_store`]).
+    pub(super) async fn failed_exception_minutes(&self, sink: &str, since_ms: i64) -> Result<Vec<(i64, i64)>, StoreError> {
+        let sql = format!(
+            "SELECT (updated_at_ms / 60000) * 60000, COUNT(*) FROM {}_exceptions WHERE sink = {} AND status = 'failed' \
+             AND updated_at_ms >= {} GROUP BY (updated_at_ms / 60000) * 60000 ORDER BY 1",
+            self.table,
+            D::param(1),
+            D::param(2)
+        );
+        let rows = sqlx::query(&sql).bind(sink.to_string()).bind(since_ms).fetch_all(&self.pool).await?;
+        Ok(rows.iter().map(|r| Ok((D::int(r, 0)?, D::int(r, 1)?))).collect::<Result<_, sqlx::Error>>()?)
+    }
+
+    /// The partition count of the sink whose leases are keyed `lease_key` (0: not made yet).
+    pub(super) async fn partition_total(&self, lease_key: &str) -> Result<u32, StoreError> {
+        let (parts, _) = self.lease_tables();
+        let sql = format!("SELECT COUNT(*) FROM {parts} WHERE sink_table = {}", D::param(1));
+        Ok(D::int(&sqlx::query(&sql).bind(lease_key.to_string()).fetch_one(&self.pool).await?, 0)? as u32)
+    }
+
+    /// The partition of the row `event_id` over `total` partitions, its creation time and key.
+    pub(super) async fn placed(&self, event_id: &str, total: u32) -> Result<Option<(u32, i64, KeyValue)>, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let id = event_id.to_string();
+        let rows = self.rows_by_event_id(&mut conn, total, &[&id]).await?;
+        let Some(r) = rows.first() else { return Ok(None) };
+        Ok(Some((self.part_of(r, total)?, D::int(r, 6)?, self.sort_key(r)?)))
+    }
+});
+
+for_every_dialect!(impl {
+    /// One step of replaying to `sink` the events `filter` selects: of up to `limit` rows
+    /// after `after` in key order, those finished for it (delivered or failed, at or before
+    /// its position or by exception) become `pending` exceptions, and wait again. With
+    /// `write` false, nothing is written: the step counts.
+    pub(super) async fn consumer_replay_step(
+        &self,
+        sink: &RegisteredSink,
+        total: u32,
+        filter: &super::ReplayFilter,
+        (now_ms, write): (i64, bool),
+        after: Option<KeyValue>,
+        limit: u32,
+    ) -> Result<super::Step, StoreError> {
+        let total = total.max(1);
+        let key = self.profile.key.column();
+        let part = partition_sql(D::BACKEND, total).unwrap_or_else(|| "0".to_string());
+        let (conditions, values) = filter.conditions("", D::param, 2);
+        let next = 2 + 2 + values.len();
+        let sql = format!(
+            "SELECT {key}, app_code, event_id, event_type, room_id, created_at_ms, {part} FROM {} \
+             WHERE created_at_ms >= {}{conditions} AND {key} > {} ORDER BY {key} LIMIT {}",
+            self.table,
+            D::param(1),
+            D::param(next),
+            D::param(next + 1)
+        );
+        let mut q = sqlx::query(&sql).bind(sink.start_from_ms).bind(filter.from_ms).bind(filter.to_ms.unwrap_or(i64::MAX));
+        for value in values {
+            q = q.bind(value);
+        }
+        let after = after.unwrap_or(KeyValue::first(self.profile.key));
+        let picked = bind_key::<D>(q, &after).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        let next = if picked.len() < limit as usize { None } else { picked.last().map(|r| self.key_of(r)).transpose()? };
+        let parts: Vec<u32> = (0..total).collect();
+        let _writing = if write { self.writing().await } else { None };
+        let mut conn = self.pool.acquire().await?;
+        let positions = self.positions_on(&mut conn, sink, &parts).await?;
+        let mut rows = 0;
+        for r in &picked {
+            let (event_id, created_at_ms) = (D::text(r, 2)?, D::int(r, 5)?);
+            let partition = if partition_sql(D::BACKEND, total).is_some() {
+                D::int(r, 6)? as u32
+            } else {
+                partition_of(&D::text(r, 1)?, &D::text(r, 4)?, total)
+            };
+            let state = self.exception_state(&sink.name, &event_id).await?.map(|s| s.status);
+            let finished = match state {
+                Some(status) => matches!(status, Status::Delivered | Status::Failed),
+                None => positions.get(&partition).is_some_and(|p| p.passed(created_at_ms, &self.key_of(r).unwrap_or(KeyValue::Int(0)))),
+            };
+            if !finished {
+                continue;
+            }
+            rows += 1;
+            if write {
+                let e = Exception {
+                    event_id,
+                    app_code: D::text(r, 1)?,
+                    room_id: D::text(r, 4)?,
+                    event_type: D::text(r, 3)?,
+                    fence: Fence { partition, epoch: 0 },
+                    created_at_ms,
+                    status: Status::Pending,
+                    counted: 0,
+                    next_retry_at_ms: 0,
+                    last_error: None,
+                    plugin_digest: None,
+                };
+                // Over whatever it had: a replay starts the event's count again.
+                let sql = format!(
+                    "DELETE FROM {}_exceptions WHERE sink = {} AND event_id = {}",
+                    self.table,
+                    D::param(1),
+                    D::param(2)
+                );
+                sqlx::query(&sql).bind(sink.name.clone()).bind(e.event_id.clone()).execute(&mut *conn).await?;
+                self.write_exception(&mut conn, &sink.name, &e, now_ms).await?;
+            }
+        }
+        Ok(super::Step { rows, next })
+    }
+});

@@ -1,6 +1,7 @@
 //! The outbox table: one [`Store`] trait with the claim / mark / stats operations, and one
 //! module per database implementing it. Dialect differences live in the backend modules.
 
+mod consumer_store;
 mod consumers;
 pub mod migrate;
 mod mysql;
@@ -528,6 +529,11 @@ pub trait SinkRegistry: Send + Sync + 'static {
     /// its own table on the same pool (migrated by [`Store::register_sink`], which every
     /// host starting on the table calls for each sink the table has).
     async fn sink_store(self: Arc<Self>, sink: &RegisteredSink) -> Result<Arc<dyn Store>, StoreError>;
+
+    /// A registered sink after the first as a consumer of this outbox (issue 48): its state
+    /// in positions and exceptions instead of a table of its own. The first sink's store is
+    /// this one.
+    async fn consumer_store(self: Arc<Self>, sink: &RegisteredSink) -> Result<Arc<dyn Store>, StoreError>;
 
     /// Copies up to `limit` rows not fanned out yet into every other sink's table; returns
     /// how many rows (0 when there is nothing to do or another host is at it).

@@ -283,6 +283,16 @@ for_every_dialect!(
             Ok(std::sync::Arc::new(self.sink_copy(&sink.table)))
         }
 
+        async fn consumer_store(
+            self: std::sync::Arc<Self>,
+            sink: &super::RegisteredSink,
+        ) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+            if sink.is_first(&self.table) {
+                return Ok(self);
+            }
+            Ok(std::sync::Arc::new(super::consumer_store::ConsumerStore::new(self, sink)))
+        }
+
         async fn fan_out(&self, limit: u32, now_ms: i64) -> Result<u64, StoreError> {
             self.fan_out_rows(limit, now_ms).await
         }

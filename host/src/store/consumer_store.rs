@@ -1,0 +1,619 @@
+//! A sink after the first as the engine and the operator see it (issue 48, decision 0203):
+//! a [`Store`] over the outbox read as a consumer, with its positions and exceptions
+//! (`consumers.rs`), and its partition leases keyed by its registered table.
+//!
+//! The owner's memory of what it delivered past its positions lives here: a delivered event
+//! costs no write of its own. Each outcome write and each heartbeat settles the positions
+//! up to [`SETTLE_MS`] ago; what was delivered later stays in memory, and is not read
+//! again. A partition given up (drained surplus, a clean stop) first has what is in memory
+//! written as `delivered` exceptions, so that its next owner does not deliver it again; a
+//! host killed loses its memory, and the next owner delivers those events again (at least
+//! once).
+//!
+//! The sink's deliveries leave no time behind: [`Inspection::history`] shows its failures
+//! only, and `delivered_last_minute` is 0.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use async_trait::async_trait;
+
+use super::consumers::{Exception, Finished, Position, Settle, Settled};
+use super::schema::TableInfo;
+use super::sql::{Dialect, SqlStore};
+use super::{
+    Backend, Claimed, Claims, Consumers, Fence, Heartbeat, Held, Holding, Inspection, KeyValue, Mark, Migrated, Minute,
+    NewEvent, OwnedRead, OwnerView, Page, Partitions, Producer, RegisteredSink, ReplayFilter, RetryFilter, Row, Schema,
+    SinkRegistry, Stats, Status, Step, Store, StoreError,
+};
+
+/// How far behind the database's clock a position stays: a producer's transaction open
+/// longer than this, or a producer clock further behind, may commit a row behind a
+/// position (decision 0203).
+pub const SETTLE_MS: i64 = 10_000;
+
+/// Rows one settle walks at most.
+const SETTLE_ROWS: u32 = 5_000;
+
+/// What the owner keeps of an event it read, to write its exception or settle it.
+#[derive(Debug, Clone)]
+struct Meta {
+    fence: Fence,
+    created_at_ms: i64,
+    app_code: String,
+    room_id: String,
+    event_type: String,
+}
+
+impl Meta {
+    fn exception(&self, event_id: &str, status: Status) -> Exception {
+        Exception {
+            event_id: event_id.to_string(),
+            app_code: self.app_code.clone(),
+            room_id: self.room_id.clone(),
+            event_type: self.event_type.clone(),
+            fence: self.fence,
+            created_at_ms: self.created_at_ms,
+            status,
+            counted: 0,
+            next_retry_at_ms: 0,
+            last_error: None,
+            plugin_digest: None,
+        }
+    }
+}
+
+/// The owner's memory.
+#[derive(Default)]
+struct Memory {
+    /// Read and handed out, not yet finished.
+    read: HashMap<String, Meta>,
+    /// Delivered past the positions.
+    finished: HashMap<String, Meta>,
+    /// The partitions held at the last heartbeat.
+    holding: Vec<Fence>,
+    /// `P`.
+    total: u32,
+    /// The newest key read (keys given in insert order), for the idle probe.
+    newest_read: i64,
+}
+
+impl Memory {
+    /// Forgets what it read and delivered of partitions not in `held`: their next owner
+    /// reads them.
+    fn keep_only(&mut self, held: &[Fence]) {
+        self.read.retain(|_, m| held.contains(&m.fence));
+        self.finished.retain(|_, m| held.contains(&m.fence));
+    }
+}
+
+/// A sink after the first on the outbox of dialect `D`.
+pub struct ConsumerStore<D: Dialect> {
+    outbox: Arc<SqlStore<D>>,
+    /// The sink's partition leases and hosts (keyed by its registered table).
+    leases: SqlStore<D>,
+    sink: RegisteredSink,
+    memory: Mutex<Memory>,
+}
+
+macro_rules! for_consumers {
+    ($(#[$attr:meta])* impl $($role:ident)? { $($body:tt)* }) => {
+        $(#[$attr])*
+        impl<D> $($role for)? ConsumerStore<D>
+        where
+            D: Dialect,
+            SqlStore<D>: Store,
+            for<'c> &'c mut <D::Db as sqlx::Database>::Connection: sqlx::Executor<'c, Database = D::Db>,
+            for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
+            for<'a> &'a str: sqlx::ColumnIndex<<D::Db as sqlx::Database>::Row>,
+            usize: sqlx::ColumnIndex<<D::Db as sqlx::Database>::Row>,
+            for<'r> i64: sqlx::Encode<'r, D::Db> + sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
+            for<'r> i32: sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
+            for<'r> String: sqlx::Encode<'r, D::Db> + sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
+            for<'r> Vec<u8>: sqlx::Encode<'r, D::Db> + sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
+            for<'r> &'r str: sqlx::Encode<'r, D::Db> + sqlx::Type<D::Db>,
+        {
+            $($body)*
+        }
+    };
+}
+
+for_consumers!(impl {
+    /// `sink` (not the first) as a consumer of `outbox`.
+    pub(super) fn new(outbox: Arc<SqlStore<D>>, sink: &RegisteredSink) -> Self {
+        let leases = outbox.sink_copy(&sink.table);
+        ConsumerStore { outbox, leases, sink: sink.clone(), memory: Mutex::default() }
+    }
+
+    fn memory(&self) -> std::sync::MutexGuard<'_, Memory> {
+        self.memory.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Settles the held partitions as `owner` at `now_ms` (the database's clock), writing
+    /// `exceptions` first; `flush`: partitions about to be given up, whose delivered events
+    /// in memory are written as exceptions. Forgets what the settle passed, and what it
+    /// found of partitions no longer held.
+    async fn settle_held(
+        &self,
+        owner: &str,
+        now_ms: i64,
+        mut exceptions: Vec<Exception>,
+        flush: &[u32],
+    ) -> Result<Settled, StoreError> {
+        let (mut fences, total) = {
+            let memory = self.memory();
+            for (event_id, meta) in memory.finished.iter().filter(|(_, m)| flush.contains(&m.fence.partition)) {
+                exceptions.push(meta.exception(event_id, Status::Delivered));
+            }
+            (memory.holding.clone(), memory.total)
+        };
+        for e in &exceptions {
+            if !fences.contains(&e.fence) {
+                fences.push(e.fence);
+            }
+        }
+        let idle = exceptions.is_empty() && self.memory().finished.is_empty();
+        if fences.is_empty() || total == 0 || idle {
+            // Nothing delivered, nothing to write: the positions stay (a paused sink walks
+            // nothing).
+            return Ok(Settled::default());
+        }
+        let finished = |event_id: &str| self.memory().finished.contains_key(event_id);
+        let settle = Settle {
+            sink: &self.sink,
+            owner,
+            total,
+            fences: &fences,
+            horizon_ms: now_ms - SETTLE_MS,
+            finished: &finished as &Finished<'_>,
+            exceptions: &exceptions,
+            now_ms,
+            limit: SETTLE_ROWS,
+        };
+        let settled = self.outbox.settle_positions(&settle).await?;
+        let mut memory = self.memory();
+        for event_id in &settled.passed {
+            memory.finished.remove(event_id);
+        }
+        memory.finished.retain(|_, m| !flush.contains(&m.fence.partition));
+        memory.keep_only(&settled.held.iter().copied().filter(|f| !flush.contains(&f.partition)).collect::<Vec<_>>());
+        Ok(settled)
+    }
+
+    /// The partition count, from memory or the partition table.
+    async fn total(&self) -> Result<u32, StoreError> {
+        let known = self.memory().total;
+        if known > 0 {
+            return Ok(known);
+        }
+        self.outbox.partition_total(&self.sink.table).await
+    }
+
+    /// The row `event_id` as this sink sees it: the outbox's row with the sink's state.
+    async fn row_for_sink(&self, mut row: Row) -> Result<Option<Row>, StoreError> {
+        if row.created_at_ms < self.sink.start_from_ms {
+            return Ok(None);
+        }
+        row.worker_id = None;
+        row.lock_until_ms = 0;
+        match self.outbox.exception_state(&self.sink.name, &row.event_id).await? {
+            Some(state) => {
+                row.status = state.status;
+                row.retry_count = state.retry_count;
+                row.next_retry_at_ms = state.next_retry_at_ms;
+                row.last_error = state.last_error;
+                row.updated_at_ms = state.updated_at_ms;
+                row.plugin_digest = state.plugin_digest;
+                row.delivered_at_ms = (state.status == Status::Delivered).then_some(state.updated_at_ms);
+            }
+            None => {
+                let total = self.total().await?.max(1);
+                let placed = self.outbox.placed(&row.event_id, total).await?;
+                let passed = match placed {
+                    Some((part, created_at_ms, key)) => {
+                        let positions = self.outbox.positions_of(&self.sink, &[part]).await?;
+                        positions.first().is_some_and(|p| p.passed(created_at_ms, &key))
+                    }
+                    None => false,
+                };
+                row.status = if passed { Status::Delivered } else { Status::Pending };
+                row.retry_count = 0;
+                row.next_retry_at_ms = 0;
+                row.last_error = None;
+                row.plugin_digest = None;
+                row.delivered_at_ms = None;
+            }
+        }
+        Ok(Some(row))
+    }
+});
+
+for_consumers!(
+    #[async_trait]
+    impl Schema {
+        async fn migrate(&self) -> Result<Migrated, StoreError> {
+            self.outbox.migrate().await
+        }
+
+        fn backend(&self) -> Backend {
+            D::BACKEND
+        }
+
+        async fn describe(&self) -> Result<Option<TableInfo>, StoreError> {
+            self.outbox.describe().await
+        }
+
+        fn table(&self) -> &str {
+            Schema::table(self.outbox.as_ref())
+        }
+
+        async fn ping(&self) -> Result<(), StoreError> {
+            self.outbox.ping().await
+        }
+
+        async fn clock_ms(&self) -> Result<i64, StoreError> {
+            self.outbox.clock_ms().await
+        }
+
+        async fn close(&self) {
+            self.outbox.close().await
+        }
+    }
+);
+
+/// Why a sink after the first takes no row claims.
+const NO_CLAIMS: &str = "a sink after the first is read by partition owners and takes no row claims";
+
+for_consumers!(
+    #[async_trait]
+    impl Claims {
+        async fn claim(&self, _: &str, _: i64, _: i64, _: u32) -> Result<Vec<Claimed>, StoreError> {
+            Err(StoreError::Query(NO_CLAIMS.into()))
+        }
+
+        async fn mark(&self, _: &[Mark], _: i64) -> Result<u64, StoreError> {
+            Err(StoreError::Query(NO_CLAIMS.into()))
+        }
+
+        /// Nothing is claimed, so nothing is handed back.
+        async fn release(&self, _: &[Held], _: i64) -> Result<u64, StoreError> {
+            Ok(0)
+        }
+
+        /// Whether a row was inserted past the newest this owner read (keys given in insert
+        /// order); where rows are keyed by event id, never (the poll finds them).
+        async fn has_pending(&self) -> Result<bool, StoreError> {
+            let newest_read = self.memory().newest_read;
+            Ok(self.outbox.newest().await?.is_some_and(|newest| newest > newest_read))
+        }
+
+        fn inserted(&self) -> Arc<tokio::sync::Notify> {
+            self.outbox.inserted()
+        }
+
+        fn listen_for_inserts(
+            &self,
+            wake: Arc<tokio::sync::Notify>,
+            stop: tokio_util::sync::CancellationToken,
+        ) -> bool {
+            self.outbox.listen_for_inserts(wake, stop)
+        }
+    }
+);
+
+for_consumers!(
+    #[async_trait]
+    impl Producer {
+        async fn insert(&self, events: &[NewEvent]) -> Result<(), StoreError> {
+            self.outbox.insert(events).await
+        }
+    }
+);
+
+for_consumers!(
+    #[async_trait]
+    impl Inspection {
+        async fn get(&self, event_id: &str) -> Result<Option<Row>, StoreError> {
+            match self.outbox.get(event_id).await? {
+                Some(row) => self.row_for_sink(row).await,
+                None => Ok(None),
+            }
+        }
+
+        async fn stats(&self) -> Result<Stats, StoreError> {
+            let total = self.total().await?;
+            let counts = self.outbox.consumer_counts(&self.sink, total).await?;
+            let excepted = |status: Status| counts.excepted.iter().find(|(s, _)| *s == status).map_or(0, |(_, n)| *n);
+            let pending = counts.waiting + excepted(Status::Pending);
+            let (retryable, failed) = (excepted(Status::Retryable), excepted(Status::Failed));
+            let delivered = (counts.rows - pending - retryable - failed).max(0);
+            Ok(Stats {
+                counts: vec![
+                    (Status::Pending, pending),
+                    (Status::Delivering, 0),
+                    (Status::Delivered, delivered),
+                    (Status::Retryable, retryable),
+                    (Status::Failed, failed),
+                ],
+                oldest_waiting_created_at_ms: counts.oldest_waiting_created_at_ms,
+                top_errors: counts.top_errors,
+                delivered_last_minute: 0,
+                unknown_statuses: Vec::new(),
+            })
+        }
+
+        async fn history(&self, since_ms: i64) -> Result<Vec<Minute>, StoreError> {
+            let minutes = self.outbox.failed_exception_minutes(&self.sink.name, since_ms).await?;
+            Ok(minutes.into_iter().map(|(start_ms, failed)| Minute { start_ms, delivered: 0, failed }).collect())
+        }
+
+        async fn recent_failures(&self, limit: u32) -> Result<Vec<Row>, StoreError> {
+            let mut rows = Vec::new();
+            for (event_id, _) in self.outbox.recent_exceptions(&self.sink.name, limit).await? {
+                if let Some(row) = self.get(&event_id).await? {
+                    rows.push(row);
+                }
+            }
+            Ok(rows)
+        }
+
+        async fn count_failed(&self, filter: &RetryFilter) -> Result<i64, StoreError> {
+            self.outbox.count_failed_exceptions(&self.sink.name, filter).await
+        }
+
+        async fn retry_failed(&self, filter: &RetryFilter, now_ms: i64) -> Result<u64, StoreError> {
+            self.outbox.retry_failed_exceptions(&self.sink.name, filter, now_ms).await
+        }
+
+        /// The outbox's rows are the first sink's to purge.
+        async fn purge_delivered(&self, _: i64, _: u32) -> Result<u64, StoreError> {
+            Ok(0)
+        }
+    }
+);
+
+for_consumers!(
+    #[async_trait]
+    impl SinkRegistry {
+        async fn sinks(&self) -> Result<Vec<RegisteredSink>, StoreError> {
+            self.outbox.sinks().await
+        }
+
+        async fn register_sink(
+            &self,
+            name: &str,
+            start_from_ms: i64,
+            may_be_first: bool,
+            now_ms: i64,
+        ) -> Result<RegisteredSink, StoreError> {
+            self.outbox.register_sink(name, start_from_ms, may_be_first, now_ms).await
+        }
+
+        async fn sink_store(self: Arc<Self>, sink: &RegisteredSink) -> Result<Arc<dyn Store>, StoreError> {
+            self.outbox.clone().sink_store(sink).await
+        }
+
+        async fn consumer_store(self: Arc<Self>, sink: &RegisteredSink) -> Result<Arc<dyn Store>, StoreError> {
+            self.outbox.clone().consumer_store(sink).await
+        }
+
+        async fn fan_out(&self, limit: u32, now_ms: i64) -> Result<u64, StoreError> {
+            self.outbox.fan_out(limit, now_ms).await
+        }
+
+        async fn backfill(
+            &self,
+            sink: &RegisteredSink,
+            after: Option<KeyValue>,
+            limit: u32,
+        ) -> Result<Step, StoreError> {
+            self.outbox.backfill(sink, after, limit).await
+        }
+
+        async fn finish_backfill(&self, name: &str, now_ms: i64) -> Result<(), StoreError> {
+            self.outbox.finish_backfill(name, now_ms).await
+        }
+
+        async fn count_replayable(&self, filter: &ReplayFilter) -> Result<i64, StoreError> {
+            let total = self.total().await?;
+            let mut after = None;
+            let mut count = 0;
+            loop {
+                let step =
+                    self.outbox.consumer_replay_step(&self.sink, total, filter, (0, false), after, 1_000).await?;
+                count += step.rows as i64;
+                match step.next {
+                    Some(next) => after = Some(next),
+                    None => return Ok(count),
+                }
+            }
+        }
+
+        async fn replay(
+            &self,
+            filter: &ReplayFilter,
+            now_ms: i64,
+            after: Option<KeyValue>,
+            limit: u32,
+        ) -> Result<Step, StoreError> {
+            let total = self.total().await?;
+            self.outbox.consumer_replay_step(&self.sink, total, filter, (now_ms, true), after, limit).await
+        }
+
+        async fn count_recopy(&self, sink: &RegisteredSink, filter: &ReplayFilter) -> Result<i64, StoreError> {
+            self.outbox.count_recopy(sink, filter).await
+        }
+
+        async fn recopy(
+            &self,
+            sink: &RegisteredSink,
+            filter: &ReplayFilter,
+            after: Option<KeyValue>,
+            limit: u32,
+        ) -> Result<Step, StoreError> {
+            self.outbox.recopy(sink, filter, after, limit).await
+        }
+    }
+);
+
+for_consumers!(
+    #[async_trait]
+    impl Partitions {
+        /// Settles first (a partition given up has its memory written), then beats.
+        async fn keep_partitions(&self, beat: &Heartbeat<'_>) -> Result<Holding, StoreError> {
+            self.settle_held(beat.owner, beat.now_ms, Vec::new(), beat.release).await?;
+            let holding = self.leases.heartbeat(beat).await?;
+            let mut memory = self.memory();
+            memory.holding = holding.owned.clone();
+            memory.total = holding.total;
+            memory.keep_only(&holding.owned);
+            Ok(holding)
+        }
+
+        async fn read_owned(&self, read: &OwnedRead<'_>) -> Result<Page, StoreError> {
+            let finished = |event_id: &str| self.memory().finished.contains_key(event_id);
+            let page = self.outbox.consumer_page(&self.sink, read, &finished).await?;
+            let mut memory = self.memory();
+            for w in &page.waiting {
+                let Some(fence) = w.row.lease.fence else { continue };
+                let meta = Meta {
+                    fence,
+                    created_at_ms: w.row.created_at_ms,
+                    app_code: w.row.app_code.clone(),
+                    room_id: w.row.room_id.clone(),
+                    event_type: w.row.event_type.clone(),
+                };
+                memory.read.insert(w.row.event_id.clone(), meta);
+                if let KeyValue::Int(key) = w.key {
+                    memory.newest_read = memory.newest_read.max(key);
+                }
+            }
+            if let Some((_, KeyValue::Int(key))) = &page.last {
+                memory.newest_read = memory.newest_read.max(*key);
+            }
+            Ok(page)
+        }
+
+        async fn newest_key(&self) -> Result<Option<i64>, StoreError> {
+            self.outbox.newest().await
+        }
+
+        /// A consumer reads the outbox by creation time: the partition index of unfinished
+        /// rows (the first sink's) is not its.
+        async fn index_partitions(&self, _: u32) -> Result<bool, StoreError> {
+            Ok(false)
+        }
+
+        async fn failed_rooms(&self, rooms: &[(String, String)]) -> Result<Vec<(String, String, i64)>, StoreError> {
+            self.outbox.failed_exception_rooms(&self.sink.name, rooms).await
+        }
+
+        /// Delivered events go to memory; the others are written as exceptions, in the
+        /// settle that follows. A mark of a partition lost (or of a row this store did not
+        /// hand out under its fence) is not written. A write that fails leaves memory as it
+        /// was, so that the same marks may be written again.
+        async fn mark_owned(&self, owner: &str, marks: &[Mark], now_ms: i64) -> Result<(u64, Vec<usize>), StoreError> {
+            let mut exceptions = Vec::new();
+            let mut fenced = Vec::new();
+            let mut written: Vec<(usize, Fence)> = Vec::new();
+            let mut delivered: Vec<String> = Vec::new();
+            {
+                let mut memory = self.memory();
+                for (i, m) in marks.iter().enumerate() {
+                    let meta = match memory.read.get(&m.event_id) {
+                        Some(meta) if Some(meta.fence) == m.lease.fence => meta.clone(),
+                        _ => {
+                            fenced.push(i);
+                            continue;
+                        }
+                    };
+                    written.push((i, meta.fence));
+                    match &m.outcome {
+                        super::Outcome::Delivered => {
+                            delivered.push(m.event_id.clone());
+                            memory.finished.insert(m.event_id.clone(), meta);
+                        }
+                        outcome => exceptions.push(Exception {
+                            counted: outcome.counted(),
+                            next_retry_at_ms: outcome.next_retry_at_ms(),
+                            last_error: outcome.error().map(str::to_string),
+                            plugin_digest: m.plugin_digest.as_deref().map(str::to_string),
+                            ..meta.exception(&m.event_id, outcome.status())
+                        }),
+                    }
+                }
+            }
+            let settled = match self.settle_held(owner, now_ms, exceptions, &[]).await {
+                Ok(settled) => settled,
+                Err(e) => {
+                    let mut memory = self.memory();
+                    for event_id in &delivered {
+                        memory.finished.remove(event_id);
+                    }
+                    return Err(e);
+                }
+            };
+            let mut memory = self.memory();
+            let mut changed = 0;
+            for (i, fence) in written {
+                memory.read.remove(&marks[i].event_id);
+                if settled.held.contains(&fence) {
+                    changed += 1;
+                } else {
+                    fenced.push(i);
+                }
+            }
+            fenced.sort_unstable();
+            Ok((changed, fenced))
+        }
+
+        /// Writes what is in memory (the next owners deliver none of it again), then gives
+        /// every partition up.
+        async fn leave_partitions(&self, owner: &str) -> Result<(), StoreError> {
+            let held: Vec<u32> = self.memory().holding.iter().map(|f| f.partition).collect();
+            let now_ms = self.outbox.clock_ms().await?;
+            self.settle_held(owner, now_ms, Vec::new(), &held).await?;
+            self.leases.leave(owner).await
+        }
+
+        async fn announce(
+            &self,
+            owner: &str,
+            ordering: &str,
+            now_ms: i64,
+            until_ms: i64,
+        ) -> Result<Vec<(String, String)>, StoreError> {
+            self.leases.announce_ordering(owner, ordering, now_ms, until_ms).await
+        }
+
+        async fn partition_owners(&self, now_ms: i64) -> Result<Vec<OwnerView>, StoreError> {
+            self.leases.owners(now_ms).await
+        }
+
+        async fn set_partitions(&self, total: u32, now_ms: i64) -> Result<Result<u32, Vec<String>>, StoreError> {
+            self.leases.set_partition_count(total, now_ms).await
+        }
+    }
+);
+
+for_consumers!(
+    #[async_trait]
+    impl Consumers {
+        async fn positions(&self, sink: &RegisteredSink, parts: &[u32]) -> Result<Vec<Position>, StoreError> {
+            self.outbox.positions_of(sink, parts).await
+        }
+
+        async fn read_consumer(
+            &self,
+            sink: &RegisteredSink,
+            read: &OwnedRead<'_>,
+            finished: &Finished<'_>,
+        ) -> Result<Page, StoreError> {
+            self.outbox.consumer_page(sink, read, finished).await
+        }
+
+        async fn settle(&self, settle: &Settle<'_>) -> Result<Settled, StoreError> {
+            self.outbox.settle_positions(settle).await
+        }
+    }
+);
