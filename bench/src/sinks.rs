@@ -80,3 +80,92 @@ pub async fn drain(db: &Db, n: usize, sinks: usize, cache: &std::path::Path) -> 
     producer.close().await;
     Ok(SinksDrain { seconds, writes })
 }
+
+/// [`drain`] with every sink after the first a consumer of the outbox (issue 48, not yet
+/// the host's way): the same config and sinks, each delivered by a worker of its own on one
+/// process, the first on the outbox's columns, the others on positions and exceptions. The
+/// time is until every sink was called once per event; the writes are counted once every
+/// consumer's positions have settled (ten seconds behind, outside the timing) and every
+/// worker stopped.
+pub async fn consumers_drain(db: &Db, n: usize, sinks: usize, cache: &std::path::Path) -> anyhow::Result<SinksDrain> {
+    use std::sync::Arc;
+
+    use outbox_host::engine::Worker;
+    use outbox_host::ops::metrics::Metrics;
+
+    let producer = db.open().await?;
+    crate::fill(producer.as_ref(), n, 1_000).await?;
+    // The index a consumer reads the outbox by, in creation order (the host does not build
+    // it yet).
+    let index = "CREATE INDEX room_outbox_created_idx ON room_outbox (created_at_ms, id)";
+    db.execute(index).await?;
+    let entries: String = (0..sinks)
+        .map(|i| {
+            let name = if i == 0 { "fake".to_string() } else { format!("consumer{i}") };
+            format!(
+                "  - name: {name}\n    plugin: {}\n    cache_dir: {}\n    start_from: beginning\n    config: {{ default: ok }}\n",
+                outbox_test_support::FAKE_SINK,
+                cache.display()
+            )
+        })
+        .collect();
+    let yaml = format!("node_id: bench\ndatabase:\n  url: \"{}\"\nadmin:\n  listen: \"\"\nsinks:\n{entries}", db.url());
+    let config = Config::from_yaml(&yaml, std::iter::empty(), &|_| None)?;
+    let store = outbox_host::store::open(db.url(), config.database.max_connections, &config.table).await?;
+    let migrated = store.migrate().await?;
+    let registered = outbox_host::app::register_sinks(&config, store.as_ref(), migrated).await?;
+    let mut workers = Vec::new();
+    let mut states = Vec::new();
+    let mut metrics = Vec::new();
+    for (i, (sink, entry)) in registered.iter().zip(&config.sinks).enumerate() {
+        let state =
+            if i == 0 { store.clone().sink_store(sink).await? } else { store.clone().consumer_store(sink).await? };
+        let m = Arc::new(Metrics::new(entry.name()));
+        let deliver = outbox_host::app::load_sink(&config, entry, m.clone()).await?;
+        workers.push(Worker::new(state.clone(), deliver, entry.worker.clone(), "bench", m.clone()));
+        states.push(state);
+        metrics.push(m);
+    }
+    let writes_before = db.pg_writes().await?;
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let runs: Vec<_> = workers.iter().map(|w| tokio::spawn(w.clone().run(shutdown.clone()))).collect();
+    let deadline = Instant::now() + std::time::Duration::from_secs(3_600);
+    while !metrics.iter().all(|m| m.delivered_total() >= n as u64) {
+        ensure!(Instant::now() < deadline, "the drain did not finish within an hour");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    // The consumers' positions settle behind the horizon, at their heartbeats: waited for,
+    // so that stopping writes no memory.
+    for state in &states {
+        while state.stats().await?.count(Status::Delivered) < n as i64 {
+            ensure!(Instant::now() < deadline, "the positions did not settle within an hour");
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+    shutdown.cancel();
+    for run in runs {
+        run.await??;
+    }
+    store.close().await;
+    let writes = match (writes_before, db.pg_writes_settled().await?) {
+        (Some(before), Some(after)) => {
+            let per = |after: i64, before: i64| (after - before) as f64 / n as f64;
+            Some([per(after.schema_rows, before.schema_rows), per(after.wal, before.wal)])
+        }
+        _ => None,
+    };
+    for (i, m) in metrics.iter().enumerate() {
+        ensure!(
+            m.delivered_total() == n as u64,
+            "{}: the sink was called {} times for {n} events",
+            m.sink(),
+            m.delivered_total()
+        );
+        let stats = producer.clone().consumer_store(&registered[i]).await?.stats().await?;
+        ensure!(stats.count(Status::Delivered) == n as i64, "{}: not all delivered: {stats:?}", m.sink());
+    }
+    producer.close().await;
+    Ok(SinksDrain { seconds, writes })
+}
