@@ -16,7 +16,8 @@ per_backend!(
     a_sink_that_delivers_nothing_writes_nothing,
     no_position_passes_the_settle_horizon,
     a_settle_from_a_lost_partition_writes_nothing,
-    a_sink_that_starts_later_reads_nothing_created_before
+    a_sink_that_starts_later_reads_nothing_created_before,
+    the_operator_sees_a_consumers_own_state
 );
 
 /// The partitions of the tests' sink.
@@ -343,4 +344,97 @@ async fn a_sink_that_starts_later_reads_nothing_created_before(world: World) {
         limit: 100,
     };
     assert_eq!(store.settle(&settle).await.unwrap().passed, vec![events[2].event_id.clone()]);
+}
+
+/// A sink after the first, as its store shows it to the engine and the operator: one owner
+/// reads, delivers some events and fails others; each event's status, the counts, the
+/// failures, a room held by its failure, an operator's retry and replay all read the
+/// sink's positions and exceptions, never the row's own status (the first sink's). An
+/// event delivered within the settle time reads `pending` until a settle or a clean stop
+/// writes it.
+async fn the_operator_sees_a_consumers_own_state(world: World) {
+    use outbox_host::store::{Mark, Outcome, ReplayFilter, RetryFilter};
+
+    let store = world.producer.clone();
+    let now = now_ms();
+    let audit = store.register_sink("audit", 0, false, now).await.unwrap();
+    let consumer = store.clone().consumer_store(&audit).await.unwrap();
+    let room1 = room_events(&world, "room-1", now - 60_000, 4).await;
+    let room2 = room_events(&world, "room-2", now - 60_000, 1).await;
+    let recent = room_events(&world, "room-3", now, 1).await;
+    let beat = Heartbeat {
+        owner: "host-a",
+        partitions: TOTAL,
+        in_flight: 0,
+        now_ms: now,
+        lease_ms: 10_000,
+        renew: &[],
+        release: &[],
+    };
+    let owned = consumer.keep_partitions(&beat).await.unwrap().owned;
+    let read = OwnedRead { owner: "host-a", total: TOTAL, owned: &owned, after: None, limit: 100 };
+    let page = consumer.read_owned(&read).await.unwrap();
+    assert_eq!(page.waiting.len(), 6, "every event waits for the new sink");
+    let row_of = |id: &str| page.waiting.iter().find(|w| w.row.event_id == id).unwrap().row.clone();
+    let mark = |id: &str, outcome: Outcome| Mark::of(&row_of(id), outcome);
+    let marks = vec![
+        mark(&room1[0].event_id, Outcome::Delivered),
+        mark(&room1[1].event_id, Outcome::Fail { error: "400 bad request".into() }),
+        mark(&room1[2].event_id, Outcome::Retry { error: "503".into(), next_retry_at_ms: now + 60_000 }),
+        mark(&room2[0].event_id, Outcome::Delivered),
+        mark(&recent[0].event_id, Outcome::Delivered),
+    ];
+    assert_eq!(consumer.mark_owned("host-a", &marks, now).await.unwrap(), (5, vec![]));
+
+    let status = |id: String| {
+        let consumer = consumer.clone();
+        async move { consumer.get(&id).await.unwrap().unwrap().status }
+    };
+    assert_eq!(status(room1[0].event_id.clone()).await, Status::Delivered);
+    let failed = consumer.get(&room1[1].event_id).await.unwrap().unwrap();
+    assert_eq!(
+        (failed.status, failed.retry_count, failed.last_error.as_deref()),
+        (Status::Failed, 1, Some("400 bad request"))
+    );
+    assert_eq!(status(room1[2].event_id.clone()).await, Status::Retryable);
+    assert_eq!(status(room1[3].event_id.clone()).await, Status::Pending);
+    assert_eq!(status(room2[0].event_id.clone()).await, Status::Delivered);
+    assert_eq!(status(recent[0].event_id.clone()).await, Status::Pending, "delivered, not settled yet");
+    assert_eq!(world.row(&room1[0].event_id).await.status, Status::Pending, "the first sink's own status");
+
+    let stats = consumer.stats().await.unwrap();
+    let counts: Vec<i64> = [Status::Pending, Status::Delivered, Status::Retryable, Status::Failed]
+        .iter()
+        .map(|s| stats.count(*s))
+        .collect();
+    assert_eq!(counts, vec![2, 2, 1, 1], "{stats:?}");
+    assert_eq!(stats.oldest_waiting_created_at_ms, Some(room1[2].created_at_ms));
+    assert!(stats.top_errors.iter().any(|(e, n)| e == "400 bad request" && *n == 1), "{stats:?}");
+    let recent_failures: Vec<String> =
+        consumer.recent_failures(10).await.unwrap().into_iter().map(|r| r.event_id).collect();
+    assert_eq!(recent_failures.len(), 2);
+    assert!(recent_failures.contains(&room1[1].event_id) && recent_failures.contains(&room1[2].event_id));
+    assert_eq!(consumer.history(now - 3_600_000).await.unwrap().iter().map(|m| m.failed).sum::<i64>(), 1);
+    let rooms = [("app-1".to_string(), "room-1".to_string()), ("app-1".to_string(), "room-2".to_string())];
+    assert_eq!(
+        consumer.failed_rooms(&rooms).await.unwrap(),
+        vec![("app-1".into(), "room-1".into(), room1[1].created_at_ms)]
+    );
+
+    // An operator's retry of the failed event, then a replay of the delivered ones.
+    assert_eq!(consumer.count_failed(&RetryFilter::All).await.unwrap(), 1);
+    assert_eq!(consumer.retry_failed(&RetryFilter::EventId(room1[1].event_id.clone()), now).await.unwrap(), 1);
+    let retried = consumer.get(&room1[1].event_id).await.unwrap().unwrap();
+    assert_eq!((retried.status, retried.retry_count), (Status::Pending, 0));
+    assert_eq!(store.get(&room1[1].event_id).await.unwrap().unwrap().status, Status::Pending, "first sink untouched");
+    let everything = ReplayFilter { from_ms: 0, to_ms: None, event_type: None, room_id: None };
+    assert_eq!(consumer.count_replayable(&everything).await.unwrap(), 2, "the two settled deliveries");
+    assert_eq!(consumer.replay(&everything, now, None, 100).await.unwrap().rows, 2);
+    assert_eq!(status(room1[0].event_id.clone()).await, Status::Pending);
+    assert_eq!(status(room2[0].event_id.clone()).await, Status::Pending);
+
+    // A clean stop writes what the owner delivered within the settle time.
+    consumer.leave_partitions("host-a").await.unwrap();
+    assert_eq!(status(recent[0].event_id.clone()).await, Status::Delivered);
+    assert_eq!(exception_status(&world, &recent[0].event_id).await, ["delivered"]);
 }

@@ -735,13 +735,15 @@ for_every_dialect!(impl {
 
     /// How many of `sink`'s `failed` exceptions `filter` selects.
     pub(super) async fn count_failed_exceptions(&self, sink: &str, filter: &super::RetryFilter) -> Result<i64, StoreError> {
-        let (filter, value) = super::sql::failed_filter::<D>(filter, 2);
-        let sql = format!("SELECT COUNT(*) FROM {}_exceptions{filter} AND sink = {}", self.table, D::param(1));
-        let mut q = sqlx::query(&sql).bind(sink.to_string());
+        // Bound in the order they appear (`?` placeholders): the filter's value, then the sink.
+        let (filter, value) = super::sql::failed_filter::<D>(filter, 1);
+        let next = 1 + usize::from(value.is_some());
+        let sql = format!("SELECT COUNT(*) FROM {}_exceptions{filter} AND sink = {}", self.table, D::param(next));
+        let mut q = sqlx::query(&sql);
         if let Some(value) = value {
             q = q.bind(value);
         }
-        Ok(D::int(&q.fetch_one(&self.pool).await?, 0)?)
+        Ok(D::int(&q.bind(sink.to_string()).fetch_one(&self.pool).await?, 0)?)
     }
 
     /// An operator's retry of `sink`'s `failed` exceptions that `filter` selects: `pending`
@@ -753,18 +755,20 @@ for_every_dialect!(impl {
         now_ms: i64,
     ) -> Result<u64, StoreError> {
         let _writing = self.writing().await;
-        let (filter, value) = super::sql::failed_filter::<D>(filter, 3);
+        let (filter, value) = super::sql::failed_filter::<D>(filter, 2);
+        let next = 2 + usize::from(value.is_some());
         let sql = format!(
             "UPDATE {}_exceptions SET status = 'pending', retry_count = 0, next_retry_at_ms = 0, updated_at_ms = {}{filter} \
              AND sink = {}",
             self.table,
             D::param(1),
-            D::param(2)
+            D::param(next)
         );
-        let mut q = sqlx::query(&sql).bind(now_ms).bind(sink.to_string());
+        let mut q = sqlx::query(&sql).bind(now_ms);
         if let Some(value) = value {
             q = q.bind(value);
         }
+        let q = q.bind(sink.to_string());
         Ok(D::rows_affected(&q.execute(&self.pool).await?))
     }
 
@@ -828,8 +832,8 @@ for_every_dialect!(impl {
     /// deliveries leave no time behind: see [`super::consumer_store`]).
     pub(super) async fn failed_exception_minutes(&self, sink: &str, since_ms: i64) -> Result<Vec<(i64, i64)>, StoreError> {
         let sql = format!(
-            "SELECT (updated_at_ms / 60000) * 60000, COUNT(*) FROM {}_exceptions WHERE sink = {} AND status = 'failed' \
-             AND updated_at_ms >= {} GROUP BY (updated_at_ms / 60000) * 60000 ORDER BY 1",
+            "SELECT updated_at_ms - updated_at_ms % 60000, COUNT(*) FROM {}_exceptions WHERE sink = {} \
+             AND status = 'failed' AND updated_at_ms >= {} GROUP BY updated_at_ms - updated_at_ms % 60000 ORDER BY 1",
             self.table,
             D::param(1),
             D::param(2)
