@@ -218,6 +218,10 @@ impl outbox_host::store::Consumers for Counting {
         self.count();
         self.inner.settle(settle).await
     }
+    async fn consumer_from_copy(&self, sink: &RegisteredSink, now_ms: i64) -> Result<Option<u64>, StoreError> {
+        self.count();
+        self.inner.consumer_from_copy(sink, now_ms).await
+    }
 }
 
 #[async_trait]

@@ -17,7 +17,8 @@ per_backend!(
     no_position_passes_the_settle_horizon,
     a_settle_from_a_lost_partition_writes_nothing,
     a_sink_that_starts_later_reads_nothing_created_before,
-    the_operator_sees_a_consumers_own_state
+    the_operator_sees_a_consumers_own_state,
+    a_sinks_copy_becomes_its_positions_and_exceptions_while_producers_write
 );
 
 /// The partitions of the tests' sink.
@@ -437,4 +438,124 @@ async fn the_operator_sees_a_consumers_own_state(world: World) {
     consumer.leave_partitions("host-a").await.unwrap();
     assert_eq!(status(recent[0].event_id.clone()).await, Status::Delivered);
     assert_eq!(exception_status(&world, &recent[0].event_id).await, ["delivered"]);
+}
+
+/// An existing deployment's second sink, kept in its copy of the outbox, becomes a consumer
+/// while a producer goes on writing: every event keeps the state the copy gave it (delivered
+/// before and past the first pending one, failed with its count and error, retryable,
+/// pending), the rows
+/// not fanned out yet and those written during the change wait, the copy is gone, and the
+/// consumer's reads bring back exactly what waits.
+async fn a_sinks_copy_becomes_its_positions_and_exceptions_while_producers_write(world: World) {
+    use outbox_host::store::{Held, Mark, Outcome};
+
+    let store = world.producer.clone();
+    let now = now_ms();
+    store.register_sink("im", 0, true, now).await.unwrap();
+    let audit = store.register_sink("audit", 0, false, now + 1).await.unwrap();
+    let mut fanned = Vec::new();
+    for r in 0..5 {
+        fanned.extend(room_events(&world, &format!("room-{r}"), now - 60_000 + r * 100, 6).await);
+    }
+    fanned.sort_by_key(|e| e.created_at_ms);
+    assert_eq!(store.fan_out(1_000, now).await.unwrap(), 30);
+    // Registered before any row was fanned out: nothing to back-fill.
+    store.finish_backfill("audit", now).await.unwrap();
+    let audit = store.sinks().await.unwrap().into_iter().find(|s| s.name == "audit").unwrap();
+    // The copy's state, as an older host left it.
+    let copy = store.clone().sink_store(&audit).await.unwrap();
+    let claimed = copy.claim("old-host", now, now + 60_000, 100).await.unwrap();
+    assert_eq!(claimed.len(), 30);
+    let of = |i: usize| claimed.iter().find(|c| c.event_id == fanned[i].event_id).unwrap();
+    let delivered = |i: usize| matches!(i, 0..=9 | 12..=14 | 20 | 25);
+    let mut marks: Vec<Mark> = (0..30).filter(|i| delivered(*i)).map(|i| Mark::of(of(i), Outcome::Delivered)).collect();
+    marks.push(Mark::of(of(10), Outcome::Fail { error: "400 bad request".into() }));
+    marks.push(Mark::of(of(11), Outcome::Retry { error: "503".into(), next_retry_at_ms: now + 60_000 }));
+    copy.mark(&marks, now).await.unwrap();
+    let rest: Vec<Held> = (15..30).filter(|i| !delivered(*i)).map(|i| Held::from(of(i))).collect();
+    copy.release(&rest, now).await.unwrap();
+    let unfanned = room_events(&world, "room-9", now - 30_000, 5).await;
+
+    // A producer writes while the copy becomes positions and exceptions.
+    let writer = {
+        let producer = world.producer.clone();
+        let template = world.event("RoomGiftSent", "room-live", Status::Pending);
+        tokio::spawn(async move {
+            let mut written = Vec::new();
+            for i in 0..40 {
+                let event = NewEvent { event_id: format!("live-{i}"), created_at_ms: now_ms(), ..template.clone() };
+                producer.insert(std::slice::from_ref(&event)).await.unwrap();
+                written.push(event);
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            written
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert_eq!(
+        store.consumer_from_copy(&audit, now_ms()).await.unwrap(),
+        Some(4),
+        "failed, retryable, and the two delivered past the first pending"
+    );
+    let live = writer.await.unwrap();
+    assert_eq!(store.consumer_from_copy(&audit, now_ms()).await.unwrap(), None, "no copy left");
+    let copies = if world.db_url().starts_with("sqlite") {
+        "SELECT COUNT(*) FROM sqlite_master WHERE name = 'room_outbox__audit'"
+    } else if world.db_url().starts_with("postgres") {
+        "SELECT COUNT(*) FROM information_schema.tables WHERE table_name = 'room_outbox__audit' AND table_schema = current_schema()"
+    } else {
+        "SELECT COUNT(*) FROM information_schema.tables WHERE table_name = 'room_outbox__audit' AND table_schema = DATABASE()"
+    };
+    assert_eq!(query_strings(&world.db, copies).await, ["0"], "the copy is dropped");
+
+    let consumer = store.clone().consumer_store(&audit).await.unwrap();
+    let mut expected: Vec<(String, Status)> = Vec::new();
+    for (i, e) in fanned.iter().enumerate() {
+        let status = match i {
+            i if delivered(i) => Status::Delivered,
+            10 => Status::Failed,
+            11 => Status::Retryable,
+            _ => Status::Pending,
+        };
+        expected.push((e.event_id.clone(), status));
+    }
+    expected.extend(unfanned.iter().chain(&live).map(|e| (e.event_id.clone(), Status::Pending)));
+    for (id, status) in &expected {
+        assert_eq!(consumer.get(id).await.unwrap().unwrap().status, *status, "{id}");
+    }
+    let failed = consumer.get(&fanned[10].event_id).await.unwrap().unwrap();
+    assert_eq!((failed.retry_count, failed.last_error.as_deref()), (1, Some("400 bad request")));
+
+    // What the consumer reads is exactly what waits: nothing delivered comes back.
+    let beat = Heartbeat {
+        owner: "new-host",
+        partitions: 64,
+        in_flight: 0,
+        now_ms: now_ms(),
+        lease_ms: 10_000,
+        renew: &[],
+        release: &[],
+    };
+    let owned = consumer.keep_partitions(&beat).await.unwrap().owned;
+    let mut read: Vec<String> = Vec::new();
+    let mut after = None;
+    loop {
+        let page = consumer
+            .read_owned(&OwnedRead { owner: "new-host", total: 64, owned: &owned, after, limit: 7 })
+            .await
+            .unwrap();
+        read.extend(page.waiting.iter().map(|w| w.row.event_id.clone()));
+        if page.at_end {
+            break;
+        }
+        after = page.last;
+    }
+    read.sort();
+    let mut waiting: Vec<String> = expected
+        .iter()
+        .filter(|(_, s)| matches!(s, Status::Pending | Status::Retryable))
+        .map(|(id, _)| id.clone())
+        .collect();
+    waiting.sort();
+    assert_eq!(read, waiting);
 }

@@ -469,6 +469,9 @@ impl outbox_host::store::Consumers for Faulty {
     async fn settle(&self, settle: &outbox_host::store::Settle<'_>) -> Result<outbox_host::store::Settled, StoreError> {
         self.inner.settle(settle).await
     }
+    async fn consumer_from_copy(&self, sink: &RegisteredSink, now_ms: i64) -> Result<Option<u64>, StoreError> {
+        self.inner.consumer_from_copy(sink, now_ms).await
+    }
 }
 
 #[async_trait]

@@ -615,5 +615,9 @@ for_consumers!(
         async fn settle(&self, settle: &Settle<'_>) -> Result<Settled, StoreError> {
             self.outbox.settle_positions(settle).await
         }
+
+        async fn consumer_from_copy(&self, sink: &RegisteredSink, now_ms: i64) -> Result<Option<u64>, StoreError> {
+            self.outbox.consumer_from_copy(sink, now_ms).await
+        }
     }
 );

@@ -942,3 +942,122 @@ for_every_dialect!(impl {
         Ok(super::Step { rows, next })
     }
 });
+
+for_every_dialect!(impl {
+    /// Makes `sink`, kept so far in its copy of the outbox (`<table>__<sink>`), a consumer:
+    /// its positions and exceptions derived from the copy, then the copy dropped. Run with
+    /// the sink's hosts stopped (nothing delivers it, nothing fans out); producers may go on
+    /// writing. Returns the exceptions written; `None` when the sink has no copy.
+    ///
+    /// Every partition's position is the last outbox row created before the earliest of: a
+    /// row the copy has not finished (`pending`, `delivering`), a row not fanned out yet, the
+    /// sink's start while its back-fill is unfinished, and the settle horizon. So every row
+    /// at or before it is finished in the copy, or absent from it (purged once delivered, or
+    /// before the sink's start). The copy's `retryable` and `failed` rows, and its
+    /// `delivered` rows past the position, become exceptions with their state.
+    pub(super) async fn consumer_from_copy(&self, sink: &RegisteredSink, now_ms: i64) -> Result<Option<u64>, StoreError> {
+        let copy = &sink.table;
+        if sink.is_first(&self.table) {
+            return Ok(None);
+        }
+        let mut conn = self.pool.acquire().await?;
+        let exists = self.sink_copy(copy).describe_on(&mut conn).await?.is_some();
+        drop(conn);
+        if !exists {
+            return Ok(None);
+        }
+        let t = &self.table;
+        let key = self.profile.key.column();
+        let total = match self.partition_total(copy).await? {
+            0 => super::partitions::DEFAULT_PARTITIONS,
+            made => made,
+        };
+        let _writing = self.writing().await;
+        let mut tx = if D::BACKEND == Backend::Sqlite {
+            self.pool.begin_with("BEGIN IMMEDIATE").await?
+        } else {
+            self.pool.begin().await?
+        };
+        let unfinished = format!("SELECT MIN(created_at_ms) FROM {copy} WHERE status IN ('pending', 'delivering')");
+        let unfanned = format!(
+            "SELECT MIN(created_at_ms) FROM {t} WHERE fanned_out_at_ms = 0 AND created_at_ms >= {}",
+            D::param(1)
+        );
+        let mut before = now_ms - super::consumer_store::SETTLE_MS;
+        if let Some(at) = D::opt_int(&sqlx::query(&unfinished).fetch_one(&mut *tx).await?, 0)? {
+            before = before.min(at);
+        }
+        if let Some(at) = D::opt_int(&sqlx::query(&unfanned).bind(sink.start_from_ms).fetch_one(&mut *tx).await?, 0)? {
+            before = before.min(at);
+        }
+        if sink.backfilled_at_ms.is_none() {
+            before = before.min(sink.start_from_ms);
+        }
+        let last = format!(
+            "SELECT created_at_ms, {key} FROM {t} WHERE created_at_ms < {} AND created_at_ms >= {} \
+             ORDER BY created_at_ms DESC, {key} DESC LIMIT 1",
+            D::param(1),
+            D::param(2)
+        );
+        let position = match sqlx::query(&last).bind(before).bind(sink.start_from_ms).fetch_optional(&mut *tx).await? {
+            Some(r) => Some((D::int(&r, 0)?, self.key_of_column(&r, 1)?)),
+            None => None,
+        };
+        let part = partition_sql(D::BACKEND, total).unwrap_or_else(|| "0".to_string());
+        let excepted = format!(
+            "SELECT event_id, app_code, room_id, event_type, created_at_ms, status, retry_count, next_retry_at_ms, \
+             last_error, plugin_digest, {part} FROM {copy} \
+             WHERE status IN ('retryable', 'failed') OR (status = 'delivered' AND created_at_ms >= {})",
+            D::param(1)
+        );
+        let rows = sqlx::query(&excepted).bind(before).fetch_all(&mut *tx).await?;
+        for r in &rows {
+            let (app_code, room_id) = (D::text(r, 1)?, D::text(r, 2)?);
+            let partition = if partition_sql(D::BACKEND, total).is_some() {
+                D::int(r, 10)? as u32
+            } else {
+                partition_of(&app_code, &room_id, total)
+            };
+            let e = Exception {
+                event_id: D::text(r, 0)?,
+                app_code,
+                room_id,
+                event_type: D::text(r, 3)?,
+                fence: Fence { partition, epoch: 0 },
+                created_at_ms: D::int(r, 4)?,
+                status: Status::parse(&D::text(r, 5)?).unwrap_or(Status::Retryable),
+                counted: i32::try_from(D::int(r, 6)?).unwrap_or(i32::MAX),
+                next_retry_at_ms: D::int(r, 7)?,
+                last_error: D::opt_text(r, 8)?,
+                plugin_digest: D::opt_text(r, 9)?.filter(|d| !d.is_empty()),
+            };
+            // Anew: the copy's state is the whole truth.
+            let forget =
+                format!("DELETE FROM {t}_exceptions WHERE sink = {} AND event_id = {}", D::param(1), D::param(2));
+            sqlx::query(&forget).bind(sink.name.clone()).bind(e.event_id.clone()).execute(&mut *tx).await?;
+            self.write_exception(&mut tx, &sink.name, &e, now_ms).await?;
+        }
+        if let Some((created_at_ms, key)) = &position {
+            for part in 0..total {
+                sqlx::query(&self.consumers.set_position)
+                    .bind(sink.name.clone())
+                    .bind(i64::from(part))
+                    .bind(*created_at_ms)
+                    .bind(key_text(key))
+                    .bind(now_ms)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+        tx.commit().await?;
+        let drop_copy = format!("DROP TABLE IF EXISTS {copy}");
+        sqlx::query(&drop_copy).execute(&self.pool).await?;
+        tracing::info!(sink = %sink.name, copy = %copy, exceptions = rows.len(), position_ms = position.as_ref().map(|p| p.0), "a sink's copy of the outbox became its positions and exceptions");
+        Ok(Some(rows.len() as u64))
+    }
+
+    /// The key in column `i` of `row`.
+    fn key_of_column(&self, row: &<D::Db as Database>::Row, i: usize) -> Result<KeyValue, sqlx::Error> {
+        if self.profile.key.is_text() { D::text(row, i).map(KeyValue::Text) } else { D::int(row, i).map(KeyValue::Int) }
+    }
+});

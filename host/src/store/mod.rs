@@ -650,6 +650,11 @@ pub trait Consumers: Send + Sync + 'static {
     /// Records exceptions and moves positions, fenced by the partitions' epochs (see
     /// [`Settle`]).
     async fn settle(&self, settle: &Settle<'_>) -> Result<Settled, StoreError>;
+
+    /// Makes `sink`, kept so far in its own copy of the outbox, a consumer: positions and
+    /// exceptions from the copy, then the copy dropped (with the sink's hosts stopped).
+    /// Returns the exceptions written; `None` when it has no copy.
+    async fn consumer_from_copy(&self, sink: &RegisteredSink, now_ms: i64) -> Result<Option<u64>, StoreError>;
 }
 
 /// The outbox table: every role above, as one object (`Arc<dyn Store>`). A module calls the

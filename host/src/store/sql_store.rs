@@ -455,5 +455,13 @@ for_every_dialect!(
         async fn settle(&self, settle: &super::Settle<'_>) -> Result<super::Settled, StoreError> {
             self.settle_positions(settle).await
         }
+
+        async fn consumer_from_copy(
+            &self,
+            sink: &super::RegisteredSink,
+            now_ms: i64,
+        ) -> Result<Option<u64>, StoreError> {
+            SqlStore::consumer_from_copy(self, sink, now_ms).await
+        }
     }
 );
