@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 
-use super::consumers::{Exception, Finished, Position, Settle, Settled};
+use super::consumers::{Exception, Finished, Position, SETTLE_MS, Settle, Settled};
 use super::schema::TableInfo;
 use super::sql::{Dialect, SqlStore};
 use super::{
@@ -26,11 +26,6 @@ use super::{
     NewEvent, OwnedRead, OwnerView, Page, Partitions, Producer, RegisteredSink, ReplayFilter, RetryFilter, Row, Schema,
     SinkRegistry, Stats, Status, Step, Store, StoreError,
 };
-
-/// How far behind the database's clock a position stays: a producer's transaction open
-/// longer than this, or a producer clock further behind, may commit a row behind a
-/// position (decision 0203).
-pub const SETTLE_MS: i64 = 10_000;
 
 /// Rows one settle walks at most.
 const SETTLE_ROWS: u32 = 5_000;

@@ -29,6 +29,11 @@ use super::sql::for_every_dialect;
 use super::sql::{Dialect, SqlStore};
 use super::{Backend, Claimed, Fence, Lease, Status, StoreError};
 
+/// How far behind the database's clock a position stays: a producer's transaction open
+/// longer than this, or a producer clock further behind, may commit a row behind a
+/// position (decision 0203).
+pub const SETTLE_MS: i64 = 10_000;
+
 /// Where a sink stands in one partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Position {
@@ -120,79 +125,6 @@ pub struct Settled {
     pub fenced: Vec<u32>,
     /// The fences held: an exception was written only under one of these.
     pub held: Vec<Fence>,
-}
-
-/// The statements of positions and exceptions, built once per store.
-pub(super) struct ConsumerStatements {
-    /// `(sink, part)` → position, for the parts bound as a comma list.
-    positions: String,
-    /// Writes one position: sink, part, created_at_ms, key, now.
-    set_position: String,
-    /// Writes one exception (pending, retryable or failed are kept over by delivered).
-    set_exception: String,
-    /// Deletes a sink's `delivered` exceptions behind positions (`{behind}`: per partition).
-    forget: String,
-}
-
-impl ConsumerStatements {
-    pub(super) fn new<D: Dialect>(table: &str) -> Self {
-        let p = D::param;
-        let (positions, exceptions) = (format!("{table}_positions"), format!("{table}_exceptions"));
-        let set_position = match D::BACKEND {
-            Backend::Mysql => format!(
-                "INSERT INTO {positions} (sink, part, created_at_ms, row_key, updated_at_ms) VALUES (?, ?, ?, ?, ?) \
-                 ON DUPLICATE KEY UPDATE created_at_ms = VALUES(created_at_ms), row_key = VALUES(row_key), \
-                 updated_at_ms = VALUES(updated_at_ms)"
-            ),
-            _ => format!(
-                "INSERT INTO {positions} (sink, part, created_at_ms, row_key, updated_at_ms) VALUES ({}, {}, {}, {}, {}) \
-                 ON CONFLICT (sink, part) DO UPDATE SET created_at_ms = excluded.created_at_ms, \
-                 row_key = excluded.row_key, updated_at_ms = excluded.updated_at_ms",
-                p(1),
-                p(2),
-                p(3),
-                p(4),
-                p(5)
-            ),
-        };
-        let columns = "sink, event_id, app_code, room_id, event_type, part, created_at_ms, status, retry_count, \
-                       next_retry_at_ms, last_error, updated_at_ms, plugin_digest";
-        let set_exception = match D::BACKEND {
-            // Delivered wins over anything but delivered: each column keeps its value once it is.
-            Backend::Mysql => {
-                let keep = |column: &str| format!("{column} = IF(status = 'delivered', {column}, VALUES({column}))");
-                format!(
-                    "INSERT INTO {exceptions} ({columns}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULLIF(?, ''), ?, NULLIF(?, '')) ON DUPLICATE KEY UPDATE \
-                     retry_count = IF(status = 'delivered', retry_count, retry_count + VALUES(retry_count)), {}, {}, {}, {}, \
-                     status = IF(status = 'delivered', status, VALUES(status))",
-                    keep("next_retry_at_ms"),
-                    keep("last_error"),
-                    keep("updated_at_ms"),
-                    keep("plugin_digest"),
-                )
-            }
-            _ => format!(
-                "INSERT INTO {exceptions} ({columns}) VALUES ({}) ON CONFLICT (sink, event_id) DO UPDATE SET \
-                 status = excluded.status, retry_count = {exceptions}.retry_count + excluded.retry_count, \
-                 next_retry_at_ms = excluded.next_retry_at_ms, last_error = excluded.last_error, \
-                 updated_at_ms = excluded.updated_at_ms, plugin_digest = excluded.plugin_digest \
-                 WHERE {exceptions}.status <> 'delivered'",
-                (1..=13)
-                    .map(|n| if n == 11 || n == 13 { format!("NULLIF({}, '')", p(n)) } else { p(n) })
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        };
-        ConsumerStatements {
-            positions: format!(
-                "SELECT part, created_at_ms, row_key FROM {positions} WHERE sink = {} AND part IN ({{parts}})",
-                p(1)
-            ),
-            set_position,
-            set_exception,
-            forget: format!("DELETE FROM {exceptions} WHERE sink = {} AND status = 'delivered' AND ({{behind}})", p(1)),
-        }
-    }
 }
 
 /// A key as `<table>_positions.row_key` keeps it.
@@ -476,7 +408,7 @@ for_every_dialect!(impl {
         })
     }
 
-    /// Writes one exception of `sink` in `tx` (see [`ConsumerStatements`]: delivered stays).
+    /// Writes one exception of `sink` in `tx` (see `ConsumerStatements` in `sql.rs`: delivered stays).
     async fn write_exception(
         &self,
         conn: &mut <D::Db as Database>::Connection,
@@ -983,7 +915,7 @@ for_every_dialect!(impl {
             "SELECT MIN(created_at_ms) FROM {t} WHERE fanned_out_at_ms = 0 AND created_at_ms >= {}",
             D::param(1)
         );
-        let mut before = now_ms - super::consumer_store::SETTLE_MS;
+        let mut before = now_ms - SETTLE_MS;
         if let Some(at) = D::opt_int(&sqlx::query(&unfinished).fetch_one(&mut *tx).await?, 0)? {
             before = before.min(at);
         }

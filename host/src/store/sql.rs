@@ -354,6 +354,79 @@ macro_rules! for_every_dialect {
 }
 pub(super) use for_every_dialect;
 
+/// The statements of positions and exceptions, built once per store.
+pub(super) struct ConsumerStatements {
+    /// `(sink, part)` → position, for the parts bound as a comma list.
+    pub(super) positions: String,
+    /// Writes one position: sink, part, created_at_ms, key, now.
+    pub(super) set_position: String,
+    /// Writes one exception (pending, retryable or failed are kept over by delivered).
+    pub(super) set_exception: String,
+    /// Deletes a sink's `delivered` exceptions behind positions (`{behind}`: per partition).
+    pub(super) forget: String,
+}
+
+impl ConsumerStatements {
+    pub(super) fn new<D: Dialect>(table: &str) -> Self {
+        let p = D::param;
+        let (positions, exceptions) = (format!("{table}_positions"), format!("{table}_exceptions"));
+        let set_position = match D::BACKEND {
+            Backend::Mysql => format!(
+                "INSERT INTO {positions} (sink, part, created_at_ms, row_key, updated_at_ms) VALUES (?, ?, ?, ?, ?) \
+                 ON DUPLICATE KEY UPDATE created_at_ms = VALUES(created_at_ms), row_key = VALUES(row_key), \
+                 updated_at_ms = VALUES(updated_at_ms)"
+            ),
+            _ => format!(
+                "INSERT INTO {positions} (sink, part, created_at_ms, row_key, updated_at_ms) VALUES ({}, {}, {}, {}, {}) \
+                 ON CONFLICT (sink, part) DO UPDATE SET created_at_ms = excluded.created_at_ms, \
+                 row_key = excluded.row_key, updated_at_ms = excluded.updated_at_ms",
+                p(1),
+                p(2),
+                p(3),
+                p(4),
+                p(5)
+            ),
+        };
+        let columns = "sink, event_id, app_code, room_id, event_type, part, created_at_ms, status, retry_count, \
+                       next_retry_at_ms, last_error, updated_at_ms, plugin_digest";
+        let set_exception = match D::BACKEND {
+            // Delivered wins over anything but delivered: each column keeps its value once it is.
+            Backend::Mysql => {
+                let keep = |column: &str| format!("{column} = IF(status = 'delivered', {column}, VALUES({column}))");
+                format!(
+                    "INSERT INTO {exceptions} ({columns}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULLIF(?, ''), ?, NULLIF(?, '')) ON DUPLICATE KEY UPDATE \
+                     retry_count = IF(status = 'delivered', retry_count, retry_count + VALUES(retry_count)), {}, {}, {}, {}, \
+                     status = IF(status = 'delivered', status, VALUES(status))",
+                    keep("next_retry_at_ms"),
+                    keep("last_error"),
+                    keep("updated_at_ms"),
+                    keep("plugin_digest"),
+                )
+            }
+            _ => format!(
+                "INSERT INTO {exceptions} ({columns}) VALUES ({}) ON CONFLICT (sink, event_id) DO UPDATE SET \
+                 status = excluded.status, retry_count = {exceptions}.retry_count + excluded.retry_count, \
+                 next_retry_at_ms = excluded.next_retry_at_ms, last_error = excluded.last_error, \
+                 updated_at_ms = excluded.updated_at_ms, plugin_digest = excluded.plugin_digest \
+                 WHERE {exceptions}.status <> 'delivered'",
+                (1..=13)
+                    .map(|n| if n == 11 || n == 13 { format!("NULLIF({}, '')", p(n)) } else { p(n) })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        ConsumerStatements {
+            positions: format!(
+                "SELECT part, created_at_ms, row_key FROM {positions} WHERE sink = {} AND part IN ({{parts}})",
+                p(1)
+            ),
+            set_position,
+            set_exception,
+            forget: format!("DELETE FROM {exceptions} WHERE sink = {} AND status = 'delivered' AND ({{behind}})", p(1)),
+        }
+    }
+}
+
 /// The outbox table on database dialect `D`.
 pub struct SqlStore<D: Dialect> {
     pub(super) pool: Pool<D::Db>,
@@ -367,7 +440,7 @@ pub struct SqlStore<D: Dialect> {
     /// The registry's and the fan-out's statements, built once.
     pub(super) fan_out: FanOutStatements,
     /// The statements of the sinks' positions and exceptions, built once.
-    pub(super) consumers: super::consumers::ConsumerStatements,
+    pub(super) consumers: ConsumerStatements,
     pub(super) inserted: std::sync::Arc<tokio::sync::Notify>,
     /// Shared with the stores of the sinks' own tables on the same pool.
     pub(super) writes: std::sync::Arc<tokio::sync::Mutex<()>>,
@@ -388,7 +461,7 @@ impl<D: Dialect> SqlStore<D> {
             sql: SharedStatements::new::<D>(table, &profile, true),
             own: D::statements(table, &profile),
             fan_out: FanOutStatements::new::<D>(table, &profile),
-            consumers: super::consumers::ConsumerStatements::new::<D>(table),
+            consumers: ConsumerStatements::new::<D>(table),
             profile,
             inserted: Default::default(),
             writes: Default::default(),
@@ -407,7 +480,7 @@ impl<D: Dialect> SqlStore<D> {
             sql: SharedStatements::new::<D>(table, &profile, false),
             own: D::statements(table, &profile),
             fan_out: FanOutStatements::new::<D>(table, &profile),
-            consumers: super::consumers::ConsumerStatements::new::<D>(table),
+            consumers: ConsumerStatements::new::<D>(table),
             profile,
             inserted: Default::default(),
             writes: self.writes.clone(),
@@ -432,7 +505,7 @@ impl<D: Dialect> SqlStore<D> {
             sql: SharedStatements::new::<D>(&self.table, &profile, self.copy_of.is_none()),
             own: D::statements(&self.table, &profile),
             fan_out: FanOutStatements::new::<D>(&self.table, &profile),
-            consumers: super::consumers::ConsumerStatements::new::<D>(&self.table),
+            consumers: ConsumerStatements::new::<D>(&self.table),
             profile,
             ..self
         })
