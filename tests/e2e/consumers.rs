@@ -452,7 +452,7 @@ async fn a_sinks_copy_becomes_its_positions_and_exceptions_while_producers_write
     let store = world.producer.clone();
     let now = now_ms();
     store.register_sink("im", 0, true, now).await.unwrap();
-    let audit = store.register_sink("audit", 0, false, now + 1).await.unwrap();
+    store.register_sink("audit", 0, false, now + 1).await.unwrap();
     let mut fanned = Vec::new();
     for r in 0..5 {
         fanned.extend(room_events(&world, &format!("room-{r}"), now - 60_000 + r * 100, 6).await);
