@@ -72,7 +72,8 @@ async fn run_schedules(world: World, consumer: bool) {
         Ok(seed) => vec![seed.parse().expect("OUTBOX_FAULT_SEED is a number")],
         Err(_) => {
             let count = std::env::var("OUTBOX_FAULT_SCHEDULES").ok().and_then(|n| n.parse().ok()).unwrap_or(SHORT);
-            let count = if consumer { count.div_ceil(SHORT / SHORT_CONSUMER) } else { count };
+            // A consumer's schedule waits out the settle time at its end: an eighth as many.
+            let count = if consumer { count.div_ceil(8).max(SHORT_CONSUMER) } else { count };
             // Each database its own seeds, the same on every run.
             let base = match Backend::from_url(&world.db_url()).expect("a database URL") {
                 Backend::Sqlite => 1_000,
