@@ -18,7 +18,8 @@ per_backend!(
     a_settle_from_a_lost_partition_writes_nothing,
     a_sink_that_starts_later_reads_nothing_created_before,
     the_operator_sees_a_consumers_own_state,
-    a_sinks_copy_becomes_its_positions_and_exceptions_while_producers_write
+    a_sinks_copy_becomes_its_positions_and_exceptions_while_producers_write,
+    an_event_retried_then_delivered_is_not_read_again
 );
 
 /// The partitions of the tests' sink.
@@ -558,4 +559,54 @@ async fn a_sinks_copy_becomes_its_positions_and_exceptions_while_producers_write
         .collect();
     waiting.sort();
     assert_eq!(read, waiting);
+}
+
+/// An event that failed for now, was read again and then delivered is not read a third
+/// time: its delivery is written over its exception, not only remembered.
+async fn an_event_retried_then_delivered_is_not_read_again(world: World) {
+    use outbox_host::store::{Mark, Outcome};
+
+    let store = world.producer.clone();
+    let now = now_ms();
+    let audit = store.register_sink("audit", 0, false, now).await.unwrap();
+    let consumer = store.clone().consumer_store(&audit).await.unwrap();
+    let events = room_events(&world, "room-1", now - 60_000, 3).await;
+    let beat = Heartbeat {
+        owner: "host-a",
+        partitions: TOTAL,
+        in_flight: 0,
+        now_ms: now,
+        lease_ms: 10_000,
+        renew: &[],
+        release: &[],
+    };
+    let owned = consumer.keep_partitions(&beat).await.unwrap().owned;
+    let read = || {
+        let (consumer, owned) = (consumer.clone(), owned.clone());
+        async move {
+            let read = OwnedRead { owner: "host-a", total: TOTAL, owned: &owned, after: None, limit: 100 };
+            consumer.read_owned(&read).await.unwrap().waiting
+        }
+    };
+    let page = read().await;
+    assert_eq!(page.len(), 3);
+    let retry = Outcome::Retry { error: "503".into(), next_retry_at_ms: now - 1 };
+    let marks = vec![
+        Mark::of(&page[0].row, retry),
+        Mark::of(&page[1].row, Outcome::Delivered),
+        Mark::of(&page[2].row, Outcome::Delivered),
+    ];
+    assert_eq!(consumer.mark_owned("host-a", &marks, now).await.unwrap(), (3, vec![]));
+    let again = read().await;
+    assert_eq!(
+        again.iter().map(|w| (w.row.event_id.clone(), w.status)).collect::<Vec<_>>(),
+        vec![(events[0].event_id.clone(), Status::Retryable)]
+    );
+    assert_eq!(
+        consumer.mark_owned("host-a", &[Mark::of(&again[0].row, Outcome::Delivered)], now).await.unwrap(),
+        (1, vec![])
+    );
+    assert!(read().await.is_empty(), "delivered after its retry, it is not read again");
+    assert_eq!(consumer.get(&events[0].event_id).await.unwrap().unwrap().status, Status::Delivered);
+    assert!(read().await.is_empty());
 }

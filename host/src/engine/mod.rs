@@ -2,6 +2,13 @@
 //! delivery starts as soon as a slot is free, events of one room one at a time in claim
 //! order (across claims); outcomes go to one writer that batches them. `poll_interval` is
 //! only the longest idle wait: an insert wakes an idle worker sooner (`wake_up`).
+//!
+//! Rows come in and outcomes go back one of two ways, each in its own file: row claims
+//! under leases (`ordering: none`, `claims.rs`), or partition ownership with the owner's
+//! memory of what it read (`per_room`, `owner.rs`). This file runs either: it takes rows
+//! (`claim_rows` or `read_ready`), gives back the ones it will not start (`release`),
+//! writes outcomes (`write`) and keeps the host among the sink's hosts (a heartbeat of
+//! either kind).
 
 pub mod breaker;
 pub mod dbclock;
@@ -21,6 +28,7 @@ use crate::ops::metrics::Metrics;
 
 mod attempt;
 mod buffer;
+mod claims;
 mod owner;
 mod rate;
 mod retry;
@@ -30,7 +38,7 @@ use breaker::{Admit, Breaker, Transition, Verdict};
 use buffer::{Buffer, InOrder, RoomKey, room_of};
 
 use crate::sandbox::{Deliver, FailureClass, Turn};
-use crate::store::{Claimed, Held, Mark, Outcome, Store, now_ms};
+use crate::store::{Claimed, Mark, Outcome, Store, now_ms};
 use crate::text::printable;
 use crate::text::short_error;
 use rate::TokenBucket;
@@ -394,11 +402,7 @@ impl Worker {
             let claim = async {
                 match &self.tracker {
                     Some(tracker) => self.read_ready(tracker, wanted).await,
-                    None => {
-                        let rows = self.store.claim(&self.worker_id, now, now + lease_ms, wanted as u32).await?;
-                        let at_end = rows.len() < wanted;
-                        Ok((0, rows, at_end))
-                    }
+                    None => self.claim_rows(wanted, now, now + lease_ms).await,
                 }
             };
             // A claim stuck on a database that is away must not hold shutdown past its grace.
@@ -609,31 +613,15 @@ impl Worker {
         Outcome::Retry { error, next_retry_at_ms }
     }
 
+    /// Rows that will not start here: under per-room order forgotten, to be read again;
+    /// claimed rows handed back (see `claims.rs`).
     async fn release(&self, rows: &[Claimed]) {
         if rows.is_empty() {
             return;
         }
-        if let Some(tracker) = &self.tracker {
-            // Never claimed: the rows are read again from the table.
-            tracker.forget(rows);
-            return;
-        }
-        let rows: Vec<Held> = rows.iter().map(Held::from).collect();
-        let rows = rows.as_slice();
-        let released = tokio::time::timeout(self.config.shutdown_grace, self.store.release(rows, self.clock.now_ms()))
-            .await
-            .unwrap_or_else(|_| Err(crate::store::StoreError::Unavailable("timed out handing back rows".into())));
-        match released {
-            Ok(n) => {
-                self.metrics.handed_back(n);
-                tracing::info!(worker = "room_outbox", node_id = %self.node_id, released = n, "handed back claimed rows that were not started");
-                self.signal(Signal::Released(n as usize));
-            }
-            // Not fatal: the leases expire and any worker claims the rows again.
-            Err(e) => {
-                self.metrics.db_error("release", &e);
-                tracing::warn!(worker = "room_outbox", node_id = %self.node_id, error = %e, rows = rows.len(), "could not hand back rows; they become claimable when their lease expires")
-            }
+        match &self.tracker {
+            Some(tracker) => tracker.forget(rows),
+            None => self.hand_back(rows).await,
         }
     }
 
@@ -689,20 +677,14 @@ impl Worker {
         attempt::deliver_one(sink, (&self.config, &self.metrics, &self.node_id, &self.clock), row, turn).await
     }
 
-    /// Writes a batch of outcomes: fenced by partition under per-room order, where a mark
-    /// whose partition this host lost is not written (the new owner delivers the row).
+    /// Writes a batch of outcomes: under their row leases (`claims.rs`), or fenced by
+    /// partition under per-room order (`owner.rs`).
     async fn write(&self, marks: &[Mark]) -> Result<u64, crate::store::StoreError> {
         let now = self.clock.now_ms();
-        if self.tracker.is_none() {
-            return self.store.mark(marks, now).await;
+        match self.tracker {
+            Some(_) => self.write_owned(marks, now).await,
+            None => self.write_claimed(marks, now).await,
         }
-        let (changed, fenced) = self.store.mark_owned(&self.worker_id, marks, now).await?;
-        for i in fenced {
-            let m = &marks[i];
-            self.metrics.fenced();
-            tracing::warn!(worker = "room_outbox", node_id = %self.node_id, worker_id = %self.worker_id, event_id = %m.event_id, partition = m.lease.fence.map(|f| f.partition), "outcome not written: this host no longer owns the row's partition (another host delivers it)");
-        }
-        Ok(changed)
     }
 
     /// Writes outcomes as they arrive, several per write when they queue up, retrying

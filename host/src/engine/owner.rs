@@ -536,32 +536,16 @@ impl Worker {
         )
     }
 
-    /// Under `ordering: none`, keeps this host among the sink's hosts (a heartbeat every
-    /// third of `partition_lease`), so that a `per_room` host starting meanwhile refuses.
-    pub(super) async fn keep_announced(self: Arc<Self>, shutdown: CancellationToken) {
-        let every = self.config.partition_lease / 3;
-        let lease_ms = self.config.partition_lease.as_millis() as i64;
-        while !shutdown.is_cancelled() {
-            tokio::select! {
-                () = tokio::time::sleep(every) => {}
-                () = shutdown.cancelled() => return,
-            }
-            self.clock.sync(self.store.as_ref()).await;
-            let now = self.clock.now_ms();
-            let said = self.store.announce(&self.worker_id, self.config.ordering.name(), now, now + lease_ms).await;
-            match said {
-                Ok(others) if others.is_empty() => self.metrics.db_ok("partitions"),
-                Ok(others) => {
-                    self.metrics.db_ok("partitions");
-                    let hosts: Vec<&str> = others.iter().map(|(owner, _)| owner.as_str()).collect();
-                    tracing::error!(worker = "room_outbox", node_id = %self.node_id, hosts = %hosts.join(","), "hosts with another outbox_worker.ordering deliver this sink (they started together with this one): stop them")
-                }
-                Err(e) => {
-                    self.metrics.db_error("partitions", &e);
-                    tracing::warn!(worker = "room_outbox", node_id = %self.node_id, error = %e, "could not renew this host's place among the sink's hosts; will retry");
-                }
-            }
+    /// Writes a batch of outcomes fenced by partition: a mark whose partition this host
+    /// lost is not written (the partition's new owner delivers the row).
+    pub(super) async fn write_owned(&self, marks: &[Mark], now_ms: i64) -> Result<u64, crate::store::StoreError> {
+        let (changed, fenced) = self.store.mark_owned(&self.worker_id, marks, now_ms).await?;
+        for i in fenced {
+            let m = &marks[i];
+            self.metrics.fenced();
+            tracing::warn!(worker = "room_outbox", node_id = %self.node_id, worker_id = %self.worker_id, event_id = %m.event_id, partition = m.lease.fence.map(|f| f.partition), "outcome not written: this host no longer owns the row's partition (another host delivers it)");
         }
+        Ok(changed)
     }
 
     /// Gives up this host's partitions at a clean shutdown, so that the others take them at

@@ -35,6 +35,10 @@ const SETTLE_ROWS: u32 = 5_000;
 struct Meta {
     fence: Fence,
     created_at_ms: i64,
+    key: KeyValue,
+    /// It had an exception when read (`pending` or `retryable`): its delivery must be
+    /// written, since the exception would bring it back.
+    excepted: bool,
     app_code: String,
     room_id: String,
     event_type: String,
@@ -71,6 +75,8 @@ struct Memory {
     total: u32,
     /// The newest key read (keys given in insert order), for the idle probe.
     newest_read: i64,
+    /// The held partitions' positions, as this owner's last settle left them.
+    positions: HashMap<u32, Position>,
 }
 
 impl Memory {
@@ -79,6 +85,7 @@ impl Memory {
     fn keep_only(&mut self, held: &[Fence]) {
         self.read.retain(|_, m| held.contains(&m.fence));
         self.finished.retain(|_, m| held.contains(&m.fence));
+        self.positions.retain(|part, _| held.iter().any(|f| f.partition == *part));
     }
 }
 
@@ -89,6 +96,9 @@ pub struct ConsumerStore<D: Dialect> {
     leases: SqlStore<D>,
     sink: RegisteredSink,
     memory: Mutex<Memory>,
+    /// Held through each settle and what decides it: settles run one at a time (a position
+    /// never moves back), and an outcome is judged against the positions it will meet.
+    settling: tokio::sync::Mutex<()>,
 }
 
 macro_rules! for_consumers {
@@ -117,7 +127,13 @@ for_consumers!(impl {
     /// `sink` (not the first) as a consumer of `outbox`.
     pub(super) fn new(outbox: Arc<SqlStore<D>>, sink: &RegisteredSink) -> Self {
         let leases = outbox.sink_copy(&sink.table);
-        ConsumerStore { outbox, leases, sink: sink.clone(), memory: Mutex::default() }
+        ConsumerStore {
+            outbox,
+            leases,
+            sink: sink.clone(),
+            memory: Mutex::default(),
+            settling: tokio::sync::Mutex::new(()),
+        }
     }
 
     fn memory(&self) -> std::sync::MutexGuard<'_, Memory> {
@@ -127,7 +143,7 @@ for_consumers!(impl {
     /// Settles the held partitions as `owner` at `now_ms` (the database's clock), writing
     /// `exceptions` first; `flush`: partitions about to be given up, whose delivered events
     /// in memory are written as exceptions. Forgets what the settle passed, and what it
-    /// found of partitions no longer held.
+    /// found of partitions no longer held. The caller holds `settling`.
     async fn settle_held(
         &self,
         owner: &str,
@@ -169,6 +185,9 @@ for_consumers!(impl {
         let mut memory = self.memory();
         for event_id in &settled.passed {
             memory.finished.remove(event_id);
+        }
+        for position in &settled.positions {
+            memory.positions.insert(position.part, position.clone());
         }
         memory.finished.retain(|_, m| !flush.contains(&m.fence.partition));
         memory.keep_only(&settled.held.iter().copied().filter(|f| !flush.contains(&f.partition)).collect::<Vec<_>>());
@@ -456,6 +475,7 @@ for_consumers!(
     impl Partitions {
         /// Settles first (a partition given up has its memory written), then beats.
         async fn keep_partitions(&self, beat: &Heartbeat<'_>) -> Result<Holding, StoreError> {
+            let _settling = self.settling.lock().await;
             self.settle_held(beat.owner, beat.now_ms, Vec::new(), beat.release).await?;
             let holding = self.leases.heartbeat(beat).await?;
             let mut memory = self.memory();
@@ -466,14 +486,28 @@ for_consumers!(
         }
 
         async fn read_owned(&self, read: &OwnedRead<'_>) -> Result<Page, StoreError> {
+            // Rows already finished are not read again (see the check after the read).
             let finished = |event_id: &str| self.memory().finished.contains_key(event_id);
-            let page = self.outbox.consumer_page(&self.sink, read, &finished).await?;
+            let (mut page, excepted) = self.outbox.consumer_page(&self.sink, read, &finished).await?;
             let mut memory = self.memory();
+            // A settle may have finished while the page was read: what it passed left the
+            // memory as the positions took it over, in one step. Checked again here against
+            // both, so that nothing delivered comes back between them.
+            page.waiting.retain(|w| {
+                let part = w.row.lease.fence.map(|f| f.partition);
+                excepted.contains(&w.row.event_id)
+                    || !(memory.finished.contains_key(&w.row.event_id)
+                        || part
+                            .and_then(|part| memory.positions.get(&part))
+                            .is_some_and(|p| p.passed(w.row.created_at_ms, &w.key)))
+            });
             for w in &page.waiting {
                 let Some(fence) = w.row.lease.fence else { continue };
                 let meta = Meta {
                     fence,
                     created_at_ms: w.row.created_at_ms,
+                    key: w.key.clone(),
+                    excepted: excepted.contains(&w.row.event_id),
                     app_code: w.row.app_code.clone(),
                     room_id: w.row.room_id.clone(),
                     event_type: w.row.event_type.clone(),
@@ -508,6 +542,7 @@ for_consumers!(
         /// hand out under its fence) is not written. A write that fails leaves memory as it
         /// was, so that the same marks may be written again.
         async fn mark_owned(&self, owner: &str, marks: &[Mark], now_ms: i64) -> Result<(u64, Vec<usize>), StoreError> {
+            let _settling = self.settling.lock().await;
             let mut exceptions = Vec::new();
             let mut fenced = Vec::new();
             let mut written: Vec<(usize, Fence)> = Vec::new();
@@ -523,7 +558,19 @@ for_consumers!(
                         }
                     };
                     written.push((i, meta.fence));
+                    // Behind the position (passed as a hole while under way) or with an
+                    // exception: only a written `delivered` keeps it from coming back.
+                    let behind = memory
+                        .positions
+                        .get(&meta.fence.partition)
+                        .is_some_and(|p| p.passed(meta.created_at_ms, &meta.key));
                     match &m.outcome {
+                        super::Outcome::Delivered if meta.excepted || behind => {
+                            exceptions.push(Exception {
+                                plugin_digest: m.plugin_digest.as_deref().map(str::to_string),
+                                ..meta.exception(&m.event_id, Status::Delivered)
+                            });
+                        }
                         super::Outcome::Delivered => {
                             delivered.push(m.event_id.clone());
                             memory.finished.insert(m.event_id.clone(), meta);
@@ -565,6 +612,7 @@ for_consumers!(
         /// Writes what is in memory (the next owners deliver none of it again), then gives
         /// every partition up.
         async fn leave_partitions(&self, owner: &str) -> Result<(), StoreError> {
+            let _settling = self.settling.lock().await;
             let held: Vec<u32> = self.memory().holding.iter().map(|f| f.partition).collect();
             let now_ms = self.outbox.clock_ms().await?;
             self.settle_held(owner, now_ms, Vec::new(), &held).await?;
@@ -604,7 +652,7 @@ for_consumers!(
             read: &OwnedRead<'_>,
             finished: &Finished<'_>,
         ) -> Result<Page, StoreError> {
-            self.outbox.consumer_page(sink, read, finished).await
+            Ok(self.outbox.consumer_page(sink, read, finished).await?.0)
         }
 
         async fn settle(&self, settle: &Settle<'_>) -> Result<Settled, StoreError> {

@@ -262,19 +262,20 @@ for_every_dialect!(impl {
     /// `(created_at_ms, key)` order after `read.after`: rows past their partition's position
     /// with no exception and not in `finished`, and the `pending` and `retryable` exceptions
     /// (due or not: a room's earliest such event decides whether the room may go on). Each
-    /// carries the sink's own status and retry count, not the row's.
+    /// carries the sink's own status and retry count, not the row's. Also says which of
+    /// them have an exception (an outcome for them must be written, not remembered).
     pub(super) async fn consumer_page(
         &self,
         sink: &RegisteredSink,
         read: &OwnedRead<'_>,
         finished: &Finished<'_>,
-    ) -> Result<Page, StoreError> {
+    ) -> Result<(Page, HashSet<String>), StoreError> {
         let parts: Vec<u32> = read.owned.iter().map(|f| f.partition).collect();
         let epochs: HashMap<u32, i64> = read.owned.iter().map(|f| (f.partition, f.epoch)).collect();
         let mut conn = self.pool.acquire().await?;
         let positions = self.positions_on(&mut conn, sink, &parts).await?;
         let Some(lowest) = positions.values().map(|p| (p.created_at_ms, p.key.clone())).min() else {
-            return Ok(Page { at_end: true, ..Page::default() });
+            return Ok((Page { at_end: true, ..Page::default() }, HashSet::new()));
         };
         let from = match &read.after {
             Some(after) if *after > lowest => after.clone(),
@@ -348,7 +349,9 @@ for_every_dialect!(impl {
                 last = Some((w.row.created_at_ms, w.key.clone()));
             }
         }
-        Ok(Page { waiting, last, at_end })
+        let excepted = waiting.iter().filter(|w| exceptions.contains_key(&w.row.event_id)).map(|w| w.row.event_id.clone());
+        let excepted = excepted.collect();
+        Ok((Page { waiting, last, at_end }, excepted))
     }
 
     /// The rows named by `event_ids`, with [`Self::rows_after`]'s columns.

@@ -576,25 +576,11 @@ for_every_dialect!(impl {
     /// before another partition's last: the page ends at the earliest such partition's last
     /// row, which every partition has been read up to.
     async fn read_by_partition(&self, read: &OwnedRead<'_>, expr: &str) -> Result<Page, StoreError> {
-        let (t, key) = (&self.table, self.profile.key.column());
-        let id = super::key_as_id(self.profile.key);
         let limit = read.limit.max(1) as usize;
         // A little over each partition's share of the page: fewer rows read past the page's end.
         let per = ((limit + limit / 4).div_ceil(read.owned.len().max(1)) + 1).min(limit);
         let parts: Vec<u32> = read.owned.iter().map(|f| f.partition).collect();
-        let columns = format!(
-            "{id}, app_code, event_id, event_type, room_id, envelope, created_at_ms, retry_count, \
-             status, next_retry_at_ms, lock_until_ms, {expr} AS part_no, {key} AS sort_key"
-        );
-        // Everything is bound, so that the statement's text (and its prepared plan) depends
-        // only on how many partitions are read.
-        // One range of the partial index per partition, merged in order.
-        let sql = format!(
-            "SELECT * FROM (SELECT w.* FROM unnest(string_to_array($4, ',')::INT8[]) AS p(n) CROSS JOIN LATERAL ( \
-               SELECT {columns} FROM {t} WHERE {expr} = p.n AND status IN ('pending', 'retryable', 'delivering') \
-                  AND {} ORDER BY created_at_ms, {key} LIMIT $5) AS w) AS waiting ORDER BY created_at_ms, sort_key",
-            after_cursor::<D>(key, 1)
-        );
+        let sql = self.partition_read_sql(read.total, expr);
         let (after_at, after_key) = read.after.clone().unwrap_or((i64::MIN, KeyValue::first(self.profile.key)));
         let parts = parts.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
         let q = bind_key::<D>(sqlx::query(&sql).bind(after_at).bind(after_at), &after_key).bind(parts).bind(per as i64);
@@ -611,6 +597,34 @@ for_every_dialect!(impl {
         let keep = cut.unwrap_or(rows.len()).min(limit);
         let at_end = cut.is_none() && rows.len() <= limit;
         self.decode_page(read, true, &rows[..keep], at_end)
+    }
+
+    /// The statement of [`Self::read_by_partition`] for `total` partitions, whose hash is
+    /// `expr`: built once per count. Everything else is bound, so that the text (and its
+    /// prepared plan) depends only on the count.
+    fn partition_read_sql(&self, total: u32, expr: &str) -> std::sync::Arc<str> {
+        let mut built = self.partition_read.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((count, sql)) = built.as_ref()
+            && *count == total
+        {
+            return sql.clone();
+        }
+        let (t, key) = (&self.table, self.profile.key.column());
+        let id = super::key_as_id(self.profile.key);
+        let columns = format!(
+            "{id}, app_code, event_id, event_type, room_id, envelope, created_at_ms, retry_count, \
+             status, next_retry_at_ms, lock_until_ms, {expr} AS part_no, {key} AS sort_key"
+        );
+        // One range of the partial index per partition, merged in order.
+        let sql: std::sync::Arc<str> = format!(
+            "SELECT * FROM (SELECT w.* FROM unnest(string_to_array($4, ',')::INT8[]) AS p(n) CROSS JOIN LATERAL ( \
+               SELECT {columns} FROM {t} WHERE {expr} = p.n AND status IN ('pending', 'retryable', 'delivering') \
+                  AND {} ORDER BY created_at_ms, {key} LIMIT $5) AS w) AS waiting ORDER BY created_at_ms, sort_key",
+            after_cursor::<D>(key, 1)
+        )
+        .into();
+        *built = Some((total, sql.clone()));
+        sql
     }
 
     /// Runs an owner's read. On PostgreSQL the planner is told to walk the index in order:

@@ -448,6 +448,8 @@ pub struct SqlStore<D: Dialect> {
     pub(super) copy_of: Option<String>,
     /// The partition count whose index this table is known to have (0: none known).
     pub(super) indexed_partitions: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    /// An owner's read through the partition index, built once per partition count.
+    pub(super) partition_read: std::sync::Mutex<Option<(u32, std::sync::Arc<str>)>>,
     pub(super) dialect: PhantomData<D>,
 }
 
@@ -467,6 +469,7 @@ impl<D: Dialect> SqlStore<D> {
             writes: Default::default(),
             copy_of: None,
             indexed_partitions: Default::default(),
+            partition_read: Default::default(),
             dialect: PhantomData,
         }
     }
@@ -486,6 +489,7 @@ impl<D: Dialect> SqlStore<D> {
             writes: self.writes.clone(),
             copy_of: Some(self.table.clone()),
             indexed_partitions: Default::default(),
+            partition_read: Default::default(),
             dialect: PhantomData,
         }
     }

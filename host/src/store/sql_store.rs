@@ -449,7 +449,7 @@ for_every_dialect!(
             read: &super::OwnedRead<'_>,
             finished: &super::Finished<'_>,
         ) -> Result<super::Page, StoreError> {
-            self.consumer_page(sink, read, finished).await
+            Ok(self.consumer_page(sink, read, finished).await?.0)
         }
 
         async fn settle(&self, settle: &super::Settle<'_>) -> Result<super::Settled, StoreError> {
