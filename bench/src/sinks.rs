@@ -27,18 +27,7 @@ pub struct SinksDrain {
 pub async fn drain(db: &Db, n: usize, sinks: usize, cache: &std::path::Path) -> anyhow::Result<SinksDrain> {
     let producer = db.open().await?;
     crate::fill(producer.as_ref(), n, 1_000).await?;
-    let entries: String = (0..sinks)
-        .map(|i| {
-            let name = if i == 0 { "fake".to_string() } else { format!("copy{i}") };
-            format!(
-                "  - name: {name}\n    plugin: {}\n    cache_dir: {}\n    start_from: beginning\n    config: {{ default: ok }}\n",
-                outbox_test_support::FAKE_SINK,
-                cache.display()
-            )
-        })
-        .collect();
-    let yaml = format!("node_id: bench\ndatabase:\n  url: \"{}\"\nadmin:\n  listen: \"\"\nsinks:\n{entries}", db.url());
-    let config = Config::from_yaml(&yaml, std::iter::empty(), &|_| None)?;
+    let config = config(db, sinks, "copy", cache)?;
     let host = Host::start(config).await?;
     // Each sink's state read through the producer's own pool, which outlives the host's.
     let mut states = Vec::new();
@@ -99,18 +88,7 @@ pub async fn consumers_drain(db: &Db, n: usize, sinks: usize, cache: &std::path:
     // it yet).
     let index = "CREATE INDEX room_outbox_created_idx ON room_outbox (created_at_ms, id)";
     db.execute(index).await?;
-    let entries: String = (0..sinks)
-        .map(|i| {
-            let name = if i == 0 { "fake".to_string() } else { format!("consumer{i}") };
-            format!(
-                "  - name: {name}\n    plugin: {}\n    cache_dir: {}\n    start_from: beginning\n    config: {{ default: ok }}\n",
-                outbox_test_support::FAKE_SINK,
-                cache.display()
-            )
-        })
-        .collect();
-    let yaml = format!("node_id: bench\ndatabase:\n  url: \"{}\"\nadmin:\n  listen: \"\"\nsinks:\n{entries}", db.url());
-    let config = Config::from_yaml(&yaml, std::iter::empty(), &|_| None)?;
+    let config = config(db, sinks, "consumer", cache)?;
     let store = outbox_host::store::open(db.url(), config.database.max_connections, &config.table).await?;
     let migrated = store.migrate().await?;
     let registered = outbox_host::app::register_sinks(&config, store.as_ref(), migrated).await?;
@@ -168,4 +146,21 @@ pub async fn consumers_drain(db: &Db, n: usize, sinks: usize, cache: &std::path:
     }
     producer.close().await;
     Ok(SinksDrain { seconds, writes })
+}
+
+/// The default config with `sinks` no-op sinks starting from the beginning: `fake`, then
+/// `<later>1`, `<later>2`, ….
+fn config(db: &Db, sinks: usize, later: &str, cache: &std::path::Path) -> anyhow::Result<Config> {
+    let entries: String = (0..sinks)
+        .map(|i| {
+            let name = if i == 0 { "fake".to_string() } else { format!("{later}{i}") };
+            format!(
+                "  - name: {name}\n    plugin: {}\n    cache_dir: {}\n    start_from: beginning\n    config: {{ default: ok }}\n",
+                outbox_test_support::FAKE_SINK,
+                cache.display()
+            )
+        })
+        .collect();
+    let yaml = format!("node_id: bench\ndatabase:\n  url: \"{}\"\nadmin:\n  listen: \"\"\nsinks:\n{entries}", db.url());
+    Ok(Config::from_yaml(&yaml, std::iter::empty(), &|_| None)?)
 }

@@ -5,7 +5,8 @@
 use std::collections::HashSet;
 
 use outbox_host::store::{
-    Exception, Fence, Heartbeat, KeyValue, NewEvent, OwnedRead, Position, RegisteredSink, Settle, Status, Store, now_ms,
+    Exception, Fence, Finished, Heartbeat, KeyValue, NewEvent, OwnedRead, Position, RegisteredSink, Settle, Status,
+    Store, now_ms,
 };
 
 use crate::support::{World, per_backend, query_strings};
@@ -42,6 +43,21 @@ async fn beat(store: &dyn Store, owner: &str, now: i64) -> Vec<Fence> {
     let beat =
         Heartbeat { owner, partitions: TOTAL, in_flight: 0, now_ms: now, lease_ms: 1_000, renew: &[], release: &[] };
     store.keep_partitions(&beat).await.unwrap().owned
+}
+
+/// A settle by `host-a` of `fences` at `now`, up to `now`, writing no exception.
+fn settling<'a>(sink: &'a RegisteredSink, fences: &'a [Fence], finished: &'a Finished<'a>, now: i64) -> Settle<'a> {
+    Settle {
+        sink,
+        owner: "host-a",
+        total: TOTAL,
+        fences,
+        horizon_ms: now,
+        finished,
+        exceptions: &[],
+        now_ms: now,
+        limit: 100,
+    }
 }
 
 /// `n` events of one room, created one millisecond apart from `first_ms`, inserted.
@@ -134,16 +150,10 @@ async fn a_position_moves_over_finished_rows_and_what_it_passes_unfinished_waits
     };
 
     let finished = ids(&events, &[0, 1, 3]);
+    let finished_by = |id: &str| finished.contains(id);
     let settle = Settle {
-        sink: &sink,
-        owner: "host-a",
-        total: TOTAL,
-        fences: &fences,
-        horizon_ms: now,
-        finished: &|id: &str| finished.contains(id),
         exceptions: &[retry(&events[4], fence, "503 from the destination")],
-        now_ms: now,
-        limit: 100,
+        ..settling(&sink, &fences, &finished_by, now)
     };
     let settled = store.settle(&settle).await.unwrap();
     assert!(settled.fenced.is_empty());
@@ -204,17 +214,8 @@ async fn a_row_committed_late_behind_finished_rows_becomes_an_exception_and_wait
     // Delivered both; meanwhile the late row, created between them, commits.
     let late = room_events(&world, "room-7", now - 60_000 + 5, 1).await;
     let finished: HashSet<String> = [first[0].event_id.clone(), after[0].event_id.clone()].into();
-    let settle = Settle {
-        sink: &sink,
-        owner: "host-a",
-        total: TOTAL,
-        fences: &fences,
-        horizon_ms: now,
-        finished: &|id: &str| finished.contains(id),
-        exceptions: &[],
-        now_ms: now,
-        limit: 100,
-    };
+    let finished_by = |id: &str| finished.contains(id);
+    let settle = settling(&sink, &fences, &finished_by, now);
     let settled = store.settle(&settle).await.unwrap();
     assert_eq!(settled.passed.len(), 2);
     assert_eq!(exception_status(&world, &late[0].event_id).await, ["pending"]);
@@ -239,17 +240,8 @@ async fn no_position_passes_the_settle_horizon(world: World) {
     let fences = beat(store, "host-a", now).await;
     let events = room_events(&world, "room-3", now - 3_000, 3).await;
     let finished = ids(&events, &[0, 1, 2]);
-    let settle = Settle {
-        sink: &sink,
-        owner: "host-a",
-        total: TOTAL,
-        fences: &fences,
-        horizon_ms: events[1].created_at_ms,
-        finished: &|id: &str| finished.contains(id),
-        exceptions: &[],
-        now_ms: now,
-        limit: 100,
-    };
+    let finished_by = |id: &str| finished.contains(id);
+    let settle = Settle { horizon_ms: events[1].created_at_ms, ..settling(&sink, &fences, &finished_by, now) };
     let settled = store.settle(&settle).await.unwrap();
     assert_eq!(settled.passed.len(), 2, "{settled:?}");
     assert!(!settled.passed.contains(&events[2].event_id));
@@ -267,17 +259,8 @@ async fn a_sink_that_delivers_nothing_writes_nothing(world: World) {
     let now = now_ms();
     let fences = beat(store, "host-a", now).await;
     let events = room_events(&world, "room-5", now - 60_000, 20).await;
-    let settle = Settle {
-        sink: &sink,
-        owner: "host-a",
-        total: TOTAL,
-        fences: &fences,
-        horizon_ms: now,
-        finished: &|_: &str| false,
-        exceptions: &[],
-        now_ms: now,
-        limit: 100,
-    };
+    let finished_by = |_: &str| false;
+    let settle = settling(&sink, &fences, &finished_by, now);
     let settled = store.settle(&settle).await.unwrap();
     assert!(settled.passed.is_empty());
     assert_eq!(query_strings(&world.db, "SELECT COUNT(*) FROM room_outbox_positions").await, ["0"]);
@@ -298,17 +281,8 @@ async fn a_settle_from_a_lost_partition_writes_nothing(world: World) {
     assert_eq!(b.len(), TOTAL as usize, "b takes every partition over");
     let finished = ids(&events, &[0]);
     let parts: Vec<u32> = (0..TOTAL).collect();
-    let settle = Settle {
-        sink: &sink,
-        owner: "host-a",
-        total: TOTAL,
-        fences: &a,
-        horizon_ms: later,
-        finished: &|id: &str| finished.contains(id),
-        exceptions: &[retry(&events[1], a[0], "late")],
-        now_ms: later,
-        limit: 100,
-    };
+    let finished_by = |id: &str| finished.contains(id);
+    let settle = Settle { exceptions: &[retry(&events[1], a[0], "late")], ..settling(&sink, &a, &finished_by, later) };
     let settled = store.settle(&settle).await.unwrap();
     assert_eq!(settled.fenced, parts, "every partition a lost is fenced");
     assert!(settled.passed.is_empty() && settled.positions.is_empty());
@@ -334,17 +308,8 @@ async fn a_sink_that_starts_later_reads_nothing_created_before(world: World) {
         vec![events[2].event_id.clone(), events[3].event_id.clone()]
     );
     let finished = ids(&events, &[2]);
-    let settle = Settle {
-        sink: &sink,
-        owner: "host-a",
-        total: TOTAL,
-        fences: &fences,
-        horizon_ms: now,
-        finished: &|id: &str| finished.contains(id),
-        exceptions: &[],
-        now_ms: now,
-        limit: 100,
-    };
+    let finished_by = |id: &str| finished.contains(id);
+    let settle = settling(&sink, &fences, &finished_by, now);
     assert_eq!(store.settle(&settle).await.unwrap().passed, vec![events[2].event_id.clone()]);
 }
 

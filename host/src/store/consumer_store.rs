@@ -20,7 +20,7 @@ use async_trait::async_trait;
 
 use super::consumers::{Exception, Finished, Position, SETTLE_MS, Settle, Settled};
 use super::schema::TableInfo;
-use super::sql::{Dialect, SqlStore};
+use super::sql::{Dialect, SqlStore, for_every_dialect};
 use super::{
     Backend, Claimed, Claims, Consumers, Fence, Heartbeat, Held, Holding, Inspection, KeyValue, Mark, Migrated, Minute,
     NewEvent, OwnedRead, OwnerView, Page, Partitions, Producer, RegisteredSink, ReplayFilter, RetryFilter, Row, Schema,
@@ -101,25 +101,10 @@ pub struct ConsumerStore<D: Dialect> {
     settling: tokio::sync::Mutex<()>,
 }
 
+/// [`for_every_dialect`] on [`ConsumerStore`], whose outbox is a whole [`Store`].
 macro_rules! for_consumers {
-    ($(#[$attr:meta])* impl $($role:ident)? { $($body:tt)* }) => {
-        $(#[$attr])*
-        impl<D> $($role for)? ConsumerStore<D>
-        where
-            D: Dialect,
-            SqlStore<D>: Store,
-            for<'c> &'c mut <D::Db as sqlx::Database>::Connection: sqlx::Executor<'c, Database = D::Db>,
-            for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
-            for<'a> &'a str: sqlx::ColumnIndex<<D::Db as sqlx::Database>::Row>,
-            usize: sqlx::ColumnIndex<<D::Db as sqlx::Database>::Row>,
-            for<'r> i64: sqlx::Encode<'r, D::Db> + sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
-            for<'r> i32: sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
-            for<'r> String: sqlx::Encode<'r, D::Db> + sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
-            for<'r> Vec<u8>: sqlx::Encode<'r, D::Db> + sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
-            for<'r> &'r str: sqlx::Encode<'r, D::Db> + sqlx::Type<D::Db>,
-        {
-            $($body)*
-        }
+    ($($item:tt)*) => {
+        for_every_dialect!(on ConsumerStore [SqlStore<D>: Store,]; $($item)*);
     };
 }
 

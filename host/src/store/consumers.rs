@@ -391,19 +391,11 @@ for_every_dialect!(impl {
         (status, retry_count, next_retry_at_ms): Excepted,
         key: KeyValue,
     ) -> Result<Waiting, StoreError> {
+        let lease = Lease { worker_id: owner.to_string(), lock_until_ms: i64::MAX, fence: Some(fence) };
+        // The row's own retry count is the first sink's: the sink's is its exception's.
+        let row = Claimed { retry_count, ..super::sql::decode_claimed::<D>(r, lease, false)? };
         Ok(Waiting {
-            row: Claimed {
-                id: D::int(r, 0)?,
-                app_code: D::text(r, 1)?,
-                event_id: D::text(r, 2)?,
-                event_type: D::text(r, 3)?,
-                room_id: D::text(r, 4)?,
-                envelope: D::bytes(r, 5)?,
-                created_at_ms: D::int(r, 6)?,
-                retry_count,
-                lease: Lease { worker_id: owner.to_string(), lock_until_ms: i64::MAX, fence: Some(fence) },
-                rescued: false,
-            },
+            row,
             status,
             next_retry_at_ms,
             lock_until_ms: 0,

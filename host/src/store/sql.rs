@@ -331,13 +331,18 @@ fn still_needed_elsewhere(t: &str) -> String {
 // does not carry such bounds along with `Dialect`, so they are spelled out once, here.
 
 /// `impl SqlStore<D> { … }`, or `impl Role for SqlStore<D> { … }` (with the attributes
-/// given, e.g. `#[async_trait]`), under the bounds every dialect meets.
+/// given, e.g. `#[async_trait]`), under the bounds every dialect meets; `on Type [bounds]`
+/// first: the same for another type generic over the dialect, with further bounds.
 macro_rules! for_every_dialect {
     ($(#[$attr:meta])* impl $($role:ident)? { $($body:tt)* }) => {
+        $crate::store::sql::for_every_dialect!(on SqlStore []; $(#[$attr])* impl $($role)? { $($body)* });
+    };
+    (on $ty:ident [$($extra:tt)*]; $(#[$attr:meta])* impl $($role:ident)? { $($body:tt)* }) => {
         $(#[$attr])*
-        impl<D> $($role for)? SqlStore<D>
+        impl<D> $($role for)? $ty<D>
         where
             D: Dialect,
+            $($extra)*
             for<'c> &'c mut <D::Db as sqlx::Database>::Connection: sqlx::Executor<'c, Database = D::Db>,
             for<'q> <D::Db as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, D::Db>,
             for<'a> &'a str: sqlx::ColumnIndex<<D::Db as sqlx::Database>::Row>,
