@@ -57,23 +57,6 @@ impl Db {
         Ok(store)
     }
 
-    /// Runs one statement on a connection of its own.
-    pub async fn execute(&self, sql: &str) -> anyhow::Result<()> {
-        use sqlx::Connection as _;
-        match self.backend {
-            Backend::Sqlite => {
-                sqlx::raw_sql(sql).execute(&mut sqlx::SqliteConnection::connect(self.url()).await?).await?;
-            }
-            Backend::Postgres => {
-                sqlx::raw_sql(sql).execute(&mut sqlx::PgConnection::connect(self.url()).await?).await?;
-            }
-            Backend::Mysql => {
-                sqlx::raw_sql(sql).execute(&mut sqlx::MySqlConnection::connect(self.url()).await?).await?;
-            }
-        }
-        Ok(())
-    }
-
     /// The server's version string.
     pub async fn version(&self) -> anyhow::Result<String> {
         Ok(match self.backend {

@@ -83,6 +83,9 @@ impl Claims for Counting {
         self.count();
         self.inner.has_pending().await
     }
+    fn is_consumer(&self) -> bool {
+        self.inner.is_consumer()
+    }
     fn inserted(&self) -> Arc<tokio::sync::Notify> {
         self.inner.inserted()
     }
@@ -150,21 +153,6 @@ impl SinkRegistry for Counting {
     async fn sink_store(self: Arc<Self>, sink: &RegisteredSink) -> Result<Arc<dyn Store>, StoreError> {
         self.inner.clone().sink_store(sink).await
     }
-    async fn consumer_store(self: Arc<Self>, sink: &RegisteredSink) -> Result<Arc<dyn Store>, StoreError> {
-        self.inner.clone().consumer_store(sink).await
-    }
-    async fn fan_out(&self, limit: u32, now: i64) -> Result<u64, StoreError> {
-        self.count();
-        self.inner.fan_out(limit, now).await
-    }
-    async fn backfill(&self, sink: &RegisteredSink, after: Option<KeyValue>, limit: u32) -> Result<Step, StoreError> {
-        self.count();
-        self.inner.backfill(sink, after, limit).await
-    }
-    async fn finish_backfill(&self, name: &str, now: i64) -> Result<(), StoreError> {
-        self.count();
-        self.inner.finish_backfill(name, now).await
-    }
     async fn count_replayable(&self, filter: &ReplayFilter) -> Result<i64, StoreError> {
         self.count();
         self.inner.count_replayable(filter).await
@@ -178,20 +166,6 @@ impl SinkRegistry for Counting {
     ) -> Result<Step, StoreError> {
         self.count();
         self.inner.replay(filter, now, after, limit).await
-    }
-    async fn count_recopy(&self, sink: &RegisteredSink, filter: &ReplayFilter) -> Result<i64, StoreError> {
-        self.count();
-        self.inner.count_recopy(sink, filter).await
-    }
-    async fn recopy(
-        &self,
-        sink: &RegisteredSink,
-        filter: &ReplayFilter,
-        after: Option<KeyValue>,
-        limit: u32,
-    ) -> Result<Step, StoreError> {
-        self.count();
-        self.inner.recopy(sink, filter, after, limit).await
     }
 }
 

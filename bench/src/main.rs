@@ -86,9 +86,8 @@ struct Args {
     /// default: the host's.
     #[arg(long)]
     concurrency: Option<u32>,
-    /// Only the relay's figures (`--only relay`), only what several sinks cost (`--only
-    /// sinks`), or only the same with the sinks after the first as consumers (`--only
-    /// consumers`, issue 48's mechanism before the host uses it).
+    /// Only the relay's figures (`--only relay`), or only what several sinks cost (`--only
+    /// sinks`).
     #[arg(long)]
     only: Option<String>,
     /// Where to write the JSON results.
@@ -655,30 +654,6 @@ async fn several_sinks(r: &mut Report, backend: Backend, args: &Args, cache: &Pa
     Ok(())
 }
 
-/// [`several_sinks`] with the sinks after the first as consumers of the outbox (issue 48),
-/// driven by workers directly: `--only consumers`.
-async fn consumers(r: &mut Report, backend: Backend, args: &Args, cache: &std::path::Path) -> anyhow::Result<()> {
-    let (table, name) = (&mut r.table, db::name(backend));
-    let mut one: Option<(f64, Option<[f64; 2]>)> = None;
-    for count in [1usize, 2, 4] {
-        eprintln!("{name}: {} events through {count} sink(s), after the first as consumers …", args.sink_events);
-        let d = sinks::consumers_drain(&Db::fresh(backend).await?, args.sink_events, count, cache).await?;
-        let per_s = args.sink_events as f64 / d.seconds;
-        let mut note = one.map(|(first, _)| format!("{:.2}× of 1 sink", per_s / first)).unwrap_or_default();
-        if let Some([rows, wal]) = d.writes {
-            let vs = match one {
-                Some((_, Some([_, one_wal]))) => format!(" ({:.2}× of 1 sink)", wal / one_wal),
-                _ => String::new(),
-            };
-            note.push_str(&format!("; {rows:.2} row writes and {wal:.0} WAL bytes{vs} per event"));
-        }
-        eprintln!("{name}: {count} sink(s), after the first as consumers: {per_s:.0} events/s; {note}");
-        row(table, name, &format!("{count} sink(s), after the first as consumers"), args.sink_events, d.seconds, note);
-        one.get_or_insert((per_s, d.writes));
-    }
-    Ok(())
-}
-
 /// Latency at each of `args.rates`.
 async fn latencies(r: &mut Report, backend: Backend, args: &Args, wasm: &Arc<dyn Deliver>) -> anyhow::Result<()> {
     let (table, results, name) = (&mut r.table, &mut r.results, db::name(backend));
@@ -895,10 +870,6 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     for backend in &backends {
         if args.only.as_deref() == Some("sinks") {
             several_sinks(&mut r, *backend, &args, cache.path()).await?;
-            continue;
-        }
-        if args.only.as_deref() == Some("consumers") {
-            consumers(&mut r, *backend, &args, cache.path()).await?;
             continue;
         }
         if *backend != Backend::Mysql {

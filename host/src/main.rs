@@ -284,13 +284,29 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
 /// `migrate`: creates, upgrades or adopts the table and registers the configured sinks.
 async fn migrate(config: &Config) -> anyhow::Result<()> {
     let (store, migrated) = app::migrated_store(config).await?;
-    let registered = app::register_sinks(config, store.as_ref(), migrated).await;
+    let registered = match app::register_sinks(config, store.as_ref(), migrated).await {
+        Ok(_) => converted(store.as_ref()).await,
+        Err(e) => Err(e),
+    };
     store.close().await;
     say(&format!("{} is up to date\n", config.table));
     for sink in registered? {
-        say(&format!("sink {} is registered ({})\n", sink.name, sink.table));
+        let state = if sink.is_first(&config.table) {
+            format!("({})", sink.table)
+        } else {
+            format!("(a consumer of {})", config.table)
+        };
+        say(&format!("sink {} is registered {state}\n", sink.name));
     }
     Ok(())
+}
+
+/// Every registered sink's copy table of an earlier version turned into its positions and
+/// exceptions; the registry afterwards.
+async fn converted(store: &dyn outbox_host::store::Store) -> anyhow::Result<Vec<outbox_host::store::RegisteredSink>> {
+    let sinks = store.sinks().await?;
+    app::convert_copies(store, &sinks).await?;
+    Ok(sinks)
 }
 
 /// `status`: each sink's counts and partition owners.
@@ -302,14 +318,11 @@ async fn status(config: &Config) -> anyhow::Result<()> {
     say(&outbox_host::ops::report::status(&format!("{}{}", config.table, first.unwrap_or_default()), &stats, now_ms()));
     let clock = store.clock_ms().await?;
     say(&outbox_host::ops::report::owners(&store.partition_owners(clock).await?));
-    // Every other sink keeps its state in its own table.
+    // Every other sink is a consumer of the outbox: its positions and exceptions.
     for sink in sinks.iter().filter(|s| !s.is_first(&config.table)) {
         let own = store.clone().sink_store(sink).await?;
         let stats = own.stats().await?;
-        let mut title = format!("{} (sink {})", sink.table, sink.name);
-        if sink.backfilled_at_ms.is_none() {
-            title.push_str(", still copying the events from before it was added");
-        }
+        let title = format!("{} (sink {}, reading it as a consumer)", config.table, sink.name);
         say(&format!("\n{}", outbox_host::ops::report::status(&title, &stats, now_ms())));
         say(&outbox_host::ops::report::owners(&own.partition_owners(clock).await?));
     }
@@ -406,7 +419,7 @@ async fn retry_failed(
     Ok(())
 }
 
-/// `purge`: deletes delivered rows older than `delivered_before` from every sink's table.
+/// `purge`: deletes delivered rows older than `delivered_before` that no sink still needs.
 async fn purge(config: &Config, delivered_before: &str, batch: u32) -> anyhow::Result<()> {
     let age = match outbox_host::units::parse_duration_ms(delivered_before) {
         Ok(ms) if ms > 0 => ms,
@@ -414,11 +427,9 @@ async fn purge(config: &Config, delivered_before: &str, batch: u32) -> anyhow::R
         Err(why) => anyhow::bail!("--delivered-before: {why}"),
     };
     let store = app::open_store(config).await?;
-    let deleted = outbox_host::ops::purge_everywhere(store.clone(), now_ms() - age, batch.max(1)).await;
+    let deleted = outbox_host::ops::purge(store.as_ref(), now_ms() - age, batch.max(1)).await;
     store.close().await;
-    for (table, deleted) in deleted? {
-        say(&format!("deleted {deleted} delivered row(s) older than {delivered_before} from {table}\n"));
-    }
+    say(&format!("deleted {} delivered row(s) older than {delivered_before} from {}\n", deleted?, config.table));
     Ok(())
 }
 

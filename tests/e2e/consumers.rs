@@ -95,13 +95,25 @@ fn ids(events: &[NewEvent], which: &[usize]) -> HashSet<String> {
     which.iter().map(|&i| events[i].event_id.clone()).collect()
 }
 
-/// The position of the partition of `room`.
-async fn position_of(store: &dyn Store, sink: &RegisteredSink, events: &[NewEvent], fences: &[Fence]) -> Position {
+/// The position of the partition of `events` (one room's), as the database places the
+/// room (PostgreSQL and MariaDB hash it in SQL, SQLite's partitions are the host's).
+async fn position_of(world: &World, sink: &RegisteredSink, events: &[NewEvent], fences: &[Fence]) -> Position {
+    let store = world.producer.as_ref();
     let parts: Vec<u32> = fences.iter().map(|f| f.partition).collect();
     let positions = store.positions(sink, &parts).await.unwrap();
-    let created: Vec<i64> = events.iter().map(|e| e.created_at_ms).collect();
-    // The room's partition is the one whose position moved into its events, else any.
-    positions.iter().find(|p| created.contains(&p.created_at_ms)).cloned().unwrap_or_else(|| positions[0].clone())
+    let (app, room) = (&events[0].app_code, &events[0].room_id);
+    let url = world.db_url();
+    let part = if url.starts_with("sqlite") {
+        outbox_host::store::partitions::partition_of(app, room, TOTAL)
+    } else {
+        let hash = if url.starts_with("postgres") {
+            format!("(((hashtextextended('{app}:{room}', 0) % {TOTAL}) + {TOTAL}) % {TOTAL})")
+        } else {
+            format!("CAST(CRC32('{app}:{room}') % {TOTAL} AS SIGNED)")
+        };
+        query_strings(&world.db, &format!("SELECT {hash}")).await[0].parse().unwrap()
+    };
+    positions.iter().find(|p| p.part == part).cloned().expect("the room's partition is held")
 }
 
 async fn exception_status(world: &World, event_id: &str) -> Vec<String> {
@@ -163,7 +175,7 @@ async fn a_position_moves_over_finished_rows_and_what_it_passes_unfinished_waits
     let mut expected: Vec<String> = finished.iter().cloned().collect();
     expected.sort();
     assert_eq!(passed, expected, "the delivered ones are passed");
-    let position = position_of(store, &sink, &events, &fences).await;
+    let position = position_of(&world, &sink, &events, &fences).await;
     assert_eq!((position.part, position.created_at_ms), (fence.partition, events[4].created_at_ms));
     assert_eq!(exception_status(&world, &events[2].event_id).await, ["pending"], "the hole is an exception");
     assert_eq!(exception_status(&world, &events[4].event_id).await, ["retryable"]);
@@ -223,7 +235,7 @@ async fn a_row_committed_late_behind_finished_rows_becomes_an_exception_and_wait
     let mut events = first.clone();
     events.extend(late.clone());
     events.extend(after.clone());
-    assert_eq!(position_of(store, &sink, &events, &fences).await.created_at_ms, after[0].created_at_ms);
+    assert_eq!(position_of(&world, &sink, &events, &fences).await.created_at_ms, after[0].created_at_ms);
     assert_eq!(
         waiting(store, &sink, &fences, &HashSet::new()).await,
         vec![(late[0].event_id.clone(), Status::Pending, 0)],
@@ -245,7 +257,7 @@ async fn no_position_passes_the_settle_horizon(world: World) {
     let settled = store.settle(&settle).await.unwrap();
     assert_eq!(settled.passed.len(), 2, "{settled:?}");
     assert!(!settled.passed.contains(&events[2].event_id));
-    assert_eq!(position_of(store, &sink, &events, &fences).await.created_at_ms, events[1].created_at_ms);
+    assert_eq!(position_of(&world, &sink, &events, &fences).await.created_at_ms, events[1].created_at_ms);
     // Finished past the position: not read again while the owner remembers it.
     assert!(waiting(store, &sink, &fences, &finished).await.is_empty());
     assert_eq!(waiting(store, &sink, &fences, &HashSet::new()).await.len(), 1, "forgotten, it waits again");
@@ -325,7 +337,7 @@ async fn the_operator_sees_a_consumers_own_state(world: World) {
     let store = world.producer.clone();
     let now = now_ms();
     let audit = store.register_sink("audit", 0, false, now).await.unwrap();
-    let consumer = store.clone().consumer_store(&audit).await.unwrap();
+    let consumer = store.clone().sink_store(&audit).await.unwrap();
     let room1 = room_events(&world, "room-1", now - 60_000, 4).await;
     let room2 = room_events(&world, "room-2", now - 60_000, 1).await;
     let recent = room_events(&world, "room-3", now, 1).await;
@@ -413,33 +425,44 @@ async fn the_operator_sees_a_consumers_own_state(world: World) {
 /// not fanned out yet and those written during the change wait, the copy is gone, and the
 /// consumer's reads bring back exactly what waits.
 async fn a_sinks_copy_becomes_its_positions_and_exceptions_while_producers_write(world: World) {
-    use outbox_host::store::{Held, Mark, Outcome};
-
     let store = world.producer.clone();
     let now = now_ms();
     store.register_sink("im", 0, true, now).await.unwrap();
-    store.register_sink("audit", 0, false, now + 1).await.unwrap();
+    let audit = store.register_sink("audit", 0, false, now + 1).await.unwrap();
     let mut fanned = Vec::new();
     for r in 0..5 {
         fanned.extend(room_events(&world, &format!("room-{r}"), now - 60_000 + r * 100, 6).await);
     }
     fanned.sort_by_key(|e| e.created_at_ms);
-    assert_eq!(store.fan_out(1_000, now).await.unwrap(), 30);
-    // Registered before any row was fanned out: nothing to back-fill.
-    store.finish_backfill("audit", now).await.unwrap();
-    let audit = store.sinks().await.unwrap().into_iter().find(|s| s.name == "audit").unwrap();
-    // The copy's state, as an older host left it.
-    let copy = store.clone().sink_store(&audit).await.unwrap();
-    let claimed = copy.claim("old-host", now, now + 60_000, 100).await.unwrap();
-    assert_eq!(claimed.len(), 30);
-    let of = |i: usize| claimed.iter().find(|c| c.event_id == fanned[i].event_id).unwrap();
+    // The copy an earlier version kept, as its fan-out and its host left it: every row so
+    // far copied and marked fanned out, each with its state for `audit`.
     let delivered = |i: usize| matches!(i, 0..=9 | 12..=14 | 20 | 25);
-    let mut marks: Vec<Mark> = (0..30).filter(|i| delivered(*i)).map(|i| Mark::of(of(i), Outcome::Delivered)).collect();
-    marks.push(Mark::of(of(10), Outcome::Fail { error: "400 bad request".into() }));
-    marks.push(Mark::of(of(11), Outcome::Retry { error: "503".into(), next_retry_at_ms: now + 60_000 }));
-    copy.mark(&marks, now).await.unwrap();
-    let rest: Vec<Held> = (15..30).filter(|i| !delivered(*i)).map(|i| Held::from(of(i))).collect();
-    copy.release(&rest, now).await.unwrap();
+    let ids = |pick: &dyn Fn(usize) -> bool| {
+        let picked: Vec<String> = (0..30).filter(|i| pick(*i)).map(|i| format!("'{}'", fanned[i].event_id)).collect();
+        picked.join(", ")
+    };
+    let copy = &audit.table;
+    for sql in [
+        format!("CREATE TABLE {copy} AS SELECT * FROM room_outbox WHERE 1 = 0"),
+        format!("INSERT INTO {copy} SELECT * FROM room_outbox"),
+        format!("UPDATE room_outbox SET fanned_out_at_ms = {now}"),
+        format!(
+            "UPDATE {copy} SET status = 'delivered', delivered_at_ms = {now} WHERE event_id IN ({})",
+            ids(&delivered)
+        ),
+        format!(
+            "UPDATE {copy} SET status = 'failed', retry_count = 1, last_error = '400 bad request' WHERE event_id IN ({})",
+            ids(&|i| i == 10)
+        ),
+        format!(
+            "UPDATE {copy} SET status = 'retryable', retry_count = 1, last_error = '503', next_retry_at_ms = {} \
+             WHERE event_id IN ({})",
+            now + 60_000,
+            ids(&|i| i == 11)
+        ),
+    ] {
+        world.db.execute(&sql).await.unwrap();
+    }
     let unfanned = room_events(&world, "room-9", now - 30_000, 5).await;
 
     // A producer writes while the copy becomes positions and exceptions.
@@ -474,7 +497,7 @@ async fn a_sinks_copy_becomes_its_positions_and_exceptions_while_producers_write
     };
     assert_eq!(query_strings(&world.db, copies).await, ["0"], "the copy is dropped");
 
-    let consumer = store.clone().consumer_store(&audit).await.unwrap();
+    let consumer = store.clone().sink_store(&audit).await.unwrap();
     let mut expected: Vec<(String, Status)> = Vec::new();
     for (i, e) in fanned.iter().enumerate() {
         let status = match i {
@@ -534,7 +557,7 @@ async fn an_event_retried_then_delivered_is_not_read_again(world: World) {
     let store = world.producer.clone();
     let now = now_ms();
     let audit = store.register_sink("audit", 0, false, now).await.unwrap();
-    let consumer = store.clone().consumer_store(&audit).await.unwrap();
+    let consumer = store.clone().sink_store(&audit).await.unwrap();
     let events = room_events(&world, "room-1", now - 60_000, 3).await;
     let beat = Heartbeat {
         owner: "host-a",

@@ -1,5 +1,5 @@
 //! Nothing lost at the edges of several sinks: a sink configured before the first event, a
-//! purge while a new sink's back-fill runs, two sink names that would share a table, an
+//! purge while a new sink catches up, two sink names that would share their partitions, an
 //! adopted table with wider columns than the host's, and SQLite's reused row ids.
 
 use std::sync::Arc;
@@ -15,7 +15,7 @@ per_backend!(
     a_sink_configured_when_the_table_is_created_starts_from_its_beginning,
     two_sink_names_that_would_share_a_table_are_refused,
     a_replay_counts_first_and_asks_before_a_large_one,
-    a_purge_while_a_new_sink_has_no_table_yet_keeps_its_events;
+    a_purge_keeps_what_a_new_sink_is_to_deliver;
     servers: a_purge_racing_a_backfill_keeps_what_the_new_sink_needs,
     a_schema_change_waits_without_holding_up_inserts,
 );
@@ -56,7 +56,7 @@ async fn sinks_configured_at_migrate_get_every_event_in_the_deployment_order(wor
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        "room_outbox is up to date\nsink fake is registered (room_outbox)\nsink b is registered (room_outbox__b)\n"
+        "room_outbox is up to date\nsink fake is registered (room_outbox)\nsink b is registered (a consumer of room_outbox)\n"
     );
     let events = world.produce_many(EVENTS, Status::Pending).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -101,8 +101,8 @@ async fn a_sink_configured_when_the_table_is_created_starts_from_its_beginning(w
     outbox.close().await;
 }
 
-/// `b-x` and `b_x` would both keep their state in `room_outbox__b_x`, each then getting only
-/// some of the events. The second registration is refused, naming both, from another
+/// `b-x` and `b_x` would both key their partitions as `room_outbox__b_x`, each then getting
+/// only some of the events. The second registration is refused, naming both, from another
 /// config file (another host) as from the same one.
 async fn two_sink_names_that_would_share_a_table_are_refused(world: World) {
     let spec = |name: &'static str| SinkSpec { name, plugin: FAKE_SINK, allowed_hosts: vec![], config: String::new() };
@@ -118,7 +118,7 @@ async fn two_sink_names_that_would_share_a_table_are_refused(world: World) {
         assert_eq!(out.status.code(), Some(1), "{command}: {stderr}");
         assert!(
             stderr.contains(
-                "sink \"b_x\" would keep its state in room_outbox__b_x, which sink \"b-x\" already uses: rename one of them"
+                "sink \"b_x\" would key its partitions as room_outbox__b_x, which sink \"b-x\" already uses: rename one of them"
             ),
             "{command}: {stderr}"
         );
@@ -128,9 +128,10 @@ async fn two_sink_names_that_would_share_a_table_are_refused(world: World) {
 }
 
 /// Sinks `fake` and `b` delivered 50,000 events; then `c` is added with `start_from:
-/// beginning`, and purges run over and over while its back-fill copies them. `c` gets every
-/// event; the purges delete nothing `c` still needs, and once its copy is complete they
-/// empty the outbox.
+/// beginning`, and purges run over and over while it reads them from its start. `c` gets
+/// every event; the purges delete nothing `c` still needs (past its positions), and once it
+/// has delivered them (and its host stopped cleanly, writing what it remembered) they empty
+/// the outbox.
 async fn a_purge_racing_a_backfill_keeps_what_the_new_sink_needs(world: World) {
     const EVENTS: usize = 50_000;
     let quiet = |name: &'static str| SinkSpec { name, plugin: FAKE_SINK, allowed_hosts: vec![], config: String::new() };
@@ -154,62 +155,50 @@ async fn a_purge_racing_a_backfill_keeps_what_the_new_sink_needs(world: World) {
     let host = Running::start(three.parse()).await;
     let mut purged = 0;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
-    // Counted at the destination: the purges also delete c's own delivered copies.
+    // Counted at the destination.
     while counts(&c).len() < EVENTS {
         assert!(tokio::time::Instant::now() < deadline, "c received {} of {EVENTS} events", counts(&c).len());
-        for (table, deleted) in
-            outbox_host::ops::purge_everywhere(world.producer.clone(), now_ms(), 1_000).await.unwrap()
-        {
-            if table == "room_outbox" {
-                purged += deleted;
-            }
-        }
+        purged += outbox_host::ops::purge(world.producer.as_ref(), now_ms(), 1_000).await.unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     host.stop().await;
     assert_each_once(&c, &events, "sink c");
-    // Once c has its copies, nothing holds the outbox's rows any more.
-    for (table, deleted) in outbox_host::ops::purge_everywhere(world.producer.clone(), now_ms(), 1_000).await.unwrap() {
-        if table == "room_outbox" {
-            purged += deleted;
-        }
-    }
+    // Once c has delivered them, nothing holds the outbox's rows any more.
+    purged += outbox_host::ops::purge(world.producer.as_ref(), now_ms(), 1_000).await.unwrap();
     assert_eq!(purged, EVENTS as u64, "the purges emptied the outbox in the end");
     assert_eq!(world.producer.stats().await.unwrap().counts.iter().map(|(_, n)| n).sum::<i64>(), 0);
 }
 
-/// A host registers a new sink, then creates its table: a purge in between (the soak met
-/// one on MariaDB, where the two are separate statements) purges what it can, keeps the
-/// events the new sink has no copy of yet, and does not fail.
-async fn a_purge_while_a_new_sink_has_no_table_yet_keeps_its_events(world: World) {
+/// Another host registers a new sink `c` from the beginning; its partitions are not made
+/// yet (its host has not started delivering): a purge keeps every event `c` is to deliver,
+/// though the first sink delivered them all, and deletes them once `c` has.
+async fn a_purge_keeps_what_a_new_sink_is_to_deliver(world: World) {
     world.producer.register_sink("fake", 0, true, now_ms()).await.unwrap();
     let events = world.produce_many(20, Status::Delivered).await;
-    // Another host's registration of `c`, its table not created yet.
-    let registry = format!("{}_sinks", world.producer.table());
-    world
-        .db
-        .execute(&format!(
-            "INSERT INTO {registry} (name, sink_table, start_from_ms, added_at_ms, backfilled_at_ms) \
-             VALUES ('c', 'room_outbox__c', 0, {}, NULL)",
-            now_ms()
-        ))
-        .await
-        .unwrap();
-    let deleted = outbox_host::ops::purge_everywhere(world.producer.clone(), now_ms() + 1, 1_000).await.unwrap();
-    assert_eq!(deleted, [("room_outbox".to_string(), 0), ("room_outbox__c".to_string(), 0)]);
+    let c = world.producer.register_sink("c", 0, false, now_ms()).await.unwrap();
+    let purge = || async { outbox_host::ops::purge(world.producer.as_ref(), now_ms() + 1, 1_000).await.unwrap() };
+    assert_eq!(purge().await, 0);
     for e in &events {
         assert!(world.producer.get(&e.event_id).await.unwrap().is_some(), "{} kept for c", e.event_id);
     }
-    // The host goes on: c's table made, the purges go on as ever.
-    let (c, _) = state_of(&world.producer, "c").await;
-    world.producer.register_sink(&c.name, c.start_from_ms, false, now_ms()).await.unwrap();
-    let deleted = outbox_host::ops::purge_everywhere(world.producer.clone(), now_ms() + 1, 1_000).await.unwrap();
-    assert_eq!(deleted, [("room_outbox".to_string(), 0), ("room_outbox__c".to_string(), 0)], "c has no copy yet");
+    // `c` delivers them (a host's clean stop writes its deliveries): then they go.
+    let received = Collector::start().await;
+    let config = world
+        .setup("", "")
+        .with_sinks(vec![sink_entry(&fake_sink_to("c", &received, ""), "start_from: beginning")])
+        .parse();
+    let mut host = Running::start(config).await;
+    host.wait_for("c to receive every event", || async { counts(&received).len() == events.len() }).await;
+    host.stop().await;
+    assert_each_once(&received, &events, "sink c");
+    assert_eq!(purge().await, 20);
+    let (_, state) = state_of(&world.producer, &c.name).await;
+    assert_eq!(state.stats().await.unwrap().counts.iter().map(|(_, n)| n).sum::<i64>(), 0, "nothing left for c");
 }
 
 /// An adopted MySQL table whose `room_id` and `event_id` take 255 characters, and a second
-/// sink: events with 200-character room and event ids reach the second sink whole (its
-/// table takes the outbox's column types; before, its copy cut them to 128 characters).
+/// sink: events with 200-character room and event ids reach the second sink whole, and its
+/// state names them whole (an earlier version's copy cut them to 128 characters).
 #[tokio::test]
 async fn mysql_a_wide_adopted_table_is_copied_to_another_sink_without_shortening() {
     let Some(db) = crate::support::TestDb::mysql().await else { return };
@@ -227,17 +216,17 @@ async fn mysql_a_wide_adopted_table_is_copied_to_another_sink_without_shortening
         .collect();
     let (outbox, b_state) = through_a_second_sink(&world, &events).await;
     for e in &events {
-        let copy = b_state.get(&e.event_id).await.unwrap().expect("b's copy under the whole event id");
-        assert_eq!((copy.room_id.len(), copy.event_id.len()), (200, 200), "b's copy is whole");
-        assert_eq!((copy.room_id.as_str(), copy.envelope.as_slice()), (e.room_id.as_str(), e.envelope.as_slice()));
+        let state = b_state.get(&e.event_id).await.unwrap().expect("b's state under the whole event id");
+        assert_eq!((state.room_id.len(), state.event_id.len(), state.status), (200, 200, Status::Delivered));
+        assert_eq!((state.room_id.as_str(), state.envelope.as_slice()), (e.room_id.as_str(), e.envelope.as_slice()));
     }
     outbox.close().await;
 }
 
-/// An adopted SQLite table keyed by `rowid`: after a purge empties it, SQLite gives the next
-/// event a row id an earlier one had, while the second sink still keeps that earlier event
-/// (it failed there). The second sink still gets the new event (its copy conflicts on the
-/// event's id, never on the row id).
+/// An adopted SQLite table keyed by `rowid`: after a purge, SQLite gives the next event a row
+/// id a purged one had, while the second sink still has an earlier event failed. The second
+/// sink still gets the new event (its positions and exceptions name events by their
+/// creation time and id, and a reused row id is newer).
 #[tokio::test]
 async fn sqlite_a_reused_rowid_after_a_purge_loses_no_event_for_another_sink() {
     const TABLE: &str = "rowid_outbox";
@@ -262,26 +251,38 @@ async fn sqlite_a_reused_rowid_after_a_purge_loses_no_event_for_another_sink() {
         .set(&["outbox", "table"], TABLE)
         .with_sinks(vec![sink_entry(&fake_sink_to("b", &b, "room.room-held: permanent"), "start_from: beginning")])
         .parse();
-    let mut host = Running::start(config).await;
+    let mut host = Running::start(config.clone()).await;
     let (_, b_state) = state_of(&outbox, "b").await;
-    // The first event (row id 1) fails at b and stays in b's table.
+    // The first event (row id 1) fails at b.
     let mut first = vec![world.event("RoomGiftSent", "room-held", Status::Pending)];
     first.extend((0..4).map(|_| world.event("RoomGiftSent", "room-x", Status::Pending)));
     outbox.insert(&first).await.unwrap();
-    host.wait_for("the first sink to deliver, and b to deliver four and fail one", || async {
-        let b = b_state.stats().await.unwrap();
-        delivered(outbox.as_ref()).await == 5 && b.count(Status::Delivered) == 4 && b.count(Status::Failed) == 1
+    host.wait_for("the first sink to deliver, and b to receive four and fail one", || async {
+        delivered(outbox.as_ref()).await == 5
+            && counts(&b).len() == 5
+            && b_state.stats().await.unwrap().count(Status::Failed) == 1
     })
     .await;
-    let deleted = outbox_host::ops::purge_everywhere(outbox.clone(), now_ms() + 1, 1_000).await.unwrap();
-    assert_eq!(deleted, [(TABLE.to_string(), 5), (format!("{TABLE}__b"), 4)]);
-    // The table is empty: the next event takes row id 1 again.
+    // A clean stop writes b's deliveries; the purge then takes the four b delivered.
+    host.stop().await;
+    let ids: Vec<i64> = {
+        let mut ids = Vec::new();
+        for e in &first {
+            ids.push(outbox.get(&e.event_id).await.unwrap().unwrap().id);
+        }
+        ids
+    };
+    assert_eq!(outbox_host::ops::purge(outbox.as_ref(), now_ms() + 1, 1_000).await.unwrap(), 4);
+    assert!(outbox.get(&first[0].event_id).await.unwrap().is_some(), "kept: b failed it");
+    // The next event takes a row id a purged one had.
     let later = world.event("RoomGiftSent", "room-y", Status::Pending);
     outbox.insert(std::slice::from_ref(&later)).await.unwrap();
-    assert_eq!(outbox.get(&later.event_id).await.unwrap().unwrap().id, 1, "SQLite reused the row id");
+    let reused = outbox.get(&later.event_id).await.unwrap().unwrap().id;
+    assert!(ids[1..].contains(&reused), "SQLite reused a row id: {reused} of {ids:?}");
+    let mut host = Running::start(config).await;
     host.wait_for("both sinks to deliver the later event", || async {
         outbox.get(&later.event_id).await.unwrap().map(|r| r.status) == Some(Status::Delivered)
-            && b_state.get(&later.event_id).await.unwrap().map(|r| r.status) == Some(Status::Delivered)
+            && counts(&b).contains_key(&later.event_id)
     })
     .await;
     host.stop().await;
@@ -489,10 +490,10 @@ async fn a_replay_counts_first_and_asks_before_a_large_one(world: World) {
     assert_eq!((stats.count(Status::Pending), stats.count(Status::Delivered)), (EVENTS as i64, 0));
 }
 
-/// The fan-out index, left invalid by a `CONCURRENTLY` build cut short, is dropped and built
-/// again (under the migration lock) by the next `migrate` that registers the sinks.
+/// The consumers' index, left invalid by a `CONCURRENTLY` build cut short, is dropped and
+/// built again (under the migration lock) by the next `migrate` that registers the sinks.
 #[tokio::test]
-async fn postgres_an_invalid_fan_out_index_is_built_again() {
+async fn postgres_an_invalid_consumer_index_is_built_again() {
     let Some(db) = crate::support::TestDb::postgres().await else { return };
     let world = World::on(db).await;
     let spec = SinkSpec { name: "b", plugin: FAKE_SINK, allowed_hosts: vec![], config: String::new() };
@@ -502,11 +503,11 @@ async fn postgres_an_invalid_fan_out_index_is_built_again() {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     };
     migrate().await;
-    let valid = || crate::support::postgres_index_valid(&world.db.url, "room_outbox_fanout_idx");
+    let valid = || crate::support::postgres_index_valid(&world.db.url, "room_outbox_consumer_idx");
     assert!(valid().await, "the second sink's registration built the index");
     world
         .db
-        .execute("UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'room_outbox_fanout_idx'::regclass")
+        .execute("UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'room_outbox_consumer_idx'::regclass")
         .await
         .unwrap();
     assert!(!valid().await, "the index was not made invalid");
@@ -514,15 +515,16 @@ async fn postgres_an_invalid_fan_out_index_is_built_again() {
     assert!(valid().await, "migrate kept the invalid index");
 }
 
-/// A replay to a second sink whose table was purged while a host runs: each event comes
-/// back exactly once more. (The events copied back in are delivered at once; were they
-/// copied before the delivered rows were moved back, the move would take them again.)
+/// A replay to a second sink while a host runs, after a purge that the first sink's failures
+/// left nothing to delete: each event comes back to the second sink exactly once more
+/// (the events the replay finds settled behind its positions and those its host still
+/// remembers alike).
 #[tokio::test]
 async fn a_replay_after_a_purge_delivers_each_event_once_more() {
     const EVENTS: usize = 5_000;
     let world = World::new().await;
     let b = Collector::start().await;
-    // The first sink fails every event: the outbox keeps them all, b's table is purged.
+    // The first sink fails every event: the outbox keeps them all.
     let setup = world
         .setup("concurrency: 16\nbatch_size: 100\nretry_interval: 1h", "default: permanent")
         .with_sinks(vec![sink_entry(&fake_sink_to("b", &b, ""), "start_from: beginning")]);
@@ -534,8 +536,7 @@ async fn a_replay_after_a_purge_delivers_each_event_once_more() {
         delivered(b_state.as_ref()).await == EVENTS as i64
     })
     .await;
-    let purged = outbox_host::ops::purge_everywhere(world.producer.clone(), now_ms() + 1, 1_000).await.unwrap();
-    assert_eq!(purged, [("room_outbox".to_string(), 0), ("room_outbox__b".to_string(), EVENTS as u64)]);
+    assert_eq!(outbox_host::ops::purge(world.producer.as_ref(), now_ms() + 1, 1_000).await.unwrap(), 0);
     let out = crate::binary::run_cli_beside(&world, &["replay", "--sink", "b", "--from", "1970-01-01", "--yes"]).await;
     assert_eq!(String::from_utf8_lossy(&out.stdout), format!("replaying {EVENTS} event(s) to sink b\n"));
     host.wait_for_within("b to deliver every event again", Duration::from_secs(120), || async {
@@ -585,10 +586,12 @@ async fn through_a_second_sink(world: &World, events: &[NewEvent]) -> (Arc<dyn S
     let (_, b_state) = state_of(&outbox, "b").await;
     let n = events.len() as i64;
     host.wait_for("both sinks to deliver every event", || async {
-        delivered(outbox.as_ref()).await == n && delivered(b_state.as_ref()).await == n
+        delivered(outbox.as_ref()).await == n && counts(&b).len() == events.len()
     })
     .await;
+    // A clean stop writes what b's host delivered and has not settled yet.
     host.stop().await;
     assert_each_once(&b, events, "sink b");
+    assert_eq!(delivered(b_state.as_ref()).await, n);
     (outbox, b_state)
 }

@@ -349,6 +349,9 @@ impl Claims for Faulty {
     async fn has_pending(&self) -> Result<bool, StoreError> {
         self.faults.at(None, self.inner.has_pending()).await
     }
+    fn is_consumer(&self) -> bool {
+        self.inner.is_consumer()
+    }
     fn inserted(&self) -> Arc<tokio::sync::Notify> {
         self.inner.inserted()
     }
@@ -407,23 +410,6 @@ impl SinkRegistry for Faulty {
         let inner = self.inner.clone().sink_store(sink).await?;
         Ok(Arc::new(Faulty { inner, faults: self.faults.clone() }))
     }
-    async fn consumer_store(self: Arc<Self>, sink: &RegisteredSink) -> Result<Arc<dyn Store>, StoreError> {
-        self.inner.clone().consumer_store(sink).await
-    }
-    async fn fan_out(&self, limit: u32, now_ms: i64) -> Result<u64, StoreError> {
-        self.inner.fan_out(limit, now_ms).await
-    }
-    async fn backfill(
-        &self,
-        sink: &RegisteredSink,
-        after: Option<KeyValue>,
-        limit: u32,
-    ) -> Result<CopyStep, StoreError> {
-        self.inner.backfill(sink, after, limit).await
-    }
-    async fn finish_backfill(&self, name: &str, now_ms: i64) -> Result<(), StoreError> {
-        self.inner.finish_backfill(name, now_ms).await
-    }
     async fn count_replayable(&self, filter: &ReplayFilter) -> Result<i64, StoreError> {
         self.inner.count_replayable(filter).await
     }
@@ -435,18 +421,6 @@ impl SinkRegistry for Faulty {
         limit: u32,
     ) -> Result<CopyStep, StoreError> {
         self.inner.replay(filter, now_ms, after, limit).await
-    }
-    async fn count_recopy(&self, sink: &RegisteredSink, filter: &ReplayFilter) -> Result<i64, StoreError> {
-        self.inner.count_recopy(sink, filter).await
-    }
-    async fn recopy(
-        &self,
-        sink: &RegisteredSink,
-        filter: &ReplayFilter,
-        after: Option<KeyValue>,
-        limit: u32,
-    ) -> Result<CopyStep, StoreError> {
-        self.inner.recopy(sink, filter, after, limit).await
     }
 }
 
@@ -561,7 +535,7 @@ impl Harness {
                 .register_sink("audit", 0, false, outbox_host::store::now_ms())
                 .await
                 .map_err(|e| said(e.to_string()))?;
-            (audit.clone(), store.clone().consumer_store(&audit).await.map_err(|e| said(e.to_string()))?)
+            (audit.clone(), store.clone().sink_store(&audit).await.map_err(|e| said(e.to_string()))?)
         } else {
             (first, store.clone())
         };
@@ -699,7 +673,7 @@ impl Harness {
                 let inner = outbox_host::store::open(&url, 3, &table).await.map_err(|e| e.to_string())?;
                 let sink_store: Arc<dyn Store> = if consumer {
                     // The faults sit between the engine and the consumer's own calls.
-                    let inner = inner.consumer_store(&sink).await.map_err(|e| e.to_string())?;
+                    let inner = inner.sink_store(&sink).await.map_err(|e| e.to_string())?;
                     Arc::new(Faulty { inner, faults })
                 } else {
                     let faulty: Arc<dyn Store> = Arc::new(Faulty { inner, faults });

@@ -73,13 +73,19 @@ async fn two_sinks_on_one_table_each_get_every_event_once_from_four_hosts(world:
         assert_eq!(tencent.get(&e.event_id), Some(&1), "Tencent IM got {} once", e.event_id);
     }
     assert_eq!((fake.len(), tencent.len()), (EVENTS, EVENTS), "and nothing else");
-    // The first sink's state is the outbox's own columns; the second's is its own table.
+    // The first sink's state is the outbox's own columns; the second's its positions and
+    // exceptions, over the same row.
     let row = world.row(&events[0].event_id).await;
-    let copy = im_state.get(&events[0].event_id).await.unwrap().expect("a copy in the sink's table");
-    assert_eq!((row.status, copy.status), (Status::Delivered, Status::Delivered));
+    let seen = im_state.get(&events[0].event_id).await.unwrap().expect("the sink's view of the row");
+    assert_eq!((row.status, seen.status), (Status::Delivered, Status::Delivered));
     assert_eq!(
-        (copy.event_id.as_str(), copy.envelope.as_slice()),
+        (seen.event_id.as_str(), seen.envelope.as_slice()),
         (row.event_id.as_str(), events[0].envelope.as_slice())
+    );
+    assert_eq!(
+        crate::support::query_strings(&world.db, "SELECT COUNT(*) FROM room_outbox_exceptions").await,
+        ["0"],
+        "every delivery settled into a position: no row of its own"
     );
 }
 
@@ -174,9 +180,13 @@ async fn a_sink_added_later_starts_from_the_beginning_or_from_now(world: World) 
         }
     }
     assert_eq!(
-        world.producer.sinks().await.unwrap().iter().map(|s| s.backfilled_at_ms.is_some()).collect::<Vec<_>>(),
-        [true, true, true, true],
-        "every back-fill recorded as complete"
+        crate::support::query_strings(
+            &world.db,
+            "SELECT COUNT(*) FROM room_outbox_exceptions WHERE status <> 'delivered'"
+        )
+        .await,
+        ["0"],
+        "nothing left waiting for any sink"
     );
 }
 
@@ -337,7 +347,7 @@ async fn a_replayed_range_reaches_that_sink_only(world: World) {
     assert_eq!(shown["sinks"]["audit"]["retry_count"], 0);
     let status = String::from_utf8(crate::binary::run_cli_beside(&world, &["status"]).await.stdout).unwrap();
     assert!(status.starts_with("room_outbox (sink fake): 80 rows\n"), "{status}");
-    assert!(status.contains("\nroom_outbox__audit (sink audit): 80 rows\n"), "{status}");
+    assert!(status.contains("\nroom_outbox (sink audit, reading it as a consumer): 80 rows\n"), "{status}");
     // Each sink's partitions are leased on their own: both sinks list this host's worker as
     // the owner of all 64, and what it has in flight (the table shows those rows pending).
     let owners = status
@@ -360,10 +370,10 @@ async fn a_replayed_range_reaches_that_sink_only(world: World) {
     host.stop().await;
 }
 
-/// A sink removed from the config stops delivering, but its table stays and keeps getting
-/// the new events, so that adding it again continues where it left off, each event once.
-/// `retry --sink` acts on that sink's state only, and `purge` deletes from each table only
-/// what its sink has delivered.
+/// A sink removed from the config stops delivering, but its positions stay and the outbox
+/// keeps the new events for it, so that adding it again continues where it left off, each
+/// event once. `retry --sink` acts on that sink's state only, and `purge` keeps what that
+/// sink still needs.
 async fn a_removed_sink_continues_where_it_left_off_and_purge_keeps_what_it_needs(world: World) {
     let audit = Collector::start().await;
     let both = world.setup("", "").with_sinks(vec![sink_entry(
@@ -385,7 +395,7 @@ async fn a_removed_sink_continues_where_it_left_off_and_purge_keeps_what_it_need
     // Removed: the first sink goes on; the audit table keeps filling, undelivered.
     let mut host = Running::start(world.setup("", "").parse()).await;
     let second = produce(&world, 30).await;
-    host.wait_for("the first sink to deliver, and the copies to wait in audit's table", || async {
+    host.wait_for("the first sink to deliver, and the new events to wait for audit", || async {
         count(world.producer.as_ref(), Status::Delivered).await == 80
             && count(audit_state.as_ref(), Status::Pending).await == 30
     })
@@ -407,18 +417,14 @@ async fn a_removed_sink_continues_where_it_left_off_and_purge_keeps_what_it_need
         assert_eq!(seen.get(&e.event_id), Some(&1), "audit got {} once", e.event_id);
     }
 
-    // Retry on audit's state only; purge keeps audit's two undelivered copies.
+    // Retry on audit's state only; purge keeps audit's two undelivered events.
     let out = crate::binary::run_cli_beside(&world, &["retry", "--sink", "audit", "--all"]).await;
     assert_eq!(String::from_utf8_lossy(&out.stdout), "moved 2 failed event(s) back to pending\n");
     assert_eq!(count(audit_state.as_ref(), Status::Pending).await, 2);
     assert_eq!(count(world.producer.as_ref(), Status::Delivered).await, 80, "the first sink's rows untouched");
     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     let out = crate::binary::run_cli_beside(&world, &["purge", "--delivered-before", "1ms"]).await;
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "deleted 80 delivered row(s) older than 1ms from room_outbox\n\
-         deleted 78 delivered row(s) older than 1ms from room_outbox__audit\n"
-    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "deleted 78 delivered row(s) older than 1ms from room_outbox\n");
     let left = audit_state.stats().await.unwrap();
     assert_eq!((left.count(Status::Pending), left.count(Status::Delivered)), (2, 0), "audit keeps what it still needs");
 }

@@ -205,6 +205,8 @@ struct Soak {
     kills: usize,
     /// Hosts running during each cut of the database, summed.
     cut_hosts: usize,
+    /// When each kill or cut began.
+    faults_at: Vec<Instant>,
     /// Whether the hosts run with the third sink now.
     third_sink: bool,
 }
@@ -232,6 +234,7 @@ impl Soak {
             hosts: Vec::new(),
             kills: 0,
             cut_hosts: 0,
+            faults_at: Vec::new(),
             third_sink: false,
         })
     }
@@ -310,6 +313,7 @@ impl Soak {
             let _ = child.kill();
             let _ = child.wait();
             self.kills += 1;
+            self.faults_at.push(Instant::now());
         }
     }
 
@@ -354,6 +358,7 @@ impl Soak {
                 Fault::CutDatabase(seconds) => {
                     self.proxy.cut();
                     self.cut_hosts += self.hosts.iter().flatten().count();
+                    self.faults_at.push(Instant::now());
                     println!("   {t:5.1}s database connections cut for {seconds} s");
                     tokio::time::sleep(Duration::from_secs(seconds)).await;
                     self.proxy.restore();
@@ -411,6 +416,25 @@ impl Soak {
         } else {
             HELD_PER_HOST
         }
+    }
+
+    /// What a consumer's hosts may deliver again after the faults, besides what they held:
+    /// a consumer's host remembers its deliveries of the last settle time (positions stay
+    /// [`SETTLE_MS`] behind, and move at heartbeats), and a host killed or cut off loses
+    /// that memory, so its partitions' next owner delivers them again (decision 0203). For
+    /// each fault, the sink's receipts from a settle time and a heartbeat (and a margin)
+    /// before it until a partition lease after it: every host's, since which host sent
+    /// which is not known.
+    fn remembered_at_faults(&self, reports: &[outbox_test_support::Report]) -> usize {
+        let lease = outbox_host::engine::settings::DEFAULT_PARTITION_LEASE;
+        let before = Duration::from_millis(outbox_host::store::SETTLE_MS as u64) + lease / 3 + Duration::from_secs(2);
+        self.faults_at
+            .iter()
+            .map(|at| {
+                let from = at.checked_sub(before).unwrap_or(*at);
+                reports.iter().filter(|r| r.at >= from && r.at <= *at + lease).count()
+            })
+            .sum()
     }
 
     /// Copies the hosts' logs into the details folder, if there is one.
@@ -521,7 +545,8 @@ impl Soak {
                 events: produced.len(),
                 received: receipts.len(),
                 duplicates,
-                duplicate_bound: (self.kills + self.cut_hosts) * self.held_per_host(),
+                duplicate_bound: (self.kills + self.cut_hosts) * self.held_per_host()
+                    + if i == 0 { 0 } else { self.remembered_at_faults(&reports) },
                 replayed: replayed_again,
                 delivering: stats.count(Status::Delivering),
                 order_violations,

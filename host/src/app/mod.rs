@@ -27,8 +27,6 @@ pub struct Host {
     store: Arc<dyn Store>,
     sinks: Vec<SinkHost>,
     reloader: Arc<Reloader>,
-    /// Whether the table has sinks beside the first, so that this host fans out.
-    fans_out: bool,
     metrics: Arc<Metrics>,
     admin: Option<tokio::net::TcpListener>,
 }
@@ -37,7 +35,8 @@ pub struct Host {
 pub struct SinkHost {
     /// The sink as the table knows it.
     pub registered: RegisteredSink,
-    /// Its delivery state: the outbox itself for the first sink, else its own table.
+    /// Its delivery state: the outbox itself for the first sink, else its positions and
+    /// exceptions as a consumer of the outbox.
     pub store: Arc<dyn Store>,
     /// Its worker, unless `outbox_worker.enabled` is false.
     pub worker: Option<Arc<Worker>>,
@@ -92,6 +91,24 @@ pub async fn register_sinks(
         );
     }
     Ok(registered)
+}
+
+/// Turns the copy table an earlier version kept for each of `sinks` after the first into
+/// its positions and exceptions (decision 0203), before anything of this version delivers
+/// it; refuses, naming them, while hosts of that version still deliver it. `run` converts
+/// its own sinks' copies, `migrate` every registered sink's.
+pub async fn convert_copies(store: &dyn Store, sinks: &[RegisteredSink]) -> anyhow::Result<()> {
+    for sink in sinks {
+        let clock_ms = store.clock_ms().await?;
+        if let Some(exceptions) = store
+            .consumer_from_copy(sink, clock_ms)
+            .await
+            .with_context(|| format!("converting sink {}'s copy table {}", sink.name, sink.table))?
+        {
+            tracing::info!(sink = %sink.name, exceptions, "sink {} reads the outbox as a consumer now: its copy table {} is dropped", sink.name, sink.table);
+        }
+    }
+    Ok(())
 }
 
 /// The sink a worker delivers through: the WebAssembly sink, or, for a sink with a
@@ -155,6 +172,7 @@ impl Host {
         let mut sinks = Vec::new();
         let mut reloader = Reloader::default();
         let registered = register_sinks(&config, store.as_ref(), migrated).await?;
+        convert_copies(store.as_ref(), &registered).await?;
         for ((i, sink_config), registered) in sink_configs.iter().enumerate().zip(registered) {
             if i == 0 && !registered.is_first(&config.table) {
                 tracing::warn!(sink = %registered.name, table = %registered.table, "this host's first sink is not the one the outbox's own status columns are for (that one was registered first); it keeps its state in its own table");
@@ -184,13 +202,6 @@ impl Host {
             }
             sinks.push(SinkHost { registered, store: sink_store, worker, metrics: sink_metrics });
         }
-        // This host fans out to the table's other sinks too (registered by other hosts):
-        // their tables are brought to this host's migrations as its own sinks' are.
-        let registered = store.sinks().await?;
-        for other in registered.iter().filter(|s| !s.is_first(&config.table) && config.sink(&s.name).is_none()) {
-            store.register_sink(&other.name, other.start_from_ms, false, store::now_ms()).await?;
-        }
-        let fans_out = registered.iter().any(|s| !s.is_first(&config.table));
         let admin = match config.admin.listen {
             Some(addr) => {
                 if !addr.ip().is_loopback() && config.admin.token.is_none() {
@@ -203,7 +214,7 @@ impl Host {
             }
             None => None,
         };
-        Ok(Host { config, store, sinks, reloader: Arc::new(reloader), fans_out, metrics, admin })
+        Ok(Host { config, store, sinks, reloader: Arc::new(reloader), metrics, admin })
     }
 
     /// The outbox store (tests inspect the table through it).
@@ -277,42 +288,15 @@ impl Host {
             readiness.draining.store(true, Ordering::Relaxed);
             tracing::info!(worker = "room_outbox", node_id = %self.config.node_id, "shutting down: no new claims; finishing in-flight deliveries");
         };
-        let workers: Vec<_> =
-            self.sinks.iter().filter_map(|s| Some((s.registered.clone(), s.worker.clone()?))).collect();
+        let workers: Vec<_> = self.sinks.iter().filter_map(|s| s.worker.clone()).collect();
         let worked = if workers.is_empty() {
             tracing::info!("outbox_worker.enabled is false: this host does not deliver");
             mark_draining.await;
             Ok(())
         } else {
-            let fan_out = self.fans_out.then(|| {
-                let wakes = self
-                    .sinks
-                    .iter()
-                    .filter(|s| !s.registered.is_first(&self.config.table))
-                    .map(|s| s.store.inserted())
-                    .collect();
-                tokio::spawn(crate::engine::fanout::run(
-                    self.store.clone(),
-                    wakes,
-                    self.config.worker.clone(),
-                    self.metrics.clone(),
-                    shutdown.clone(),
-                ))
-            });
-            let runs = workers.into_iter().map(|(registered, worker)| {
-                let (outbox, shutdown) = (self.store.clone(), shutdown.clone());
-                async move {
-                    if registered.backfilled_at_ms.is_none() {
-                        crate::engine::fanout::backfill(outbox.as_ref(), &registered, &shutdown).await;
-                    }
-                    worker.run(shutdown).await
-                }
-            });
+            let runs = workers.into_iter().map(|worker| worker.run(shutdown.clone()));
             // Readiness flips (and says so) before the workers wind down.
             let results = tokio::join!(mark_draining, futures_util::future::join_all(runs)).1;
-            if let Some(task) = fan_out {
-                let _ = task.await;
-            }
             results.into_iter().collect::<anyhow::Result<Vec<()>>>().map(|_| ())
         };
         readiness.worker_running.store(false, Ordering::Relaxed);

@@ -12,7 +12,6 @@
 
 pub mod breaker;
 pub mod dbclock;
-pub mod fanout;
 pub mod settings;
 
 use std::panic::AssertUnwindSafe;
@@ -140,7 +139,8 @@ impl Worker {
         debug_assert_eq!(worker_id.len(), worker_id_len(node_id));
         let (signals, _) = broadcast::channel(1024);
         let sink = Arc::new(SinkSlot::new(sink));
-        let tracker = (config.ordering == RoomOrdering::PerRoom).then(Default::default);
+        // A consumer takes no row claims: its hosts own partitions whatever its ordering.
+        let tracker = (config.ordering == RoomOrdering::PerRoom || store.is_consumer()).then(Default::default);
         Arc::new(Worker {
             store,
             sink,
@@ -720,7 +720,7 @@ impl Worker {
                         }
                         // A finished event makes its room's next one claimable: claim again
                         // now rather than at the next poll.
-                        if self.config.ordering == RoomOrdering::PerRoom {
+                        if self.tracker.is_some() {
                             self.store.inserted().notify_one();
                         }
                         break;

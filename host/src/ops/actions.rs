@@ -10,7 +10,8 @@ use crate::store::{RegisteredSink, ReplayFilter, RetryFilter, Row, Store, StoreE
 pub const PURGE_BATCH: u32 = 1_000;
 
 /// Deletes every `delivered` row last updated before `before_ms`, one bounded batch at a
-/// time. Returns how many.
+/// time, that no sink after the first still needs (past its lowest position, or with an
+/// exception still to deliver: decision 0203). Returns how many.
 pub async fn purge(store: &dyn Store, before_ms: i64, batch: u32) -> Result<u64, StoreError> {
     let mut total = 0;
     loop {
@@ -20,25 +21,6 @@ pub async fn purge(store: &dyn Store, before_ms: i64, batch: u32) -> Result<u64,
             return Ok(total);
         }
     }
-}
-
-/// [`purge`] on the outbox and on every other sink's own table: the outbox keeps a row
-/// until the first sink has it delivered and every other sink has its copy; each sink's
-/// table keeps its rows until that sink has them delivered. Returns how many, per table.
-/// A sink registered a moment ago by a starting host may have no table yet (the host
-/// creates it just after registering): there is nothing of it to purge then.
-pub async fn purge_everywhere(
-    outbox: Arc<dyn Store>,
-    before_ms: i64,
-    batch: u32,
-) -> Result<Vec<(String, u64)>, StoreError> {
-    let mut deleted = vec![(outbox.table().to_string(), purge(outbox.as_ref(), before_ms, batch).await?)];
-    for sink in outbox.sinks().await.unwrap_or_default().iter().filter(|s| !s.is_first(outbox.table())) {
-        let own = outbox.clone().sink_store(sink).await?;
-        let purged = if own.describe().await?.is_some() { purge(own.as_ref(), before_ms, batch).await? } else { 0 };
-        deleted.push((sink.table.clone(), purged));
-    }
-    Ok(deleted)
 }
 
 /// The sink `name` as the outbox's registry has it, or an error naming the sinks there are.
@@ -84,42 +66,36 @@ pub enum ReplayError {
     Store(#[from] StoreError),
 }
 
-/// Rows one step of a replay moves or copies: each step is its own short statement, so a
+/// Rows one step of a replay moves: each step is its own short statement, so a
 /// replay of a large range never holds many rows' locks at once, nor for long.
 pub const REPLAY_STEP: u32 = 1_000;
 
-/// The sink `name` and its state's store, for a replay of `filter`.
+/// The store of the sink `name`'s state, for a replay of `filter`.
 async fn replay_target(
     outbox: &Arc<dyn Store>,
     name: &str,
     filter: &ReplayFilter,
-) -> Result<(RegisteredSink, Arc<dyn Store>), ReplayError> {
+) -> Result<Arc<dyn Store>, ReplayError> {
     if filter.to_ms.is_some_and(|to| to <= filter.from_ms) {
         return Err(ReplayError::BadRange("--to must be later than --from".into()));
     }
     let sink = registered(outbox.as_ref(), name).await?;
-    let state = outbox.clone().sink_store(&sink).await?;
-    Ok((sink, state))
+    Ok(outbox.clone().sink_store(&sink).await?)
 }
 
 /// How many events a replay of `filter` to the sink `name` would deliver again.
 pub async fn count_replay(outbox: Arc<dyn Store>, name: &str, filter: &ReplayFilter) -> Result<u64, ReplayError> {
-    let (sink, state) = replay_target(&outbox, name, filter).await?;
-    let missing = outbox.count_recopy(&sink, filter).await?;
-    let finished = state.count_replayable(filter).await?;
-    Ok((missing + finished).max(0) as u64)
+    let state = replay_target(&outbox, name, filter).await?;
+    Ok(state.count_replayable(filter).await?.max(0) as u64)
 }
 
 /// Delivers the events `filter` selects again to the sink `name` only: its `delivered` and
-/// `failed` ones move back to `pending` in its own state (rows waiting or in flight are
-/// left alone), and for a sink beside the first, events its table no longer has (purged
-/// there) are copied in again from the outbox. Both walk the rows in key order,
-/// [`REPLAY_STEP`] at a time, each event visited once. Returns how many events will be
-/// delivered.
+/// `failed` ones move back to `pending` in its own state (the row's columns for the first
+/// sink, an exception for a sink after it; events waiting or in flight are left alone),
+/// walking the rows in key order, [`REPLAY_STEP`] at a time, each event visited once.
+/// Returns how many events will be delivered.
 pub async fn replay(outbox: Arc<dyn Store>, name: &str, filter: &ReplayFilter) -> Result<u64, ReplayError> {
-    let (sink, state) = replay_target(&outbox, name, filter).await?;
-    // The moves first, then the copies: a copy is `pending` (and soon delivered again) at
-    // once, so copying first would let a later move step take it a second time.
+    let state = replay_target(&outbox, name, filter).await?;
     let (mut moved, mut after) = (0, None);
     loop {
         let step = state.replay(filter, now_ms(), after, REPLAY_STEP).await?;
@@ -129,17 +105,8 @@ pub async fn replay(outbox: Arc<dyn Store>, name: &str, filter: &ReplayFilter) -
             None => break,
         }
     }
-    let (mut recopied, mut after) = (0, None);
-    loop {
-        let step = outbox.recopy(&sink, filter, after, REPLAY_STEP).await?;
-        recopied += step.rows;
-        match step.next {
-            Some(next) => after = Some(next),
-            None => break,
-        }
-    }
-    tracing::info!(sink = %name, moved, recopied, ?filter, "replay");
-    Ok(moved + recopied)
+    tracing::info!(sink = %name, moved, ?filter, "replay");
+    Ok(moved)
 }
 
 /// One registered sink and its counts, for `/api/status` and the page.
@@ -147,12 +114,11 @@ pub async fn replay(outbox: Arc<dyn Store>, name: &str, filter: &ReplayFilter) -
 pub struct SinkSummary {
     /// Its name.
     pub name: String,
-    /// Where its state lives.
+    /// Where its state lives: the outbox's name for the first sink, else the name that keys
+    /// its partitions (it reads the outbox as a consumer).
     pub table: String,
     /// Its counts, oldest waiting event and top errors.
     pub stats: crate::store::Stats,
-    /// Still copying the events from before it was added (not delivering yet).
-    pub backfilling: bool,
     /// The hosts that own its partitions (per-room order), with what they have in flight.
     pub owners: Vec<crate::store::OwnerView>,
 }
@@ -168,7 +134,6 @@ pub async fn sink_summaries(
         let stats = if sink.is_first(outbox.table()) { first.clone() } else { own.stats().await? };
         out.push(SinkSummary {
             owners: own.partition_owners(own.clock_ms().await?).await?,
-            backfilling: sink.backfilled_at_ms.is_none(),
             name: sink.name,
             table: sink.table,
             stats,

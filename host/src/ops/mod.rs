@@ -9,8 +9,8 @@ pub mod page;
 pub mod report;
 
 pub use actions::{
-    PURGE_BATCH, REPLAY_STEP, ReplayError, SinkSummary, count_replay, describe, describe_everywhere, purge,
-    purge_everywhere, replay, replay_filter, retry, retry_filter, sink_state, sink_summaries,
+    PURGE_BATCH, REPLAY_STEP, ReplayError, SinkSummary, count_replay, describe, describe_everywhere, purge, replay,
+    replay_filter, retry, retry_filter, sink_state, sink_summaries,
 };
 
 use std::sync::Arc;

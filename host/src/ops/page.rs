@@ -100,11 +100,8 @@ fn sinks(h: &mut String, d: &PageData<'_>) {
         for status in Status::ALL {
             let _ = write!(h, "<td class=\"{status}\" data-status=\"{status}\">{}</td>", sink.stats.count(status));
         }
-        let oldest = if sink.backfilling {
-            "copying the events from before it was added".to_string()
-        } else {
-            sink.stats.oldest_waiting_created_at_ms.map_or("none".into(), |c| format!("{} old", age(d.now_ms - c)))
-        };
+        let oldest =
+            sink.stats.oldest_waiting_created_at_ms.map_or("none".into(), |c| format!("{} old", age(d.now_ms - c)));
         let owners: Vec<String> = sink
             .owners
             .iter()

@@ -286,6 +286,10 @@ for_consumers!(
             Ok(self.outbox.newest().await?.is_some_and(|newest| newest > newest_read))
         }
 
+        fn is_consumer(&self) -> bool {
+            true
+        }
+
         fn inserted(&self) -> Arc<tokio::sync::Notify> {
             self.outbox.inserted()
         }
@@ -392,27 +396,6 @@ for_consumers!(
             self.outbox.clone().sink_store(sink).await
         }
 
-        async fn consumer_store(self: Arc<Self>, sink: &RegisteredSink) -> Result<Arc<dyn Store>, StoreError> {
-            self.outbox.clone().consumer_store(sink).await
-        }
-
-        async fn fan_out(&self, limit: u32, now_ms: i64) -> Result<u64, StoreError> {
-            self.outbox.fan_out(limit, now_ms).await
-        }
-
-        async fn backfill(
-            &self,
-            sink: &RegisteredSink,
-            after: Option<KeyValue>,
-            limit: u32,
-        ) -> Result<Step, StoreError> {
-            self.outbox.backfill(sink, after, limit).await
-        }
-
-        async fn finish_backfill(&self, name: &str, now_ms: i64) -> Result<(), StoreError> {
-            self.outbox.finish_backfill(name, now_ms).await
-        }
-
         async fn count_replayable(&self, filter: &ReplayFilter) -> Result<i64, StoreError> {
             let total = self.total().await?;
             let mut after = None;
@@ -437,20 +420,6 @@ for_consumers!(
         ) -> Result<Step, StoreError> {
             let total = self.total().await?;
             self.outbox.consumer_replay_step(&self.sink, total, filter, (now_ms, true), after, limit).await
-        }
-
-        async fn count_recopy(&self, sink: &RegisteredSink, filter: &ReplayFilter) -> Result<i64, StoreError> {
-            self.outbox.count_recopy(sink, filter).await
-        }
-
-        async fn recopy(
-            &self,
-            sink: &RegisteredSink,
-            filter: &ReplayFilter,
-            after: Option<KeyValue>,
-            limit: u32,
-        ) -> Result<Step, StoreError> {
-            self.outbox.recopy(sink, filter, after, limit).await
         }
     }
 );

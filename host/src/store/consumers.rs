@@ -484,10 +484,12 @@ for_every_dialect!(impl {
             let mut unknown: HashMap<u32, Vec<Exception>> = HashMap::new();
             let mut holes: Vec<Exception> = Vec::new();
             let mut moved: HashSet<u32> = HashSet::new();
+            let mut walked: Option<(i64, KeyValue)> = None;
             for r in &rows {
                 let part = self.part_of(r, settle.total)?;
-                let (Some(position), Some(&fence)) = (positions.get_mut(&part), epochs.get(&part)) else { continue };
                 let (created_at_ms, key) = (D::int(r, 6)?, self.sort_key(r)?);
+                walked = Some((created_at_ms, key.clone()));
+                let (Some(position), Some(&fence)) = (positions.get_mut(&part), epochs.get(&part)) else { continue };
                 if position.passed(created_at_ms, &key) {
                     continue;
                 }
@@ -515,6 +517,25 @@ for_every_dialect!(impl {
                 }
                 *position = Position { part, created_at_ms, key };
                 moved.insert(part);
+            }
+            // A partition with nothing left unfinished in the walk had no row of its own
+            // between its position and the walk's last row: it moves there too, when the walk
+            // was cut at its limit, or when others moved and it lags by a settle time.
+            // Otherwise a quiet partition would keep the walk's start, the lowest position,
+            // behind for good, and a walk cut at its limit would never reach the newer rows.
+            // (A sink that delivers nothing still writes nothing.)
+            if let Some((at, key)) = &walked {
+                let full = rows.len() >= settle.limit as usize;
+                let others_moved = !moved.is_empty();
+                for (part, position) in positions.iter_mut() {
+                    if unknown.contains_key(part) || position.passed(*at, key) {
+                        continue;
+                    }
+                    if full || (others_moved && at - position.created_at_ms > SETTLE_MS) {
+                        *position = Position { part: *part, created_at_ms: *at, key: key.clone() };
+                        moved.insert(*part);
+                    }
+                }
             }
             for hole in &holes {
                 self.write_exception(&mut tx, &settle.sink.name, hole, settle.now_ms).await?;
@@ -769,6 +790,66 @@ for_every_dialect!(impl {
         Ok(rows.iter().map(|r| Ok((D::int(r, 0)?, D::int(r, 1)?))).collect::<Result<_, sqlx::Error>>()?)
     }
 
+    /// Of the rows a purge picked (`key, event_id`), the
+    /// event ids some sink after the first still needs: created no earlier than its start,
+    /// and either with an exception still to deliver or, with none, past its position in
+    /// the row's partition (its start where that partition has none). A row picked here as
+    /// not needed stays so: positions do not move back, and what a replay or a new sink
+    /// needs meanwhile the purge's DELETE sees ([`super::sql`]'s `still_needed_elsewhere`).
+    /// A purge may leave a row a little longer than needed (until its position moves);
+    /// never the other way.
+    pub(super) async fn still_needed(
+        &self,
+        picked: &[<D::Db as Database>::Row],
+    ) -> Result<HashSet<String>, StoreError> {
+        let mut needed = HashSet::new();
+        let sinks = self.registered_sinks().await?;
+        let ids: Vec<String> = picked.iter().map(|r| D::text(r, 1)).collect::<Result<_, _>>()?;
+        for sink in sinks.iter().filter(|s| !s.is_first(&self.table)) {
+            let total = match self.partition_total(&sink.table).await? {
+                0 => super::partitions::DEFAULT_PARTITIONS,
+                made => made,
+            };
+            let parts: Vec<u32> = (0..total).collect();
+            let mut conn = self.pool.acquire().await?;
+            let positions = self.positions_on(&mut conn, sink, &parts).await?;
+            let exceptions = format!(
+                "SELECT event_id, status FROM {}_exceptions WHERE sink = {} AND event_id IN ({})",
+                self.table,
+                D::param(1),
+                super::sql::params::<D>(2, ids.len())
+            );
+            let mut q = sqlx::query(&exceptions).bind(sink.name.clone());
+            for id in &ids {
+                q = q.bind(id.clone());
+            }
+            let excepted: HashMap<String, String> = q
+                .fetch_all(&mut *conn)
+                .await?
+                .iter()
+                .map(|r| Ok((D::text(r, 0)?, D::text(r, 1)?)))
+                .collect::<Result<_, sqlx::Error>>()?;
+            let id_refs: Vec<&String> = ids.iter().collect();
+            for r in &self.rows_by_event_id(&mut conn, total, &id_refs).await? {
+                let (event_id, created_at_ms) = (D::text(r, 2)?, D::int(r, 6)?);
+                if created_at_ms < sink.start_from_ms {
+                    continue;
+                }
+                let still = match excepted.get(&event_id) {
+                    Some(status) => status != "delivered",
+                    None => {
+                        let (part, key) = (self.part_of(r, total)?, self.sort_key(r)?);
+                        positions.get(&part).is_none_or(|p| !p.passed(created_at_ms, &key))
+                    }
+                };
+                if still {
+                    needed.insert(event_id);
+                }
+            }
+        }
+        Ok(needed)
+    }
+
     /// The partition count of the sink whose leases are keyed `lease_key` (0: not made yet).
     pub(super) async fn partition_total(&self, lease_key: &str) -> Result<u32, StoreError> {
         let (parts, _) = self.lease_tables();
@@ -874,7 +955,10 @@ for_every_dialect!(impl {
     /// Makes `sink`, kept so far in its copy of the outbox (`<table>__<sink>`), a consumer:
     /// its positions and exceptions derived from the copy, then the copy dropped. Run with
     /// the sink's hosts stopped (nothing delivers it, nothing fans out); producers may go on
-    /// writing. Returns the exceptions written; `None` when the sink has no copy.
+    /// writing. Returns the exceptions written; `None` when the sink has no copy (or another
+    /// host converted it meanwhile). Refuses, naming them, while hosts hold live leases on
+    /// the copy: they are of an earlier version (this one converts before it delivers), and
+    /// would go on writing into a table about to be dropped.
     ///
     /// Every partition's position is the last outbox row created before the earliest of: a
     /// row the copy has not finished (`pending`, `delivering`), a row not fanned out yet, the
@@ -887,12 +971,56 @@ for_every_dialect!(impl {
         if sink.is_first(&self.table) {
             return Ok(None);
         }
-        let mut conn = self.pool.acquire().await?;
-        let exists = self.sink_copy(copy).describe_on(&mut conn).await?.is_some();
-        drop(conn);
-        if !exists {
+        if !self.copy_exists(copy).await? {
             return Ok(None);
         }
+        let live = self.copy_deliverers(copy, now_ms).await?;
+        if !live.is_empty() {
+            if !self.copy_exists(copy).await? {
+                return Ok(None);
+            }
+            return Err(StoreError::Query(format!(
+                "sink {:?} is still delivered from its copy table {copy} by hosts of an earlier version ({}): \
+                 stop them (or wait for their leases to run out), then start this version, which turns the \
+                 copy into the sink's positions and exceptions",
+                sink.name,
+                live.join(", ")
+            )));
+        }
+        match self.convert_copy(sink, now_ms).await {
+            // Another host of this version converted the copy meanwhile.
+            Err(_) if !self.copy_exists(copy).await? => Ok(None),
+            converted => converted,
+        }
+    }
+
+    /// Whether `copy` (a sink's copy table of an earlier version) is there.
+    async fn copy_exists(&self, copy: &str) -> Result<bool, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        Ok(self.sink_copy(copy).describe_on(&mut conn).await?.is_some())
+    }
+
+    /// The hosts with a live lease on `copy`'s partitions or among its claimers.
+    async fn copy_deliverers(&self, copy: &str, now_ms: i64) -> Result<Vec<String>, StoreError> {
+        let t = &self.table;
+        let mut live = Vec::new();
+        for hosts in [format!("{t}_owners"), format!("{t}_claimers")] {
+            let sql = format!(
+                "SELECT owner FROM {hosts} WHERE sink_table = {} AND lease_until_ms > {} ORDER BY owner",
+                D::param(1),
+                D::param(2)
+            );
+            let rows = sqlx::query(&sql).bind(copy.to_string()).bind(now_ms).fetch_all(&self.pool).await?;
+            for r in &rows {
+                live.push(D::text(r, 0)?);
+            }
+        }
+        Ok(live)
+    }
+
+    /// [`Self::consumer_from_copy`] once nothing delivers the copy.
+    async fn convert_copy(&self, sink: &RegisteredSink, now_ms: i64) -> Result<Option<u64>, StoreError> {
+        let copy = &sink.table;
         let t = &self.table;
         let key = self.profile.key.column();
         let total = match self.partition_total(copy).await? {

@@ -47,8 +47,8 @@ pub struct Step {
 
 impl Step {
     /// The step's two parts: the table itself (with its indexes), then the outbox's own
-    /// bookkeeping, which a sink's own table does not get. A step without the marker line
-    /// is all table.
+    /// bookkeeping, which is all an adopted table's baseline applies (the marker line's
+    /// wording is from when sinks had tables of their own). A step without it is all table.
     pub fn parts(&self) -> (&str, &str) {
         match self.sql.find(BOOKKEEPING) {
             Some(at) => self.sql.split_at(at),

@@ -17,7 +17,7 @@ mod sqlite;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-pub use consumers::{Exception, Finished, Position, Settle, Settled};
+pub use consumers::{Exception, Finished, Position, SETTLE_MS, Settle, Settled};
 pub use mysql::MysqlStore;
 pub use partitions::{Fence, Heartbeat, Holding, OwnedRead, OwnerView, Page, Waiting};
 pub use postgres::PostgresStore;
@@ -461,6 +461,11 @@ pub trait Claims: Send + Sync + 'static {
     /// Whether any row is `pending`: an index-only probe an idle worker may run often.
     async fn has_pending(&self) -> Result<bool, StoreError>;
 
+    /// Whether this store's sink is a consumer of the outbox (a sink after the first): it
+    /// takes no row claims, so its hosts own partitions whatever its `ordering`, holding a
+    /// room behind a retry only under `per_room`.
+    fn is_consumer(&self) -> bool;
+
     /// Notified (one permit) whenever rows are inserted through this store, so that a
     /// worker in the same process wakes at once.
     fn inserted(&self) -> Arc<tokio::sync::Notify>;
@@ -507,7 +512,7 @@ pub trait Inspection: Send + Sync + 'static {
     async fn purge_delivered(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError>;
 }
 
-/// Several sinks: the registry, each further sink's table, the fan-out, back-fill and replay.
+/// Several sinks: the registry, each sink's store, and replay.
 #[async_trait]
 pub trait SinkRegistry: Send + Sync + 'static {
     /// The sinks registered on this outbox, oldest first (see [`sinks`]).
@@ -516,7 +521,8 @@ pub trait SinkRegistry: Send + Sync + 'static {
     /// Registers the sink `name`, starting from events created at `start_from_ms`, unless
     /// the outbox knows it already (then it keeps where it started). The first sink ever
     /// registered, when `may_be_first`, keeps its state in the outbox's own columns; any
-    /// other gets its own table, which this creates.
+    /// other is a consumer of the outbox (positions and exceptions), and the index it reads
+    /// by is built (online) when missing.
     async fn register_sink(
         &self,
         name: &str,
@@ -525,25 +531,10 @@ pub trait SinkRegistry: Send + Sync + 'static {
         now_ms: i64,
     ) -> Result<RegisteredSink, StoreError>;
 
-    /// The store of a registered sink's state: this one for the first sink, else one over
-    /// its own table on the same pool (migrated by [`Store::register_sink`], which every
-    /// host starting on the table calls for each sink the table has).
+    /// The store of a registered sink's state: this one for the first sink, else the sink
+    /// as a consumer of this outbox (issue 48, decision 0203): its state in positions and
+    /// exceptions, its partition leases keyed by its registered table.
     async fn sink_store(self: Arc<Self>, sink: &RegisteredSink) -> Result<Arc<dyn Store>, StoreError>;
-
-    /// A registered sink after the first as a consumer of this outbox (issue 48): its state
-    /// in positions and exceptions instead of a table of its own. The first sink's store is
-    /// this one.
-    async fn consumer_store(self: Arc<Self>, sink: &RegisteredSink) -> Result<Arc<dyn Store>, StoreError>;
-
-    /// Copies up to `limit` rows not fanned out yet into every other sink's table; returns
-    /// how many rows (0 when there is nothing to do or another host is at it).
-    async fn fan_out(&self, limit: u32, now_ms: i64) -> Result<u64, StoreError>;
-
-    /// One step of copying the rows fanned out before `sink` was registered into its table.
-    async fn backfill(&self, sink: &RegisteredSink, after: Option<KeyValue>, limit: u32) -> Result<Step, StoreError>;
-
-    /// Records that `name`'s back-fill is complete.
-    async fn finish_backfill(&self, name: &str, now_ms: i64) -> Result<(), StoreError>;
 
     /// How many `delivered` and `failed` rows `filter` selects: what [`Store::replay`] moves.
     async fn count_replayable(&self, filter: &ReplayFilter) -> Result<i64, StoreError>;
@@ -556,21 +547,6 @@ pub trait SinkRegistry: Send + Sync + 'static {
         &self,
         filter: &ReplayFilter,
         now_ms: i64,
-        after: Option<KeyValue>,
-        limit: u32,
-    ) -> Result<Step, StoreError>;
-
-    /// How many outbox rows `filter` selects that `sink`'s table no longer has (purged
-    /// there): what [`Store::recopy`] copies.
-    async fn count_recopy(&self, sink: &RegisteredSink, filter: &ReplayFilter) -> Result<i64, StoreError>;
-
-    /// One bounded step of copying the outbox rows `filter` selects that `sink`'s table no
-    /// longer has back into it, as `pending`: of up to `limit` outbox rows after `after` in
-    /// key order; rows it has are left alone.
-    async fn recopy(
-        &self,
-        sink: &RegisteredSink,
-        filter: &ReplayFilter,
         after: Option<KeyValue>,
         limit: u32,
     ) -> Result<Step, StoreError>;

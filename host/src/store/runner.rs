@@ -16,8 +16,8 @@ use super::{Backend, Schema, StoreError, now_ms};
 pub(super) enum Job {
     /// Applies the migrations not recorded yet, adopting a table made elsewhere.
     Migrate,
-    /// Builds the outbox's fan-out index, or rebuilds an invalid one.
-    FanOutIndex,
+    /// Builds the index the outbox's consumers read by, or rebuilds an invalid one.
+    ConsumerIndex,
     /// Builds the table's partition index for this many partitions (dropping those of
     /// other counts, and an invalid one).
     PartitionIndex(u32),
@@ -111,7 +111,7 @@ for_every_dialect!(impl {
             }
             match job {
                 Job::Migrate => self.apply_migrations(&mut conn).await,
-                Job::FanOutIndex => self.build_fanout_index(&mut conn).await.map(|()| super::Migrated::default()),
+                Job::ConsumerIndex => self.build_consumer_index(&mut conn).await.map(|()| super::Migrated::default()),
                 Job::PartitionIndex(total) => {
                     self.build_partition_index(&mut conn, total).await.map(|()| super::Migrated::default())
                 }
@@ -221,19 +221,13 @@ for_every_dialect!(impl {
             "INSERT INTO {t}_migrations (version, description, applied_at_ms, checksum) VALUES ({})",
             params::<D>(1, 4)
         );
-        let copy = self.copy_of.is_some();
         for step in migrate::steps(D::migrator(), t) {
             if applied.iter().any(|(v, _)| *v == step.version) {
                 continue;
             }
             let (sql, description) = if step.version == BASELINE {
-                let (table, bookkeeping) = step.parts();
-                let sql = match (created, copy) {
-                    (true, false) => step.sql.as_str(),
-                    (true, true) => table,
-                    (false, false) => bookkeeping,
-                    (false, true) => "",
-                };
+                let (_, bookkeeping) = step.parts();
+                let sql = if created { step.sql.as_str() } else { bookkeeping };
                 let description = match (&development, created) {
                     (Some(versions), _) => format!(
                         "{}, adopting a table of development versions {}-{}",
@@ -246,9 +240,7 @@ for_every_dialect!(impl {
                 };
                 (sql, description)
             } else {
-                // A sink's own table has none of the outbox's bookkeeping.
-                let (table, _) = step.parts();
-                (if copy { table } else { step.sql.as_str() }, step.description.clone())
+                (step.sql.as_str(), step.description.clone())
             };
             if !sql.trim().is_empty() {
                 Executor::execute(&mut *conn, sql)
@@ -279,36 +271,39 @@ for_every_dialect!(impl {
         let total = D::int(&sqlx::query(&made).fetch_one(&mut *conn).await?, 0)?;
         let total = if total > 0 { total as u32 } else { super::partitions::DEFAULT_PARTITIONS };
         self.build_partition_index(&mut *conn, total).await?;
-        // The fan-out index, where the table has sinks beside the first (an invalid one,
+        // The consumers' index, where the table has sinks beside the first (an invalid one,
         // from a build cut short, is made again).
-        if !copy && self.has_other_sinks(&mut *conn).await? {
-            self.build_fanout_index(&mut *conn).await?;
+        if self.has_other_sinks(&mut *conn).await? {
+            self.build_consumer_index(&mut *conn).await?;
         }
         Ok(super::Migrated { created })
     }
 
-    /// Drops what development versions made and this one no longer uses: the room order
-    /// index of the row claims that kept room order (every insert paid for it). Online,
-    /// like the additions. (Their claim routines are replaced by [`Self::install_routines`].)
+    /// Drops what earlier versions made and this one no longer uses, online like the
+    /// additions: the room order index of the row claims that kept room order (every insert
+    /// paid for it; their claim routines are replaced by [`Self::install_routines`]), and
+    /// the fan-out's index of rows not copied yet to the sinks' copies (decision 0203: a
+    /// sink after the first reads the outbox itself, and every new row would enter it).
     async fn retire(
         &self,
         conn: &mut <D::Db as Database>::Connection,
         info: &schema::TableInfo,
     ) -> Result<(), StoreError> {
         let t = &self.table;
-        let index = format!("{t}_room_order_idx");
-        if !info.indexes.iter().any(|i| i.name.eq_ignore_ascii_case(&index)) {
-            return Ok(());
+        for index in [format!("{t}_room_order_idx"), format!("{t}_fanout_idx")] {
+            if !info.indexes.iter().any(|i| i.name.eq_ignore_ascii_case(&index)) {
+                continue;
+            }
+            let drop = match D::BACKEND {
+                Backend::Postgres => format!("DROP INDEX CONCURRENTLY IF EXISTS {index}"),
+                Backend::Mysql => format!("ALTER TABLE {t} DROP INDEX {index}, ALGORITHM=INPLACE, LOCK=NONE"),
+                Backend::Sqlite => format!("DROP INDEX IF EXISTS {index}"),
+            };
+            Executor::execute(&mut *conn, drop.as_str()).await.map_err(|e| {
+                StoreError::Migration(format!("dropping {index}, which this version no longer uses: {e}"))
+            })?;
+            tracing::info!(table = %t, index, "dropped an index of an earlier version that this one no longer uses");
         }
-        let drop = match D::BACKEND {
-            Backend::Postgres => format!("DROP INDEX CONCURRENTLY IF EXISTS {index}"),
-            Backend::Mysql => format!("ALTER TABLE {t} DROP INDEX {index}, ALGORITHM=INPLACE, LOCK=NONE"),
-            Backend::Sqlite => format!("DROP INDEX IF EXISTS {index}"),
-        };
-        Executor::execute(&mut *conn, drop.as_str())
-            .await
-            .map_err(|e| StoreError::Migration(format!("dropping {index}, which this version no longer uses: {e}")))?;
-        tracing::info!(table = %t, index, "dropped an index of a development version that this one no longer uses");
         Ok(())
     }
 

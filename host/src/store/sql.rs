@@ -230,10 +230,11 @@ impl SharedStatements {
             // or one a sink's back-fill has still to copy (the DELETE says so again, under the
             // registry's lock, so that a sink registered after the pick is seen).
             purge_pick: format!(
-                "SELECT {key} FROM {t} WHERE status = 'delivered' AND updated_at_ms < {p1} AND created_at_ms < {p2}{} \
-                 ORDER BY {key} LIMIT {}",
+                "SELECT {key}, event_id FROM {t} WHERE status = 'delivered' \
+                 AND updated_at_ms < {p1} AND created_at_ms < {p2}{} AND {key} > {} ORDER BY {key} LIMIT {}",
                 if outbox { still_needed_elsewhere(&t) } else { String::new() },
-                D::param(3)
+                D::param(3),
+                D::param(4)
             ),
             purge_delete: ByCount::new({
                 let t = t.clone();
@@ -251,78 +252,57 @@ impl SharedStatements {
     }
 }
 
-/// ` AND …`: an outbox row no other sink still needs. Each sink beside the first either has
-/// its copy (the row is fanned out, and the sink's back-fill of the rows fanned out before
-/// it came is complete) or started after the row was created.
-/// The registry's and the fan-out's statements, built once per store (the idle probe runs
-/// every `probe_interval`).
-pub(super) struct FanOutStatements {
+/// The registry's statements, built once per store.
+pub(super) struct RegistryStatements {
     /// The registry, oldest first.
-    pub(super) registry: String,
-    /// Whether a row some other sink still needs copied exists (lock-free).
-    pub(super) probe: String,
-    /// Up to `$2` rows not fanned out yet, created at or after `$1`, in creation order.
-    pub(super) pick: String,
-    /// Marks the picked rows fanned out at `$1`, per count.
-    pub(super) mark: ByCount,
-    /// Takes the fan-out lock without waiting (returns 1 when taken), and with waiting.
-    pub(super) try_lock: String,
+    pub(super) list: String,
+    /// Takes the registry's lock, waiting (named `<table>_fanout`, as earlier versions
+    /// named it, so that a registration or purge of theirs and of this version exclude each
+    /// other).
     pub(super) lock: String,
     /// Releases it (MySQL's is a session lock; PostgreSQL's ends with the transaction).
     pub(super) unlock: String,
 }
 
-impl FanOutStatements {
-    pub(super) fn new<D: Dialect>(table: &str, profile: &Profile) -> Self {
+impl RegistryStatements {
+    pub(super) fn new<D: Dialect>(table: &str) -> Self {
         let t = table.to_string();
-        let key = profile.key.column();
         let name = format!("{t}_fanout");
-        let (try_lock, lock, unlock) = match D::BACKEND {
-            Backend::Postgres => (
-                format!(
-                    "SELECT CASE WHEN pg_try_advisory_xact_lock(hashtext(current_schema() || '.{name}')) THEN 1 ELSE 0 END"
-                ),
-                format!("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.{name}'))"),
-                String::new(),
-            ),
+        let (lock, unlock) = match D::BACKEND {
+            Backend::Postgres => {
+                (format!("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.{name}'))"), String::new())
+            }
             Backend::Mysql => (
-                format!("SELECT GET_LOCK(SHA1(CONCAT(DATABASE(), '.{name}')), 0)"),
                 format!("SELECT GET_LOCK(SHA1(CONCAT(DATABASE(), '.{name}')), 60)"),
                 format!("SELECT RELEASE_LOCK(SHA1(CONCAT(DATABASE(), '.{name}')))"),
             ),
             // `BEGIN IMMEDIATE` is SQLite's lock.
-            Backend::Sqlite => (String::new(), String::new(), String::new()),
+            Backend::Sqlite => (String::new(), String::new()),
         };
-        FanOutStatements {
-            registry: format!(
+        RegistryStatements {
+            list: format!(
                 "SELECT name, sink_table, start_from_ms, added_at_ms, backfilled_at_ms FROM {t}_sinks \
                  ORDER BY added_at_ms, CASE WHEN sink_table = '{t}' THEN 0 ELSE 1 END, name"
             ),
-            probe: format!(
-                "SELECT 1 FROM {t} WHERE fanned_out_at_ms = 0 AND created_at_ms >= \
-                 (SELECT COALESCE(MIN(start_from_ms), {}) FROM {t}_sinks WHERE sink_table <> '{t}') LIMIT 1",
-                i64::MAX
-            ),
-            pick: format!(
-                "SELECT {key} FROM {t} WHERE fanned_out_at_ms = 0 AND created_at_ms >= {} \
-                 ORDER BY created_at_ms, {key} LIMIT {}",
-                D::param(1),
-                D::param(2)
-            ),
-            mark: ByCount::new(move |n| {
-                format!("UPDATE {t} SET fanned_out_at_ms = {} WHERE {key} IN ({})", D::param(1), params::<D>(2, n))
-            }),
-            try_lock,
             lock,
             unlock,
         }
     }
 }
 
+/// ` AND …`: an outbox row that no sink after the first (decision 0203) that started no
+/// later than it plainly still needs: its exception there says so (unless `delivered`);
+/// with none, the sink has no position yet (registered, nothing settled). The DELETE of a purge repeats this
+/// under the registry's lock: a sink registered, or a replay made, since the rows were
+/// picked keeps them. Whether a row lies past the sink's position in its partition is
+/// judged for the picked rows by the host, which computes partitions on every database
+/// ([`SqlStore::still_needed`]).
 fn still_needed_elsewhere(t: &str) -> String {
     format!(
         " AND NOT EXISTS (SELECT 1 FROM {t}_sinks s WHERE s.sink_table <> '{t}' AND s.start_from_ms <= {t}.created_at_ms \
-         AND ({t}.fanned_out_at_ms = 0 OR s.backfilled_at_ms IS NULL))"
+         AND COALESCE((SELECT CASE WHEN e.status = 'delivered' THEN 0 ELSE 1 END FROM {t}_exceptions e \
+         WHERE e.sink = s.name AND e.event_id = {t}.event_id), \
+         CASE WHEN EXISTS (SELECT 1 FROM {t}_positions p WHERE p.sink = s.name) THEN 0 ELSE 1 END) = 1)"
     )
 }
 
@@ -442,8 +422,8 @@ pub struct SqlStore<D: Dialect> {
     pub(super) sql: SharedStatements,
     /// The dialect's own statements' text, built once.
     pub(super) own: D::Statements,
-    /// The registry's and the fan-out's statements, built once.
-    pub(super) fan_out: FanOutStatements,
+    /// The registry's statements, built once.
+    pub(super) registry: RegistryStatements,
     /// The statements of the sinks' positions and exceptions, built once.
     pub(super) consumers: ConsumerStatements,
     pub(super) inserted: std::sync::Arc<tokio::sync::Notify>,
@@ -467,7 +447,7 @@ impl<D: Dialect> SqlStore<D> {
             table: table.to_string(),
             sql: SharedStatements::new::<D>(table, &profile, true),
             own: D::statements(table, &profile),
-            fan_out: FanOutStatements::new::<D>(table, &profile),
+            registry: RegistryStatements::new::<D>(table),
             consumers: ConsumerStatements::new::<D>(table),
             profile,
             inserted: Default::default(),
@@ -487,7 +467,7 @@ impl<D: Dialect> SqlStore<D> {
             table: table.to_string(),
             sql: SharedStatements::new::<D>(table, &profile, false),
             own: D::statements(table, &profile),
-            fan_out: FanOutStatements::new::<D>(table, &profile),
+            registry: RegistryStatements::new::<D>(table),
             consumers: ConsumerStatements::new::<D>(table),
             profile,
             inserted: Default::default(),
@@ -513,7 +493,7 @@ impl<D: Dialect> SqlStore<D> {
         Ok(SqlStore {
             sql: SharedStatements::new::<D>(&self.table, &profile, self.copy_of.is_none()),
             own: D::statements(&self.table, &profile),
-            fan_out: FanOutStatements::new::<D>(&self.table, &profile),
+            registry: RegistryStatements::new::<D>(&self.table),
             consumers: ConsumerStatements::new::<D>(&self.table),
             profile,
             ..self
@@ -668,6 +648,12 @@ pub(super) fn decode_routine_claimed<D: Dialect>(
 ) -> Result<Claimed, sqlx::Error> {
     let was = D::text(r, 8)?;
     decode_claimed::<D>(r, lease, was == "delivering")
+}
+
+/// Whether the database broke a deadlock by failing this statement (MySQL's 1213,
+/// PostgreSQL's 40P01): the transaction may simply be tried again.
+pub(super) fn is_deadlock(e: &impl std::fmt::Display) -> bool {
+    e.to_string().to_ascii_lowercase().contains("deadlock")
 }
 
 /// Whether a DDL statement gave up waiting for its lock (`lock_timeout`, `lock_wait_timeout`).

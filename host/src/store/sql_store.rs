@@ -116,6 +116,10 @@ for_every_dialect!(
             Ok(sqlx::query(&self.sql.has_pending).fetch_optional(&self.pool).await?.is_some())
         }
 
+        fn is_consumer(&self) -> bool {
+            false
+        }
+
         fn inserted(&self) -> std::sync::Arc<tokio::sync::Notify> {
             self.inserted.clone()
         }
@@ -219,31 +223,48 @@ for_every_dialect!(
         }
 
         async fn purge_delivered(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
-            let picked = sqlx::query(&self.sql.purge_pick)
-                .bind(before_ms)
-                .bind(before_ms)
-                .bind(i64::from(limit))
-                .fetch_all(&self.pool)
-                .await?;
-            if picked.is_empty() {
-                return Ok(0);
+            // Picks in key order, past the rows a sink after the first still needs, until
+            // `limit` rows are deleted or the picks run out.
+            let mut after = super::KeyValue::first(self.profile.key);
+            let mut deleted = 0;
+            loop {
+                let q = sqlx::query(&self.sql.purge_pick).bind(before_ms).bind(before_ms);
+                let q = super::sinks::bind_key::<D>(q, &after).bind(i64::from(limit));
+                let picked = q.fetch_all(&self.pool).await?;
+                let Some(last) = picked.last() else { return Ok(deleted) };
+                after = self.key_of(last)?;
+                let needed = self.still_needed(&picked).await?;
+                let doomed: Vec<_> =
+                    picked.iter().filter(|row| D::text(row, 1).is_ok_and(|id| !needed.contains(&id))).collect();
+                if !doomed.is_empty() {
+                    let delete = self.sql.purge_delete.get(doomed.len());
+                    let keys = doomed.iter().map(|row| self.key_of(row)).collect::<Result<Vec<_>, _>>()?;
+                    // Under the registry's lock, so that a sink registered meanwhile either is
+                    // seen by the DELETE's own check or comes after the rows are gone. Its
+                    // check reads the consumers' tables, which their settles write: a deadlock
+                    // the database breaks is tried again.
+                    let _writing = self.writing().await;
+                    let mut tries = 0;
+                    deleted += loop {
+                        let mut conn = self.pool.acquire().await?;
+                        self.lock_registry(&mut conn).await?;
+                        let mut q = sqlx::query(&delete);
+                        for key in &keys {
+                            q = super::sinks::bind_key::<D>(q, key);
+                        }
+                        let done = q.execute(&mut *conn).await;
+                        self.unlock_registry(&mut conn, done.is_ok()).await?;
+                        match done {
+                            Err(e) if tries < 10 && is_deadlock(&e) => tries += 1,
+                            done => break D::rows_affected(&done?),
+                        }
+                        tokio::time::sleep(std::time::Duration::from_millis(20 * tries)).await;
+                    };
+                }
+                if picked.len() < limit as usize || deleted >= u64::from(limit) {
+                    return Ok(deleted);
+                }
             }
-            let delete = self.sql.purge_delete.get(picked.len());
-            let mut q = sqlx::query(&delete);
-            for row in &picked {
-                q = if self.profile.key.is_text() { q.bind(D::text(row, 0)?) } else { q.bind(D::int(row, 0)?) };
-            }
-            if self.copy_of.is_some() {
-                return Ok(D::rows_affected(&q.execute(&self.pool).await?));
-            }
-            // The outbox: under the registry's lock, so that a sink registered meanwhile either
-            // is seen by the DELETE's own check or comes after the rows are gone.
-            let _writing = self.writing().await;
-            let mut conn = self.pool.acquire().await?;
-            self.lock_registry(&mut conn).await?;
-            let deleted = q.execute(&mut *conn).await;
-            self.unlock_registry(&mut conn, deleted.is_ok()).await?;
-            Ok(D::rows_affected(&deleted?))
         }
     }
 );
@@ -263,12 +284,8 @@ for_every_dialect!(
             now_ms: i64,
         ) -> Result<super::RegisteredSink, StoreError> {
             let sink = self.register(name, start_from_ms, may_be_first, now_ms).await?;
-            if !sink.is_first(&self.table) {
-                self.sink_copy(&sink.table).migrate().await?;
-                self.match_copied_types(&sink.table).await?;
-                if !self.fanout_index_ok().await? {
-                    self.holding_migration_lock(super::runner::Job::FanOutIndex).await?;
-                }
+            if !sink.is_first(&self.table) && !self.consumer_index_ok().await? {
+                self.holding_migration_lock(super::runner::Job::ConsumerIndex).await?;
             }
             Ok(sink)
         }
@@ -280,34 +297,7 @@ for_every_dialect!(
             if sink.is_first(&self.table) {
                 return Ok(self);
             }
-            Ok(std::sync::Arc::new(self.sink_copy(&sink.table)))
-        }
-
-        async fn consumer_store(
-            self: std::sync::Arc<Self>,
-            sink: &super::RegisteredSink,
-        ) -> Result<std::sync::Arc<dyn Store>, StoreError> {
-            if sink.is_first(&self.table) {
-                return Ok(self);
-            }
             Ok(std::sync::Arc::new(super::consumer_store::ConsumerStore::new(self, sink)))
-        }
-
-        async fn fan_out(&self, limit: u32, now_ms: i64) -> Result<u64, StoreError> {
-            self.fan_out_rows(limit, now_ms).await
-        }
-
-        async fn backfill(
-            &self,
-            sink: &super::RegisteredSink,
-            after: Option<super::KeyValue>,
-            limit: u32,
-        ) -> Result<super::Step, StoreError> {
-            self.backfill_step(sink, after, limit).await
-        }
-
-        async fn finish_backfill(&self, name: &str, now_ms: i64) -> Result<(), StoreError> {
-            SqlStore::finish_backfill(self, name, now_ms).await
         }
 
         async fn count_replayable(&self, filter: &super::ReplayFilter) -> Result<i64, StoreError> {
@@ -359,24 +349,6 @@ for_every_dialect!(
             }
             let rows = D::rows_affected(&q.execute(&self.pool).await?);
             Ok(super::Step { rows, next: if keys.len() < limit as usize { None } else { keys.last().cloned() } })
-        }
-
-        async fn count_recopy(
-            &self,
-            sink: &super::RegisteredSink,
-            filter: &super::ReplayFilter,
-        ) -> Result<i64, StoreError> {
-            self.count_missing(sink, filter).await
-        }
-
-        async fn recopy(
-            &self,
-            sink: &super::RegisteredSink,
-            filter: &super::ReplayFilter,
-            after: Option<super::KeyValue>,
-            limit: u32,
-        ) -> Result<super::Step, StoreError> {
-            self.recopy_step(sink, filter, after, limit).await
         }
     }
 );

@@ -269,7 +269,6 @@ fn sinks_json(sinks: &[crate::ops::SinkSummary]) -> serde_json::Value {
                 "delivered_last_minute": sink.stats.delivered_last_minute,
                 "owners": sink.owners,
                 "top_errors": sink.stats.top_errors.iter().map(|(e, n)| json!({ "error": e, "count": n })).collect::<Vec<_>>(),
-                "backfilling": sink.backfilling,
             })
         })
         .collect()
@@ -472,14 +471,11 @@ async fn purge_api(State(s): State<Arc<AdminState>>, headers: HeaderMap, Query(p
         }
         Err(why) => return (StatusCode::BAD_REQUEST, Json(json!({ "error": why }))).into_response(),
     };
-    match ops::purge_everywhere(s.store.clone(), now_ms() - age, ops::PURGE_BATCH).await {
-        Ok(per_table) => {
-            let deleted: u64 = per_table.iter().map(|(_, n)| n).sum();
+    match ops::purge(s.store.as_ref(), now_ms() - age, ops::PURGE_BATCH).await {
+        Ok(deleted) => {
             tracing::info!(deleted, delivered_before = %p.delivered_before, "operator purge over HTTP");
             forget_view(&s).await;
-            let tables: serde_json::Map<String, serde_json::Value> =
-                per_table.into_iter().map(|(table, n)| (table, json!(n))).collect();
-            Json(json!({ "deleted": deleted, "tables": tables })).into_response()
+            Json(json!({ "deleted": deleted, "tables": { s.store.table(): deleted } })).into_response()
         }
         Err(e) => unavailable(e),
     }
