@@ -15,7 +15,8 @@ per_backend!(
     a_sink_configured_when_the_table_is_created_starts_from_its_beginning,
     two_sink_names_that_would_share_a_table_are_refused,
     a_replay_counts_first_and_asks_before_a_large_one,
-    a_purge_keeps_what_a_new_sink_is_to_deliver;
+    a_purge_keeps_what_a_new_sink_is_to_deliver,
+    migrate_turns_an_earlier_versions_copy_into_positions_once_its_hosts_are_gone;
     servers: a_purge_racing_a_backfill_keeps_what_the_new_sink_needs,
     a_schema_change_waits_without_holding_up_inserts,
 );
@@ -125,6 +126,85 @@ async fn two_sink_names_that_would_share_a_table_are_refused(world: World) {
     }
     let names: Vec<String> = world.producer.sinks().await.unwrap().into_iter().map(|s| s.name).collect();
     assert_eq!(names, ["fake", "b-x"], "nothing registered for b_x");
+}
+
+/// An earlier version's deployment: sink `b` kept in its copy of the outbox, one of its
+/// events failed there, and a host of that version still holding a lease on the copy.
+/// `migrate` refuses, naming that host, and changes nothing; once the host's lease has run
+/// out, `migrate` turns the copy into `b`'s positions and exceptions and drops it: the failed
+/// event is failed for `b`, the delivered ones are not delivered again, and a host of this
+/// version delivers `b` only what was waiting.
+async fn migrate_turns_an_earlier_versions_copy_into_positions_once_its_hosts_are_gone(world: World) {
+    let b = Collector::start().await;
+    let setup = world.setup("", "").with_sinks(vec![sink_entry(&fake_sink_to("b", &b, ""), "start_from: beginning")]);
+    crate::binary::write_config(&world, &setup.yaml());
+    let migrate = || crate::binary::run_cli_beside(&world, &["migrate"]);
+    assert!(migrate().await.status.success());
+    // The earlier version's state: four events, all delivered by the first sink; in b's
+    // copy the first failed, the next two delivered, the last waiting.
+    let events = world.produce_many(4, Status::Delivered).await;
+    let old = now_ms() - 60_000;
+    for sql in [
+        "CREATE TABLE room_outbox__b AS SELECT * FROM room_outbox WHERE 1 = 0".to_string(),
+        format!("UPDATE room_outbox SET created_at_ms = {old} + id, fanned_out_at_ms = {old}"),
+        "INSERT INTO room_outbox__b SELECT * FROM room_outbox".to_string(),
+        "UPDATE room_outbox__b SET status = 'pending'".to_string(),
+        format!(
+            "UPDATE room_outbox__b SET status = 'failed', retry_count = 3, last_error = '400 bad request' \
+             WHERE event_id = '{}'",
+            events[0].event_id
+        ),
+        format!(
+            "UPDATE room_outbox__b SET status = 'delivered' WHERE event_id IN ('{}', '{}')",
+            events[1].event_id, events[2].event_id
+        ),
+        format!(
+            "INSERT INTO room_outbox_owners (sink_table, owner, lease_until_ms, in_flight) \
+             VALUES ('room_outbox__b', 'old-host-1234-abcd', {}, 0)",
+            now_ms() + 3_600_000
+        ),
+    ] {
+        world.db.execute(&sql).await.unwrap();
+    }
+    let refused = migrate().await;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("old-host-1234-abcd") && stderr.contains("room_outbox__b"), "{stderr}");
+    assert_eq!(crate::support::query_strings(&world.db, "SELECT COUNT(*) FROM room_outbox__b").await, ["4"]);
+
+    // The old host is gone: its lease ran out.
+    world
+        .db
+        .execute("UPDATE room_outbox_owners SET lease_until_ms = 0 WHERE owner = 'old-host-1234-abcd'")
+        .await
+        .unwrap();
+    let out = migrate().await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "room_outbox is up to date\nsink fake is registered (room_outbox)\nsink b is registered (a consumer of room_outbox)\n"
+    );
+    let (_, state) = state_of(&world.producer, "b").await;
+    let status = |i: usize| {
+        let (state, id) = (state.clone(), events[i].event_id.clone());
+        async move { state.get(&id).await.unwrap().unwrap() }
+    };
+    let failed = status(0).await;
+    assert_eq!(
+        (failed.status, failed.retry_count, failed.last_error.as_deref()),
+        (Status::Failed, 3, Some("400 bad request"))
+    );
+    assert_eq!(
+        (status(1).await.status, status(2).await.status, status(3).await.status),
+        (Status::Delivered, Status::Delivered, Status::Pending)
+    );
+
+    let mut host = Running::start(setup.parse()).await;
+    host.wait_for("b to receive what waited", || async { counts(&b).contains_key(&events[3].event_id) }).await;
+    host.stop().await;
+    let seen = counts(&b);
+    assert_eq!(seen.len(), 1, "b got only the waiting event: {seen:?}");
+    assert_eq!(status(3).await.status, Status::Delivered);
 }
 
 /// Sinks `fake` and `b` delivered 50,000 events; then `c` is added with `start_from:
