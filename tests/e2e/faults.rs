@@ -659,7 +659,6 @@ impl Harness {
     ) -> Incarnation {
         let faults = HostFaults::new(schedule.faults.iter().filter(|f| f.host == i).cloned().collect());
         let (url, table, sink, config) = (url.to_string(), table.to_string(), sink.clone(), config.clone());
-        let consumer = self.consumer;
         let (stop, kill) = (CancellationToken::new(), CancellationToken::new());
         let (until, killed) = (stop.clone(), kill.clone());
         let (done, ended) = tokio::sync::oneshot::channel();
@@ -671,14 +670,10 @@ impl Harness {
                     () = killed.cancelled() => return Ok(()),
                 }
                 let inner = outbox_host::store::open(&url, 3, &table).await.map_err(|e| e.to_string())?;
-                let sink_store: Arc<dyn Store> = if consumer {
-                    // The faults sit between the engine and the consumer's own calls.
-                    let inner = inner.sink_store(&sink).await.map_err(|e| e.to_string())?;
-                    Arc::new(Faulty { inner, faults })
-                } else {
-                    let faulty: Arc<dyn Store> = Arc::new(Faulty { inner, faults });
-                    faulty.sink_store(&sink).await.map_err(|e| e.to_string())?
-                };
+                // The faults sit between the engine and the sink's store (a consumer's own
+                // calls to the outbox go round them).
+                let faulty: Arc<dyn Store> = Arc::new(Faulty { inner, faults });
+                let sink_store = faulty.sink_store(&sink).await.map_err(|e| e.to_string())?;
                 let worker_config = config.sinks[0].worker.clone();
                 let metrics = Arc::new(Metrics::new("fake"));
                 let sink = SinkRuntime::load_checked(

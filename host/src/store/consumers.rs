@@ -805,6 +805,10 @@ for_every_dialect!(impl {
         let mut needed = HashSet::new();
         let sinks = self.registered_sinks().await?;
         let ids: Vec<String> = picked.iter().map(|r| D::text(r, 1)).collect::<Result<_, _>>()?;
+        let id_refs: Vec<&String> = ids.iter().collect();
+        // The picked rows placed over a partition count, read once per count (the sinks
+        // usually share one).
+        let mut placed: HashMap<u32, Vec<<D::Db as Database>::Row>> = HashMap::new();
         for sink in sinks.iter().filter(|s| !s.is_first(&self.table)) {
             let total = match self.partition_total(&sink.table).await? {
                 0 => super::partitions::DEFAULT_PARTITIONS,
@@ -829,8 +833,13 @@ for_every_dialect!(impl {
                 .iter()
                 .map(|r| Ok((D::text(r, 0)?, D::text(r, 1)?)))
                 .collect::<Result<_, sqlx::Error>>()?;
-            let id_refs: Vec<&String> = ids.iter().collect();
-            for r in &self.rows_by_event_id(&mut conn, total, &id_refs).await? {
+            let rows = match placed.entry(total) {
+                std::collections::hash_map::Entry::Occupied(known) => known.into_mut(),
+                std::collections::hash_map::Entry::Vacant(slot) => {
+                    slot.insert(self.rows_by_event_id(&mut conn, total, &id_refs).await?)
+                }
+            };
+            for r in rows.iter() {
                 let (event_id, created_at_ms) = (D::text(r, 2)?, D::int(r, 6)?);
                 if created_at_ms < sink.start_from_ms {
                     continue;
