@@ -82,11 +82,16 @@ async fn two_sinks_on_one_table_each_get_every_event_once_from_four_hosts(world:
         (seen.event_id.as_str(), seen.envelope.as_slice()),
         (row.event_id.as_str(), events[0].envelope.as_slice())
     );
-    assert_eq!(
-        crate::support::query_strings(&world.db, "SELECT COUNT(*) FROM room_outbox_exceptions").await,
-        ["0"],
-        "every delivery settled into a position: no row of its own"
-    );
+    // Its deliveries settled into positions: nothing waits, and the only exceptions left are
+    // `delivered` ones written as partitions changed hands among the four hosts, far fewer
+    // than the events.
+    let db = &world.db;
+    let exceptions = |status: &str| {
+        let sql = format!("SELECT COUNT(*) FROM room_outbox_exceptions WHERE status {status}");
+        async move { crate::support::query_strings(db, &sql).await[0].parse::<usize>().unwrap() }
+    };
+    assert_eq!(exceptions("<> 'delivered'").await, 0, "nothing left waiting");
+    assert!(exceptions("= 'delivered'").await < EVENTS / 100, "no row of its own per delivery");
 }
 
 /// The first sink fails every event permanently; the second (Tencent IM) still gets every
