@@ -20,7 +20,9 @@ per_backend!(
     a_sink_that_starts_later_reads_nothing_created_before,
     the_operator_sees_a_consumers_own_state,
     a_sinks_copy_becomes_its_positions_and_exceptions_while_producers_write,
-    an_event_retried_then_delivered_is_not_read_again
+    an_event_retried_then_delivered_is_not_read_again,
+    a_partition_no_longer_renewed_is_given_up_with_what_its_owner_delivered,
+    a_new_partition_count_keeps_what_a_consumer_has_waiting_no_more_no_less
 );
 
 /// The partitions of the tests' sink.
@@ -597,4 +599,132 @@ async fn an_event_retried_then_delivered_is_not_read_again(world: World) {
     assert!(read().await.is_empty(), "delivered after its retry, it is not read again");
     assert_eq!(consumer.get(&events[0].event_id).await.unwrap().unwrap().status, Status::Delivered);
     assert!(read().await.is_empty());
+}
+
+/// The engine lets a drained partition go before its heartbeat gives it up; when that
+/// heartbeat fails (a settle MariaDB broke as a deadlock, a statement that timed out), the
+/// next one no longer names it. The store still gives it up, and first writes what its
+/// owner delivered there and holds only in memory (created within the settle time): the
+/// partition's next owner reads none of it.
+async fn a_partition_no_longer_renewed_is_given_up_with_what_its_owner_delivered(world: World) {
+    use outbox_host::store::{Mark, Outcome};
+
+    let store = world.producer.clone();
+    let now = now_ms();
+    let audit = store.register_sink("audit", 0, false, now).await.unwrap();
+    let (a, b) = (store.clone().sink_store(&audit).await.unwrap(), store.clone().sink_store(&audit).await.unwrap());
+    let events = room_events(&world, "room-1", now - 1_000, 3).await;
+    let heartbeat = |owner, renew, now_ms| Heartbeat {
+        owner,
+        partitions: TOTAL,
+        in_flight: 0,
+        now_ms,
+        lease_ms: 10_000,
+        renew,
+        release: &[],
+    };
+    let owned = a.keep_partitions(&heartbeat("host-a", &[], now)).await.unwrap().owned;
+    assert_eq!(owned.len(), TOTAL as usize, "alone, host-a holds every partition");
+    let read = OwnedRead { owner: "host-a", total: TOTAL, owned: &owned, after: None, limit: 100 };
+    let page = a.read_owned(&read).await.unwrap().waiting;
+    assert_eq!(page.len(), 3);
+    let marks: Vec<Mark> = page.iter().map(|w| Mark::of(&w.row, Outcome::Delivered)).collect();
+    assert_eq!(a.mark_owned("host-a", &marks, now).await.unwrap(), (3, vec![]));
+    let room_part = page[0].row.lease.fence.unwrap().partition;
+    assert!(
+        exception_status(&world, &events[0].event_id).await.is_empty(),
+        "delivered within the settle time: in memory only"
+    );
+
+    let joined = b.keep_partitions(&heartbeat("host-b", &[], now + 50)).await.unwrap();
+    assert!(joined.owned.is_empty(), "host-b joins; every partition is host-a's");
+    let renew: Vec<u32> = owned.iter().map(|f| f.partition).filter(|p| *p != room_part).collect();
+    let kept = a.keep_partitions(&heartbeat("host-a", &renew, now + 100)).await.unwrap().owned;
+    assert!(!kept.iter().any(|f| f.partition == room_part), "host-a no longer holds partition {room_part}");
+    for e in &events {
+        assert_eq!(
+            exception_status(&world, &e.event_id).await,
+            ["delivered"],
+            "{} written before it was given up",
+            e.event_id
+        );
+    }
+    let taken = b.keep_partitions(&heartbeat("host-b", &[], now + 200)).await.unwrap().owned;
+    assert!(taken.iter().any(|f| f.partition == room_part), "host-b takes the free partition at once: {taken:?}");
+    let read = OwnedRead { owner: "host-b", total: TOTAL, owned: &taken, after: None, limit: 100 };
+    let again = b.read_owned(&read).await.unwrap().waiting;
+    assert!(
+        again.is_empty(),
+        "host-b delivers none of them again: {:?}",
+        again.iter().map(|w| &w.row.event_id).collect::<Vec<_>>()
+    );
+}
+
+/// `partitions --set` with the sink's hosts stopped: the positions and exceptions kept in
+/// four partitions, each partition's position somewhere else, are made those of two and of
+/// seven. Each time a host of the new count finds waiting exactly what waited before (none
+/// of what was delivered, all of what was not), and the retried event keeps its count.
+async fn a_new_partition_count_keeps_what_a_consumer_has_waiting_no_more_no_less(world: World) {
+    use outbox_host::store::{Mark, Outcome};
+
+    let store = world.producer.clone();
+    let now = now_ms();
+    let audit = store.register_sink("audit", 0, false, now).await.unwrap();
+    let mut events = Vec::new();
+    for room in 0..24 {
+        events.extend(room_events(&world, &format!("room-{room}"), now - 60_000 + room * 10, 4).await);
+    }
+    let all_of = |store: std::sync::Arc<dyn Store>, owner: &'static str, now: i64| async move {
+        let beat = Heartbeat {
+            owner,
+            partitions: TOTAL,
+            in_flight: 0,
+            now_ms: now,
+            lease_ms: 10_000,
+            renew: &[],
+            release: &[],
+        };
+        let holding = store.keep_partitions(&beat).await.unwrap();
+        let read = OwnedRead { owner, total: holding.total, owned: &holding.owned, after: None, limit: 1_000 };
+        let page = store.read_owned(&read).await.unwrap();
+        assert!(page.at_end);
+        page.waiting
+    };
+    let a = store.clone().sink_store(&audit).await.unwrap();
+    let waiting = all_of(a.clone(), "host-a", now).await;
+    assert_eq!(waiting.len(), events.len());
+    // Per partition, in order: the first few delivered (more in each next partition), the
+    // next one failed for now, the rest not attempted.
+    let mut marks = Vec::new();
+    let mut waits = HashSet::new();
+    for part in 0..TOTAL {
+        let mine: Vec<_> = waiting.iter().filter(|w| w.row.lease.fence.unwrap().partition == part).collect();
+        let delivered = mine.len() * (part as usize + 1) / (TOTAL as usize + 1);
+        for (i, w) in mine.iter().enumerate() {
+            match i.cmp(&delivered) {
+                std::cmp::Ordering::Less => marks.push(Mark::of(&w.row, Outcome::Delivered)),
+                std::cmp::Ordering::Equal => {
+                    marks.push(Mark::of(&w.row, Outcome::Retry { error: "503".into(), next_retry_at_ms: now }));
+                    waits.insert(w.row.event_id.clone());
+                }
+                std::cmp::Ordering::Greater => {
+                    waits.insert(w.row.event_id.clone());
+                }
+            }
+        }
+    }
+    assert_eq!(a.mark_owned("host-a", &marks, now).await.unwrap().0, marks.len() as u64);
+    a.leave_partitions("host-a").await.unwrap();
+    let retried = marks.iter().find(|m| matches!(m.outcome, Outcome::Retry { .. })).unwrap().event_id.clone();
+    for (total, owner) in [(2, "host-b"), (7, "host-c")] {
+        let consumer = store.clone().sink_store(&audit).await.unwrap();
+        assert!(consumer.set_partitions(total, now).await.unwrap().is_ok(), "no host holds a partition");
+        let found = all_of(consumer.clone(), owner, now).await;
+        let ids: HashSet<String> = found.iter().map(|w| w.row.event_id.clone()).collect();
+        assert_eq!(ids.len(), found.len(), "each waiting event once");
+        assert_eq!(ids, waits, "in {total} partitions, what waited in four");
+        let again = found.iter().find(|w| w.row.event_id == retried).unwrap();
+        assert_eq!((again.status, again.row.retry_count), (Status::Retryable, 1), "the retried event keeps its state");
+        consumer.leave_partitions(owner).await.unwrap();
+    }
 }

@@ -428,10 +428,18 @@ for_consumers!(
     #[async_trait]
     impl Partitions {
         /// Settles first (a partition given up has its memory written), then beats.
+        ///
+        /// Given up is every partition held at the last heartbeat that the owner no longer
+        /// renews: those it releases now, and those whose release an earlier heartbeat did
+        /// not get to (a settle or a statement that failed). Their memory is written before
+        /// any of them is released, and kept until it is.
         async fn keep_partitions(&self, beat: &Heartbeat<'_>) -> Result<Holding, StoreError> {
             let _settling = self.settling.lock().await;
-            self.settle_held(beat.owner, beat.now_ms, Vec::new(), beat.release).await?;
-            let holding = self.leases.heartbeat(beat).await?;
+            let mut release: Vec<u32> = self.memory().holding.iter().map(|f| f.partition).collect();
+            release.retain(|p| !beat.renew.contains(p));
+            release.extend(beat.release.iter().filter(|p| !release.contains(p)).collect::<Vec<_>>());
+            self.settle_held(beat.owner, beat.now_ms, Vec::new(), &release).await?;
+            let holding = self.leases.heartbeat(&Heartbeat { release: &release, ..beat.clone() }).await?;
             let mut memory = self.memory();
             memory.holding = holding.owned.clone();
             memory.total = holding.total;
@@ -587,8 +595,22 @@ for_consumers!(
             self.leases.owners(now_ms).await
         }
 
+        /// The leases' count, and the positions and exceptions renumbered for it, in one
+        /// transaction.
         async fn set_partitions(&self, total: u32, now_ms: i64) -> Result<Result<u32, Vec<String>>, StoreError> {
-            self.leases.set_partition_count(total, now_ms).await
+            let _writing = self.outbox.writing().await;
+            let mut tx = self.outbox.begin_writing().await?;
+            let set = self.leases.set_partition_count_on(&mut tx, total, now_ms).await?;
+            if let Ok(old) = set
+                && old > 0
+                && old != total
+            {
+                let written = self.outbox.renumber_consumer(&mut tx, &self.sink, (old, total), now_ms).await?;
+                tracing::info!(sink = %self.sink.name, from = old, to = total, delivered_exceptions = written, "renumbered a consumer's positions and exceptions");
+            }
+            tx.commit().await?;
+            self.memory().total = 0;
+            Ok(set)
         }
     }
 );

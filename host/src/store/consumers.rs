@@ -27,12 +27,15 @@ use super::partitions::{OwnedRead, Page, Waiting, after_cursor, list, partition_
 use super::sinks::{KeyValue, RegisteredSink, bind_key};
 use super::sql::for_every_dialect;
 use super::sql::{Dialect, SqlStore};
-use super::{Backend, Claimed, Fence, Lease, Status, StoreError};
+use super::{Claimed, Fence, Lease, Status, StoreError};
 
 /// How far behind the database's clock a position stays: a producer's transaction open
 /// longer than this, or a producer clock further behind, may commit a row behind a
 /// position (decision 0203).
 pub const SETTLE_MS: i64 = 10_000;
+
+/// Rows a renumbering reads at a time.
+const RENUMBER_ROWS: u32 = 5_000;
 
 /// Where a sink stands in one partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -282,6 +285,11 @@ for_every_dialect!(impl {
             _ => lowest.clone(),
         };
         let exceptions = self.exceptions_on(&mut conn, &sink.name, &parts, lowest.0).await?;
+        // Read again: a settle that committed between the two reads forgot the `delivered`
+        // exceptions behind the positions it moved, and its positions pass them; one after
+        // both leaves them read. Without this, a row whose exception was forgotten would be
+        // judged against the older position and delivered again.
+        let positions = self.positions_on(&mut conn, sink, &parts).await?;
         let rows = self.rows_after(&mut conn, read.total, &parts, &from, i64::MAX, read.limit).await?;
         let mut at_end = rows.len() < read.limit as usize;
         let mut last = None;
@@ -439,14 +447,25 @@ for_every_dialect!(impl {
     /// room's row held behind its retry, a delivery still under way) becomes a `pending`
     /// exception, and waits as before. `delivered` exceptions behind every position are
     /// deleted: the positions say as much.
+    ///
+    /// A deadlock the database breaks (MariaDB, against a purge's or another owner's
+    /// statements) is tried again: a settle that fails loses nothing, but one that gives up
+    /// a partition and fails would leave its next owner to deliver what this one did.
     pub(super) async fn settle_positions(&self, settle: &Settle<'_>) -> Result<Settled, StoreError> {
+        let mut tries = 0;
+        loop {
+            match self.settle_once(settle).await {
+                Err(e) if tries < 10 && super::sql::is_deadlock(&e) => tries += 1,
+                settled => return settled,
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20 * tries)).await;
+        }
+    }
+
+    async fn settle_once(&self, settle: &Settle<'_>) -> Result<Settled, StoreError> {
         let (lease_parts, _) = self.lease_tables();
         let _writing = self.writing().await;
-        let mut tx = if D::BACKEND == Backend::Sqlite {
-            self.pool.begin_with("BEGIN IMMEDIATE").await?
-        } else {
-            self.pool.begin().await?
-        };
+        let mut tx = self.begin_writing().await?;
         let mut asked: Vec<u32> = settle.fences.iter().map(|f| f.partition).collect();
         asked.sort_unstable();
         asked.dedup();
@@ -1037,11 +1056,7 @@ for_every_dialect!(impl {
             made => made,
         };
         let _writing = self.writing().await;
-        let mut tx = if D::BACKEND == Backend::Sqlite {
-            self.pool.begin_with("BEGIN IMMEDIATE").await?
-        } else {
-            self.pool.begin().await?
-        };
+        let mut tx = self.begin_writing().await?;
         let unfinished = format!("SELECT MIN(created_at_ms) FROM {copy} WHERE status IN ('pending', 'delivering')");
         let unfanned = format!(
             "SELECT MIN(created_at_ms) FROM {t} WHERE fanned_out_at_ms = 0 AND created_at_ms >= {}",
@@ -1121,6 +1136,98 @@ for_every_dialect!(impl {
     }
 
     /// The key in column `i` of `row`.
+    /// `sink`'s positions and exceptions, kept in `old` partitions, made those of `new`
+    /// (`partitions --set`, every host stopped), in the caller's transaction. Every new
+    /// partition starts at the lowest old position, which passes only what was finished in
+    /// every old partition; a row past it that its old partition's position passed, with no
+    /// exception, is written a `delivered` exception (it is not delivered again); each
+    /// exception's partition is computed anew. Returns the `delivered` exceptions written.
+    pub(super) async fn renumber_consumer(
+        &self,
+        tx: &mut <D::Db as Database>::Connection,
+        sink: &RegisteredSink,
+        (old, new): (u32, u32),
+        now_ms: i64,
+    ) -> Result<u64, StoreError> {
+        let exceptions = format!("{}_exceptions", self.table);
+        let all: Vec<u32> = (0..old).collect();
+        let positions = self.positions_on(&mut *tx, sink, &all).await?;
+        let lowest = positions.values().map(|p| (p.created_at_ms, p.key.clone())).min();
+        let highest = positions.values().map(|p| (p.created_at_ms, p.key.clone())).max();
+        let (Some(lowest), Some(highest)) = (lowest, highest) else { return Ok(0) };
+        let known = self.exceptions_on(&mut *tx, &sink.name, &all, lowest.0).await?;
+        let mut written = 0;
+        let mut after = lowest.clone();
+        while after < highest {
+            let rows = self.rows_after(&mut *tx, old, &all, &after, highest.0, RENUMBER_ROWS).await?;
+            for r in &rows {
+                let (created_at_ms, key) = (D::int(r, 6)?, self.sort_key(r)?);
+                after = (created_at_ms, key.clone());
+                let event_id = D::text(r, 2)?;
+                let passed = positions.get(&self.part_of(r, old)?).is_some_and(|p| p.passed(created_at_ms, &key));
+                if !passed || known.contains_key(&event_id) {
+                    continue;
+                }
+                let e = Exception {
+                    event_id,
+                    app_code: D::text(r, 1)?,
+                    room_id: D::text(r, 4)?,
+                    event_type: D::text(r, 3)?,
+                    // Its partition is computed below, with every other exception's.
+                    fence: Fence { partition: 0, epoch: 0 },
+                    created_at_ms,
+                    status: Status::Delivered,
+                    counted: 0,
+                    next_retry_at_ms: 0,
+                    last_error: None,
+                    plugin_digest: None,
+                };
+                self.write_exception(&mut *tx, &sink.name, &e, now_ms).await?;
+                written += 1;
+            }
+            if rows.len() < RENUMBER_ROWS as usize {
+                break;
+            }
+        }
+        let forget = format!("DELETE FROM {}_positions WHERE sink = {}", self.table, D::param(1));
+        sqlx::query(&forget).bind(sink.name.clone()).execute(&mut *tx).await?;
+        for part in 0..new {
+            sqlx::query(&self.consumers.set_position)
+                .bind(sink.name.clone())
+                .bind(i64::from(part))
+                .bind(lowest.0)
+                .bind(key_text(&lowest.1))
+                .bind(now_ms)
+                .execute(&mut *tx)
+                .await?;
+        }
+        match partition_sql(D::BACKEND, new) {
+            Some(expr) => {
+                let sql = format!("UPDATE {exceptions} SET part = {expr} WHERE sink = {}", D::param(1));
+                sqlx::query(&sql).bind(sink.name.clone()).execute(&mut *tx).await?;
+            }
+            None => {
+                let sql = format!("SELECT event_id, app_code, room_id FROM {exceptions} WHERE sink = {}", D::param(1));
+                let update = format!(
+                    "UPDATE {exceptions} SET part = {} WHERE sink = {} AND event_id = {}",
+                    D::param(1),
+                    D::param(2),
+                    D::param(3)
+                );
+                for r in sqlx::query(&sql).bind(sink.name.clone()).fetch_all(&mut *tx).await? {
+                    let part = partition_of(&D::text(&r, 1)?, &D::text(&r, 2)?, new);
+                    sqlx::query(&update)
+                        .bind(i64::from(part))
+                        .bind(sink.name.clone())
+                        .bind(D::text(&r, 0)?)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+            }
+        }
+        Ok(written)
+    }
+
     fn key_of_column(&self, row: &<D::Db as Database>::Row, i: usize) -> Result<KeyValue, sqlx::Error> {
         if self.profile.key.is_text() { D::text(row, i).map(KeyValue::Text) } else { D::int(row, i).map(KeyValue::Int) }
     }

@@ -377,13 +377,21 @@ for_every_dialect!(impl {
         total: u32,
         now_ms: i64,
     ) -> Result<Result<u32, Vec<String>>, StoreError> {
+        let mut tx = self.begin_writing().await?;
+        let set = self.set_partition_count_on(&mut tx, total, now_ms).await?;
+        tx.commit().await?;
+        Ok(set)
+    }
+
+    /// [`Self::set_partition_count`] in the caller's transaction, which commits it.
+    pub(super) async fn set_partition_count_on(
+        &self,
+        tx: &mut <D::Db as Database>::Connection,
+        total: u32,
+        now_ms: i64,
+    ) -> Result<Result<u32, Vec<String>>, StoreError> {
         let (parts, _) = self.lease_tables();
         let t = &self.table;
-        let mut tx = if D::BACKEND == Backend::Sqlite {
-            self.pool.begin_with("BEGIN IMMEDIATE").await?
-        } else {
-            self.pool.begin().await?
-        };
         let rows = sqlx::query(&format!(
             "SELECT part, owner, lease_until_ms FROM {parts} WHERE sink_table = '{t}'{}",
             if D::BACKEND == Backend::Sqlite { "" } else { " FOR UPDATE" }
@@ -403,7 +411,6 @@ for_every_dialect!(impl {
         }
         sqlx::query(&format!("DELETE FROM {parts} WHERE sink_table = '{t}'")).execute(&mut *tx).await?;
         sqlx::query(&self.insert_partitions(&parts, total)).execute(&mut *tx).await?;
-        tx.commit().await?;
         Ok(Ok(rows.len() as u32))
     }
 

@@ -576,6 +576,16 @@ impl<D: Dialect> SqlStore<D> {
     pub(super) async fn writing(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
         if D::one_writer() { Some(self.writes.lock().await) } else { None }
     }
+
+    /// A transaction that writes from its start (SQLite's `BEGIN IMMEDIATE`: its write lock
+    /// is taken before the first read, not upgraded later, which could fail as busy).
+    pub(super) async fn begin_writing(&self) -> Result<sqlx::Transaction<'static, D::Db>, StoreError> {
+        Ok(if D::BACKEND == Backend::Sqlite {
+            self.pool.begin_with("BEGIN IMMEDIATE").await?
+        } else {
+            self.pool.begin().await?
+        })
+    }
 }
 
 /// Decodes a whole [`Row`], by position ([`super::row_columns`]), tolerating the column
