@@ -47,6 +47,12 @@ async fn beat(store: &dyn Store, owner: &str, now: i64) -> Vec<Fence> {
     store.keep_partitions(&beat).await.unwrap().owned
 }
 
+/// One heartbeat of `owner` at `now` renewing `renew`, with a ten-second lease (a test's
+/// partitions stay held through it).
+fn held_for_ten_seconds<'a>(owner: &'a str, renew: &'a [u32], now: i64) -> Heartbeat<'a> {
+    Heartbeat { owner, partitions: TOTAL, in_flight: 0, now_ms: now, lease_ms: 10_000, renew, release: &[] }
+}
+
 /// A settle by `host-a` of `fences` at `now`, up to `now`, writing no exception.
 fn settling<'a>(sink: &'a RegisteredSink, fences: &'a [Fence], finished: &'a Finished<'a>, now: i64) -> Settle<'a> {
     Settle {
@@ -343,15 +349,7 @@ async fn the_operator_sees_a_consumers_own_state(world: World) {
     let room1 = room_events(&world, "room-1", now - 60_000, 4).await;
     let room2 = room_events(&world, "room-2", now - 60_000, 1).await;
     let recent = room_events(&world, "room-3", now, 1).await;
-    let beat = Heartbeat {
-        owner: "host-a",
-        partitions: TOTAL,
-        in_flight: 0,
-        now_ms: now,
-        lease_ms: 10_000,
-        renew: &[],
-        release: &[],
-    };
+    let beat = held_for_ten_seconds("host-a", &[], now);
     let owned = consumer.keep_partitions(&beat).await.unwrap().owned;
     let read = OwnedRead { owner: "host-a", total: TOTAL, owned: &owned, after: None, limit: 100 };
     let page = consumer.read_owned(&read).await.unwrap();
@@ -561,15 +559,7 @@ async fn an_event_retried_then_delivered_is_not_read_again(world: World) {
     let audit = store.register_sink("audit", 0, false, now).await.unwrap();
     let consumer = store.clone().sink_store(&audit).await.unwrap();
     let events = room_events(&world, "room-1", now - 60_000, 3).await;
-    let beat = Heartbeat {
-        owner: "host-a",
-        partitions: TOTAL,
-        in_flight: 0,
-        now_ms: now,
-        lease_ms: 10_000,
-        renew: &[],
-        release: &[],
-    };
+    let beat = held_for_ten_seconds("host-a", &[], now);
     let owned = consumer.keep_partitions(&beat).await.unwrap().owned;
     let read = || {
         let (consumer, owned) = (consumer.clone(), owned.clone());
@@ -614,16 +604,7 @@ async fn a_partition_no_longer_renewed_is_given_up_with_what_its_owner_delivered
     let audit = store.register_sink("audit", 0, false, now).await.unwrap();
     let (a, b) = (store.clone().sink_store(&audit).await.unwrap(), store.clone().sink_store(&audit).await.unwrap());
     let events = room_events(&world, "room-1", now - 1_000, 3).await;
-    let heartbeat = |owner, renew, now_ms| Heartbeat {
-        owner,
-        partitions: TOTAL,
-        in_flight: 0,
-        now_ms,
-        lease_ms: 10_000,
-        renew,
-        release: &[],
-    };
-    let owned = a.keep_partitions(&heartbeat("host-a", &[], now)).await.unwrap().owned;
+    let owned = a.keep_partitions(&held_for_ten_seconds("host-a", &[], now)).await.unwrap().owned;
     assert_eq!(owned.len(), TOTAL as usize, "alone, host-a holds every partition");
     let read = OwnedRead { owner: "host-a", total: TOTAL, owned: &owned, after: None, limit: 100 };
     let page = a.read_owned(&read).await.unwrap().waiting;
@@ -636,10 +617,10 @@ async fn a_partition_no_longer_renewed_is_given_up_with_what_its_owner_delivered
         "delivered within the settle time: in memory only"
     );
 
-    let joined = b.keep_partitions(&heartbeat("host-b", &[], now + 50)).await.unwrap();
+    let joined = b.keep_partitions(&held_for_ten_seconds("host-b", &[], now + 50)).await.unwrap();
     assert!(joined.owned.is_empty(), "host-b joins; every partition is host-a's");
     let renew: Vec<u32> = owned.iter().map(|f| f.partition).filter(|p| *p != room_part).collect();
-    let kept = a.keep_partitions(&heartbeat("host-a", &renew, now + 100)).await.unwrap().owned;
+    let kept = a.keep_partitions(&held_for_ten_seconds("host-a", &renew, now + 100)).await.unwrap().owned;
     assert!(!kept.iter().any(|f| f.partition == room_part), "host-a no longer holds partition {room_part}");
     for e in &events {
         assert_eq!(
@@ -649,7 +630,7 @@ async fn a_partition_no_longer_renewed_is_given_up_with_what_its_owner_delivered
             e.event_id
         );
     }
-    let taken = b.keep_partitions(&heartbeat("host-b", &[], now + 200)).await.unwrap().owned;
+    let taken = b.keep_partitions(&held_for_ten_seconds("host-b", &[], now + 200)).await.unwrap().owned;
     assert!(taken.iter().any(|f| f.partition == room_part), "host-b takes the free partition at once: {taken:?}");
     let read = OwnedRead { owner: "host-b", total: TOTAL, owned: &taken, after: None, limit: 100 };
     let again = b.read_owned(&read).await.unwrap().waiting;
@@ -675,16 +656,7 @@ async fn a_new_partition_count_keeps_what_a_consumer_has_waiting_no_more_no_less
         events.extend(room_events(&world, &format!("room-{room}"), now - 60_000 + room * 10, 4).await);
     }
     let all_of = |store: std::sync::Arc<dyn Store>, owner: &'static str, now: i64| async move {
-        let beat = Heartbeat {
-            owner,
-            partitions: TOTAL,
-            in_flight: 0,
-            now_ms: now,
-            lease_ms: 10_000,
-            renew: &[],
-            release: &[],
-        };
-        let holding = store.keep_partitions(&beat).await.unwrap();
+        let holding = store.keep_partitions(&held_for_ten_seconds(owner, &[], now)).await.unwrap();
         let read = OwnedRead { owner, total: holding.total, owned: &holding.owned, after: None, limit: 1_000 };
         let page = store.read_owned(&read).await.unwrap();
         assert!(page.at_end);

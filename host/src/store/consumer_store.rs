@@ -435,9 +435,11 @@ for_consumers!(
         /// any of them is released, and kept until it is.
         async fn keep_partitions(&self, beat: &Heartbeat<'_>) -> Result<Holding, StoreError> {
             let _settling = self.settling.lock().await;
-            let mut release: Vec<u32> = self.memory().holding.iter().map(|f| f.partition).collect();
-            release.retain(|p| !beat.renew.contains(p));
-            release.extend(beat.release.iter().filter(|p| !release.contains(p)).collect::<Vec<_>>());
+            let held: Vec<u32> = self.memory().holding.iter().map(|f| f.partition).collect();
+            let mut release: Vec<u32> =
+                held.into_iter().filter(|p| !beat.renew.contains(p)).chain(beat.release.iter().copied()).collect();
+            release.sort_unstable();
+            release.dedup();
             self.settle_held(beat.owner, beat.now_ms, Vec::new(), &release).await?;
             let holding = self.leases.heartbeat(&Heartbeat { release: &release, ..beat.clone() }).await?;
             let mut memory = self.memory();

@@ -515,19 +515,7 @@ for_every_dialect!(impl {
                 let event_id = D::text(r, 2)?;
                 let finished = !known.contains_key(&event_id) && (settle.finished)(&event_id);
                 if !finished && !known.contains_key(&event_id) {
-                    unknown.entry(part).or_default().push(Exception {
-                        event_id,
-                        app_code: D::text(r, 1)?,
-                        room_id: D::text(r, 4)?,
-                        event_type: D::text(r, 3)?,
-                        fence,
-                        created_at_ms,
-                        status: Status::Pending,
-                        counted: 0,
-                        next_retry_at_ms: 0,
-                        last_error: None,
-                        plugin_digest: None,
-                    });
+                    unknown.entry(part).or_default().push(self.exception_of(r, fence, Status::Pending)?);
                     continue;
                 }
                 holes.extend(unknown.remove(&part).unwrap_or_default());
@@ -1116,17 +1104,8 @@ for_every_dialect!(impl {
             sqlx::query(&forget).bind(sink.name.clone()).bind(e.event_id.clone()).execute(&mut *tx).await?;
             self.write_exception(&mut tx, &sink.name, &e, now_ms).await?;
         }
-        if let Some((created_at_ms, key)) = &position {
-            for part in 0..total {
-                sqlx::query(&self.consumers.set_position)
-                    .bind(sink.name.clone())
-                    .bind(i64::from(part))
-                    .bind(*created_at_ms)
-                    .bind(key_text(key))
-                    .bind(now_ms)
-                    .execute(&mut *tx)
-                    .await?;
-            }
+        if let Some(position) = &position {
+            self.set_every_position(&mut tx, &sink.name, total, position, now_ms).await?;
         }
         tx.commit().await?;
         let drop_copy = format!("DROP TABLE IF EXISTS {copy}");
@@ -1135,7 +1114,6 @@ for_every_dialect!(impl {
         Ok(Some(rows.len() as u64))
     }
 
-    /// The key in column `i` of `row`.
     /// `sink`'s positions and exceptions, kept in `old` partitions, made those of `new`
     /// (`partitions --set`, every host stopped), in the caller's transaction. Every new
     /// partition starts at the lowest old position, which passes only what was finished in
@@ -1168,20 +1146,8 @@ for_every_dialect!(impl {
                 if !passed || known.contains_key(&event_id) {
                     continue;
                 }
-                let e = Exception {
-                    event_id,
-                    app_code: D::text(r, 1)?,
-                    room_id: D::text(r, 4)?,
-                    event_type: D::text(r, 3)?,
-                    // Its partition is computed below, with every other exception's.
-                    fence: Fence { partition: 0, epoch: 0 },
-                    created_at_ms,
-                    status: Status::Delivered,
-                    counted: 0,
-                    next_retry_at_ms: 0,
-                    last_error: None,
-                    plugin_digest: None,
-                };
+                // Its partition is computed below, with every other exception's.
+                let e = self.exception_of(r, Fence { partition: 0, epoch: 0 }, Status::Delivered)?;
                 self.write_exception(&mut *tx, &sink.name, &e, now_ms).await?;
                 written += 1;
             }
@@ -1191,16 +1157,7 @@ for_every_dialect!(impl {
         }
         let forget = format!("DELETE FROM {}_positions WHERE sink = {}", self.table, D::param(1));
         sqlx::query(&forget).bind(sink.name.clone()).execute(&mut *tx).await?;
-        for part in 0..new {
-            sqlx::query(&self.consumers.set_position)
-                .bind(sink.name.clone())
-                .bind(i64::from(part))
-                .bind(lowest.0)
-                .bind(key_text(&lowest.1))
-                .bind(now_ms)
-                .execute(&mut *tx)
-                .await?;
-        }
+        self.set_every_position(&mut *tx, &sink.name, new, &lowest, now_ms).await?;
         match partition_sql(D::BACKEND, new) {
             Some(expr) => {
                 let sql = format!("UPDATE {exceptions} SET part = {expr} WHERE sink = {}", D::param(1));
@@ -1228,6 +1185,47 @@ for_every_dialect!(impl {
         Ok(written)
     }
 
+    /// The event of a row read by [`Self::rows_after`] as an exception in `fence` with
+    /// `status`, nothing counted.
+    fn exception_of(&self, r: &<D::Db as Database>::Row, fence: Fence, status: Status) -> Result<Exception, sqlx::Error> {
+        Ok(Exception {
+            event_id: D::text(r, 2)?,
+            app_code: D::text(r, 1)?,
+            room_id: D::text(r, 4)?,
+            event_type: D::text(r, 3)?,
+            fence,
+            created_at_ms: D::int(r, 6)?,
+            status,
+            counted: 0,
+            next_retry_at_ms: 0,
+            last_error: None,
+            plugin_digest: None,
+        })
+    }
+
+    /// Puts each of `sink`'s `total` partitions at `(created_at_ms, key)`.
+    async fn set_every_position(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+        sink: &str,
+        total: u32,
+        (created_at_ms, key): &(i64, KeyValue),
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        for part in 0..total {
+            sqlx::query(&self.consumers.set_position)
+                .bind(sink.to_string())
+                .bind(i64::from(part))
+                .bind(*created_at_ms)
+                .bind(key_text(key))
+                .bind(now_ms)
+                .execute(&mut *conn)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The key in column `i` of `row`.
     fn key_of_column(&self, row: &<D::Db as Database>::Row, i: usize) -> Result<KeyValue, sqlx::Error> {
         if self.profile.key.is_text() { D::text(row, i).map(KeyValue::Text) } else { D::int(row, i).map(KeyValue::Int) }
     }
