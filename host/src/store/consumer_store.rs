@@ -97,7 +97,8 @@ pub struct ConsumerStore<D: Dialect> {
     sink: RegisteredSink,
     memory: Mutex<Memory>,
     /// Held through each settle and what decides it: settles run one at a time (a position
-    /// never moves back), and an outcome is judged against the positions it will meet.
+    /// never moves back), and an outcome is judged against the positions it will meet; and
+    /// through each page read, which sees one settle's positions, exceptions and memory.
     settling: tokio::sync::Mutex<()>,
 }
 
@@ -449,22 +450,17 @@ for_consumers!(
             Ok(holding)
         }
 
+        /// Under `settling`: a settle of this owner committing while the page is read would
+        /// leave its positions, exceptions and the memory of what was finished read from
+        /// either side of it. A row it passed as a hole (read as waiting before, passed by
+        /// its position after) would leave the page while its room's later rows stayed, and
+        /// be handed out after them (the kill storm found rooms out of order that way); a
+        /// `delivered` exception it forgot would come back as waiting.
         async fn read_owned(&self, read: &OwnedRead<'_>) -> Result<Page, StoreError> {
-            // Rows already finished are not read again (see the check after the read).
+            let _settling = self.settling.lock().await;
             let finished = |event_id: &str| self.memory().finished.contains_key(event_id);
-            let (mut page, excepted) = self.outbox.consumer_page(&self.sink, read, &finished).await?;
+            let (page, excepted) = self.outbox.consumer_page(&self.sink, read, &finished).await?;
             let mut memory = self.memory();
-            // A settle may have finished while the page was read: what it passed left the
-            // memory as the positions took it over, in one step. Checked again here against
-            // both, so that nothing delivered comes back between them.
-            page.waiting.retain(|w| {
-                let part = w.row.lease.fence.map(|f| f.partition);
-                excepted.contains(&w.row.event_id)
-                    || !(memory.finished.contains_key(&w.row.event_id)
-                        || part
-                            .and_then(|part| memory.positions.get(&part))
-                            .is_some_and(|p| p.passed(w.row.created_at_ms, &w.key)))
-            });
             for w in &page.waiting {
                 let Some(fence) = w.row.lease.fence else { continue };
                 let meta = Meta {

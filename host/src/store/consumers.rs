@@ -285,11 +285,6 @@ for_every_dialect!(impl {
             _ => lowest.clone(),
         };
         let exceptions = self.exceptions_on(&mut conn, &sink.name, &parts, lowest.0).await?;
-        // Read again: a settle that committed between the two reads forgot the `delivered`
-        // exceptions behind the positions it moved, and its positions pass them; one after
-        // both leaves them read. Without this, a row whose exception was forgotten would be
-        // judged against the older position and delivered again.
-        let positions = self.positions_on(&mut conn, sink, &parts).await?;
         let rows = self.rows_after(&mut conn, read.total, &parts, &from, i64::MAX, read.limit).await?;
         let mut at_end = rows.len() < read.limit as usize;
         let mut last = None;
