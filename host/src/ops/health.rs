@@ -12,7 +12,7 @@ const ERROR_BYTES: usize = 300;
 /// The last failed database operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DbFailure {
-    /// `claim`, `mark`, `release`, `fan_out` or `stats`.
+    /// `claim`, `mark`, `release`, `partitions` or `stats`.
     pub operation: &'static str,
     /// The database's message, printable and at most [`ERROR_BYTES`] bytes (plus the clip mark).
     pub error: String,
@@ -42,8 +42,7 @@ impl DbHealth {
         let mut state = self.lock();
         match operation {
             "claim" => state.claims = 0,
-            // A fan-out that works says nothing of the outcome writes.
-            "stats" | "fan_out" => {}
+            "stats" => {}
             _ => state.writes = 0,
         }
     }

@@ -64,7 +64,7 @@ const BATCH_BUCKETS: [f64; 12] = [0.0, 1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0,
 /// The budgets of [`Metrics::sink_limit`], all exported from the start.
 const SINK_LIMITS: [&str; 7] = ["log", "message", "skip_reason", "stdio", "requests", "request_bytes", "retry_after"];
 /// The database operations of [`Metrics::db_error`], all exported from the start.
-const DB_OPERATIONS: [&str; 5] = ["claim", "mark", "release", "fan_out", "stats"];
+const DB_OPERATIONS: [&str; 5] = ["claim", "mark", "release", "partitions", "stats"];
 /// The push-backs of [`Metrics::pushed_back`], all exported from the start.
 /// Distinct `event_type` label values kept; later types are counted under `other`.
 pub const MAX_EVENT_TYPES: usize = 100;

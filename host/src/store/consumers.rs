@@ -215,28 +215,25 @@ for_every_dialect!(impl {
         Ok(found)
     }
 
-    /// The rows of the table's partitions `parts` (all of them on SQLite, which the caller
-    /// filters) after `(after_at, after_key)` in `(created_at_ms, key)` order, created at or
-    /// before `until_ms`, up to `limit`. Columns as [`Self::decode_page`] reads them.
+    /// The rows `walk` names, in `(created_at_ms, key)` order (of every partition on SQLite,
+    /// which the caller filters). Columns as [`Self::decode_page`] reads them; the envelope
+    /// `NULL` unless asked for.
     async fn rows_after(
         &self,
         conn: &mut <D::Db as Database>::Connection,
-        total: u32,
-        parts: &[u32],
-        after: &(i64, KeyValue),
-        until_ms: i64,
-        limit: u32,
+        walk: &Walk<'_>,
     ) -> Result<Vec<<D::Db as Database>::Row>, StoreError> {
         let key = self.profile.key.column();
         let id = super::key_as_id(self.profile.key);
-        let expr = partition_sql(D::BACKEND, total);
+        let expr = partition_sql(D::BACKEND, walk.total);
         let part = expr.as_deref().unwrap_or("0");
         let only = match &expr {
-            Some(expr) if (parts.len() as u32) < total => format!(" AND {expr} IN ({})", list(parts)),
+            Some(expr) if (walk.parts.len() as u32) < walk.total => format!(" AND {expr} IN ({})", list(walk.parts)),
             _ => String::new(),
         };
+        let envelope = if walk.envelopes { "envelope" } else { "NULL AS envelope" };
         let sql = format!(
-            "SELECT {id}, app_code, event_id, event_type, room_id, envelope, created_at_ms, retry_count, \
+            "SELECT {id}, app_code, event_id, event_type, room_id, {envelope}, created_at_ms, retry_count, \
              status, next_retry_at_ms, lock_until_ms, {part} AS part_no, {key} AS sort_key FROM {} \
              WHERE {} AND created_at_ms <= {}{only} ORDER BY created_at_ms, {key} LIMIT {}",
             self.table,
@@ -244,8 +241,9 @@ for_every_dialect!(impl {
             D::param(4),
             D::param(5)
         );
-        let q = bind_key::<D>(sqlx::query(&sql).bind(after.0).bind(after.0), &after.1).bind(until_ms).bind(i64::from(limit));
-        Ok(q.fetch_all(&mut *conn).await?)
+        let after = walk.after;
+        let q = bind_key::<D>(sqlx::query(&sql).bind(after.0).bind(after.0), &after.1);
+        Ok(q.bind(walk.until_ms).bind(i64::from(walk.limit)).fetch_all(&mut *conn).await?)
     }
 
     /// The partition of a row read by [`Self::rows_after`].
@@ -285,7 +283,8 @@ for_every_dialect!(impl {
             _ => lowest.clone(),
         };
         let exceptions = self.exceptions_on(&mut conn, &sink.name, &parts, lowest.0).await?;
-        let rows = self.rows_after(&mut conn, read.total, &parts, &from, i64::MAX, read.limit).await?;
+        let walk = Walk { total: read.total, parts: &parts, after: &from, until_ms: i64::MAX, limit: read.limit, envelopes: true };
+        let rows = self.rows_after(&mut conn, &walk).await?;
         let mut at_end = rows.len() < read.limit as usize;
         let mut last = None;
         let mut waiting = Vec::with_capacity(rows.len());
@@ -491,7 +490,8 @@ for_every_dialect!(impl {
         let mut passed = Vec::new();
         if let Some(lowest) = positions.values().map(|p| (p.created_at_ms, p.key.clone())).min() {
             let known = self.exceptions_on(&mut tx, &settle.sink.name, &held, lowest.0).await?;
-            let rows = self.rows_after(&mut tx, settle.total, &held, &lowest, settle.horizon_ms, settle.limit).await?;
+            let walk = Walk::over(settle.total, &held, &lowest, settle.horizon_ms, settle.limit);
+            let rows = self.rows_after(&mut tx, &walk).await?;
             let epochs: HashMap<u32, Fence> = held_fences.iter().map(|f| (f.partition, *f)).collect();
             // Per partition, the rows passed over since its position last moved that are
             // neither finished nor excepted: holes once a finished row follows them.
@@ -582,6 +582,25 @@ for_every_dialect!(impl {
         Ok(Settled { positions, passed, fenced, held: held_fences })
     }
 });
+
+/// Which rows [`SqlStore::rows_after`] reads: those of partitions `parts` of `total` after
+/// `after` in `(created_at_ms, key)` order, created at or before `until_ms`, `limit` at most.
+struct Walk<'a> {
+    total: u32,
+    parts: &'a [u32],
+    after: &'a (i64, KeyValue),
+    until_ms: i64,
+    limit: u32,
+    /// With their envelopes (a page handed to the sink), or without (a settle, a count).
+    envelopes: bool,
+}
+
+impl<'a> Walk<'a> {
+    /// A walk that needs no envelope.
+    fn over(total: u32, parts: &'a [u32], after: &'a (i64, KeyValue), until_ms: i64, limit: u32) -> Self {
+        Walk { total, parts, after, until_ms, limit, envelopes: false }
+    }
+}
 
 /// One event's exception, as an operator sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -759,7 +778,7 @@ for_every_dialect!(impl {
         let known = self.exceptions_on(&mut conn, &sink.name, &parts, lowest.0).await?;
         let mut after = lowest;
         loop {
-            let page = self.rows_after(&mut conn, total.max(1), &parts, &after, i64::MAX, 5_000).await?;
+            let page = self.rows_after(&mut conn, &Walk::over(total.max(1), &parts, &after, i64::MAX, 5_000)).await?;
             for r in &page {
                 let (created_at_ms, key) = (D::int(r, 6)?, self.sort_key(r)?);
                 after = (created_at_ms, key.clone());
@@ -1132,7 +1151,7 @@ for_every_dialect!(impl {
         let mut written = 0;
         let mut after = lowest.clone();
         while after < highest {
-            let rows = self.rows_after(&mut *tx, old, &all, &after, highest.0, RENUMBER_ROWS).await?;
+            let rows = self.rows_after(&mut *tx, &Walk::over(old, &all, &after, highest.0, RENUMBER_ROWS)).await?;
             for r in &rows {
                 let (created_at_ms, key) = (D::int(r, 6)?, self.sort_key(r)?);
                 after = (created_at_ms, key.clone());
