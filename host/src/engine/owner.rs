@@ -12,7 +12,9 @@
 //! The table does not say what is in flight, so the [`Tracker`] does, with one clock that
 //! orders reads, outcomes and writes:
 //! - a read's rows are dropped when their room was held back after the read began (its
-//!   snapshot predates the outcome);
+//!   snapshot predates the outcome), and until they are, a later read takes none of the
+//!   room's rows past them (a new sweep would otherwise start the room's later rows ahead
+//!   of the ones dropped);
 //! - a written outcome stays known until a read begins after it (the reads before it may
 //!   still see the row unfinished).
 //!
@@ -69,8 +71,8 @@ impl Ceiling {
 /// What the owner knows of a row it read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Known {
-    /// Queued or in flight.
-    Started,
+    /// Queued or in flight; taken by the read that began at clock `read_at`.
+    Started { read_at: u64 },
     /// Its outcome is decided and not yet written; `holds`: it holds its room back.
     Finished { holds: bool },
     /// Its outcome was written at clock `at`.
@@ -182,11 +184,12 @@ impl Tracker {
     /// sweep on to the last row it looked at. `failed`: rooms with a `failed` row and its
     /// creation time, which block the room's later rows (`failed_blocks_room`). Returns the
     /// rows and whether the sweep ended. A page of an earlier `sweep` (partitions were
-    /// gained while it was read) is not used: the new sweep reads it again.
+    /// gained while it was read) is not used: the new sweep reads it again. `seq`: the clock
+    /// of the read the page belongs to, by which [`Tracker::admit`] judges its rows.
     pub fn select(
         &self,
         page: Page,
-        sweep: u64,
+        (seq, sweep): (u64, u64),
         wanted: usize,
         now_ms: i64,
         failed: &[(String, String, i64)],
@@ -215,7 +218,11 @@ impl Tracker {
                 continue;
             }
             let hold = match s.known.get(&waiting.row.event_id).map(|(k, _)| *k) {
-                Some(Known::Started)
+                // Taken by a read whose rows are still on their way to the buffer, and its
+                // room held back since that read began: `admit` will drop it, so the room's
+                // later rows must not be taken past it (they would start ahead of it).
+                Some(Known::Started { read_at }) if s.touched.get(&room).is_some_and(|at| *at > read_at) => true,
+                Some(Known::Started { .. })
                 | Some(Known::Finished { holds: false })
                 | Some(Known::Written { holds: false, .. }) => {
                     continue;
@@ -233,7 +240,7 @@ impl Tracker {
                 continue;
             }
             let partition = waiting.row.lease.fence.map_or(0, |f| f.partition);
-            s.known.insert(waiting.row.event_id.clone(), (Known::Started, partition));
+            s.known.insert(waiting.row.event_id.clone(), (Known::Started { read_at: seq }, partition));
             s.last_key = Some(waiting.key);
             ready.push(waiting.row);
         }
@@ -481,7 +488,8 @@ impl Worker {
                 Err(_) if !ready.is_empty() => return Ok((seq, ready, false)),
                 Err(e) => return Err(e),
             };
-            let (taken, at_end) = tracker.select(page, start.sweep, wanted - ready.len(), self.clock.now_ms(), &failed);
+            let (taken, at_end) =
+                tracker.select(page, (seq, start.sweep), wanted - ready.len(), self.clock.now_ms(), &failed);
             ready.extend(taken);
             if at_end || ready.len() >= wanted {
                 return Ok((seq, ready, at_end));
@@ -622,6 +630,52 @@ mod tests {
         }
     }
 
+    /// The fault harness's order violation on MariaDB (seed 3110: a room's run of events
+    /// delivered after its later ones): a read's rows were on their way to the buffer when
+    /// their room was held back and a new sweep began; the new sweep's first page met them
+    /// as started and took the room's later rows past them. `admit` then dropped the earlier
+    /// rows (their room held back since their read began) and kept the later ones.
+    #[test]
+    fn a_rooms_rows_dropped_on_their_way_to_the_buffer_are_not_overtaken_by_a_new_sweep() {
+        let tracker = Tracker::default();
+        tracker.hold(holding(&[0], &[]));
+        let a = tracker.begin_read();
+        let page = Page {
+            waiting: vec![waiting("r", 0, 12), waiting("r", 0, 27)],
+            last: Some((27, KeyValue::Int(27))),
+            at_end: false,
+        };
+        let (taken_a, _) = tracker.select(page, (a.seq, a.sweep), 10, 0, &[]);
+        assert_eq!(taken_a.len(), 2);
+        // Before read A's rows reach the buffer, the room is held back (its row 10 handed
+        // back) and a new sweep begins.
+        tracker.forget(&[waiting("r", 0, 10).row]);
+        tracker.restart_sweep(a.sweep);
+        let b = tracker.begin_read();
+        assert_eq!(b.after, None, "a new sweep, from the oldest row");
+        let page = Page {
+            waiting: vec![waiting("r", 0, 12), waiting("r", 0, 27), waiting("r", 0, 28)],
+            last: Some((28, KeyValue::Int(28))),
+            at_end: true,
+        };
+        let (taken_b, _) = tracker.select(page, (b.seq, b.sweep), 10, 0, &[]);
+        let (kept_a, dropped_a) = tracker.admit(a.seq, taken_a);
+        assert_eq!((kept_a.len(), dropped_a), (0, 2), "read A's rows are dropped: their room was held back since");
+        let (kept_b, _) = tracker.admit(b.seq, taken_b);
+        let ids: Vec<&str> = kept_b.iter().map(|r| r.event_id.as_str()).collect();
+        assert!(ids.is_empty(), "the room's row 28 must not start ahead of 12 and 27: {ids:?}");
+        // The next sweep takes the room from its oldest row, in order.
+        let c = tracker.begin_read();
+        let page = Page {
+            waiting: vec![waiting("r", 0, 10), waiting("r", 0, 12), waiting("r", 0, 27), waiting("r", 0, 28)],
+            last: Some((28, KeyValue::Int(28))),
+            at_end: true,
+        };
+        let (taken_c, _) = tracker.select(page, (c.seq, c.sweep), 10, 0, &[]);
+        let ids: Vec<&str> = taken_c.iter().map(|r| r.event_id.as_str()).collect();
+        assert_eq!(ids, ["r-10", "r-12", "r-27", "r-28"]);
+    }
+
     /// The soak's order violation: a surplus partition is not read while the sweep goes on
     /// past its rooms' rows; when the share grows back and it is read again, the read must
     /// start from the oldest row, or the room's later rows (past the sweep's place) start
@@ -638,7 +692,7 @@ mod tests {
             last: Some((20, KeyValue::Int(20))),
             at_end: false,
         };
-        let (taken, at_end) = tracker.select(page, start.sweep, 10, 0, &[]);
+        let (taken, at_end) = tracker.select(page, (start.seq, start.sweep), 10, 0, &[]);
         assert_eq!((taken.len(), at_end), (2, false));
         assert_eq!(tracker.begin_read().after, Some((20, KeyValue::Int(20))), "the sweep goes on past 15");
 
@@ -657,7 +711,7 @@ mod tests {
         tracker.hold(holding(&[0, 1], &[]));
         let start = tracker.begin_read();
         let page = Page { waiting: vec![waiting("a", 0, 10)], last: Some((10, KeyValue::Int(10))), at_end: false };
-        tracker.select(page, start.sweep, 10, 0, &[]);
+        tracker.select(page, (start.seq, start.sweep), 10, 0, &[]);
         tracker.hold(holding(&[0, 1], &[1]));
         assert_eq!(tracker.begin_read().after, Some((10, KeyValue::Int(10))));
         tracker.hold(holding(&[0], &[]));
