@@ -86,8 +86,9 @@ struct Args {
     /// default: the host's.
     #[arg(long)]
     concurrency: Option<u32>,
-    /// Only the relay's figures (`--only relay`), or only what several sinks cost (`--only
-    /// sinks`).
+    /// Only the relay's figures (`--only relay`), only what several sinks cost (`--only
+    /// sinks`), or only the main drains with, on PostgreSQL, the floors they are measured
+    /// against (`--only drains`).
     #[arg(long)]
     only: Option<String>,
     /// Where to write the JSON results.
@@ -621,17 +622,21 @@ async fn room_order(r: &mut Report, backend: Backend, setup: Setup<'_>) -> anyho
     Ok(())
 }
 
+/// One line of [`several_sinks`]: the sinks, events/s, writes and WAL per event, cores, and
+/// processor microseconds per event.
+type SinksRow = (usize, f64, Option<[f64; 2]>, cpu::Cores, f64);
+
 /// What several sinks cost: the same events through 1, 2 and 4 no-op sinks.
 async fn several_sinks(r: &mut Report, backend: Backend, args: &Args, cache: &Path) -> anyhow::Result<()> {
     let (table, results, name) = (&mut r.table, &mut r.results, db::name(backend));
     // What several sinks cost: the same events through 1, 2 and 4 no-op sinks, each
     // with its own state.
-    let mut per_sinks = Vec::new();
+    let mut per_sinks: Vec<SinksRow> = Vec::new();
     for count in [1usize, 2, 4] {
         eprintln!("{name}: {} events through {count} sink(s) …", args.sink_events);
         let d = sinks::drain(&Db::fresh(backend).await?, args.sink_events, count, cache).await?;
         let per_s = args.sink_events as f64 / d.seconds;
-        let one = per_sinks.first().map(|(_, one, writes): &(usize, f64, Option<[f64; 2]>)| (per_s / one, *writes));
+        let one = per_sinks.first().map(|&(_, one, writes, ..): &SinksRow| (per_s / one, writes));
         let mut note = one.map(|(r, _)| format!("{r:.2}× of 1 sink")).unwrap_or_default();
         if let Some([rows, wal]) = d.writes {
             let wal_vs_one = match one {
@@ -640,15 +645,18 @@ async fn several_sinks(r: &mut Report, backend: Backend, args: &Args, cache: &Pa
             };
             note.push_str(&format!("; {rows:.2} row writes and {wal:.0} WAL bytes{wal_vs_one} per event"));
         }
+        let cpu_us = d.cpu_us_per_event(args.sink_events);
+        note.push_str(&format!("; {}, {cpu_us:.1} µs of processor per event", d.cores.describe()));
         eprintln!("{name}: {count} sink(s), every event to each: {per_s:.0} events/s; {note}");
         row(table, name, &format!("{count} sink(s), every event to each"), args.sink_events, d.seconds, note);
-        per_sinks.push((count, per_s, d.writes));
+        per_sinks.push((count, per_s, d.writes, d.cores, cpu_us));
     }
     results.push(json!({
         "backend": name,
-        "sinks": per_sinks.iter().map(|(count, per_s, writes)| json!({
+        "sinks": per_sinks.iter().map(|(count, per_s, writes, cores, cpu_us)| json!({
             "sinks": count, "events_per_s": per_s,
             "row_writes_per_event": writes.map(|w| w[0]), "wal_bytes_per_event": writes.map(|w| w[1]),
+            "cores_host": cores.host, "cores_server": cores.server, "cpu_us_per_event": cpu_us,
         })).collect::<Vec<_>>(),
     }));
     Ok(())
@@ -872,13 +880,19 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             several_sinks(&mut r, *backend, &args, cache.path()).await?;
             continue;
         }
-        if *backend != Backend::Mysql {
+        if *backend != Backend::Mysql && args.only.as_deref() != Some("drains") {
             relays(&mut r, *backend, setup, cache.path()).await?;
         }
         if args.only.as_deref() == Some("relay") {
             continue;
         }
         let (wasm_rate, native_rate) = drains(&mut r, *backend, setup).await?;
+        if args.only.as_deref() == Some("drains") {
+            if *backend == Backend::Postgres {
+                floors(&mut r, &args, wasm_rate, native_rate).await?;
+            }
+            continue;
+        }
         room_order(&mut r, *backend, setup).await?;
         several_sinks(&mut r, *backend, &args, cache.path()).await?;
         latencies(&mut r, *backend, &args, &wasm).await?;

@@ -10,6 +10,7 @@ use outbox_host::config::Config;
 use outbox_host::store::Status;
 use tokio_util::sync::CancellationToken;
 
+use crate::cpu;
 use crate::db::Db;
 
 /// One drain through several sinks.
@@ -19,6 +20,17 @@ pub struct SinksDrain {
     /// On PostgreSQL, per event: rows the host wrote in every table of the schema and WAL
     /// bytes.
     pub writes: Option<[f64; 2]>,
+    /// Cores the host and the server used while it ran.
+    pub cores: cpu::Cores,
+}
+
+impl SinksDrain {
+    /// Processor microseconds per event, host and server together (the host's alone where
+    /// the server is not a process of this machine): on two shared cores, what bounds a
+    /// drain that keeps them busy.
+    pub fn cpu_us_per_event(&self, n: usize) -> f64 {
+        (self.cores.host + self.cores.server.unwrap_or(0.0)) * self.seconds * 1e6 / n as f64
+    }
 }
 
 /// Fills a fresh table with `n` events and drains it through `sinks` no-op sinks on one
@@ -41,10 +53,12 @@ pub async fn drain(db: &Db, n: usize, sinks: usize, cache: &std::path::Path) -> 
     let metrics: Vec<_> = host.sinks().iter().map(|s| s.metrics.clone()).collect();
     let writes_before = db.pg_writes().await?;
     let shutdown = CancellationToken::new();
+    let meter = cpu::Meter::start(db).await;
     let started = Instant::now();
     let run = tokio::spawn(host.run(shutdown.clone()));
     crate::wait_drained(&states[..1], n, || metrics.iter().all(|m| m.delivered_total() >= n as u64)).await?;
     let seconds = started.elapsed().as_secs_f64();
+    let cores = meter.read();
     // The consumers' positions settle behind the horizon, at their heartbeats: waited for,
     // so that stopping writes no memory.
     crate::wait_drained(&states, n, || true).await?;
@@ -73,7 +87,7 @@ pub async fn drain(db: &Db, n: usize, sinks: usize, cache: &std::path::Path) -> 
         );
     }
     producer.close().await;
-    Ok(SinksDrain { seconds, writes })
+    Ok(SinksDrain { seconds, writes, cores })
 }
 
 /// The default config with `sinks` no-op sinks starting from the beginning: `fake`, then

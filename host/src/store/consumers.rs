@@ -23,7 +23,7 @@ use std::collections::{HashMap, HashSet};
 
 use sqlx::Database;
 
-use super::partitions::{OwnedRead, Page, Waiting, after_cursor, list, partition_of, partition_sql, share_lock};
+use super::partitions::{OwnedRead, Page, Waiting, after_cursor, list, partition_of};
 use super::sinks::{KeyValue, RegisteredSink, bind_key};
 use super::sql::for_every_dialect;
 use super::sql::{Dialect, SqlStore};
@@ -224,23 +224,22 @@ for_every_dialect!(impl {
         walk: &Walk<'_>,
     ) -> Result<Vec<<D::Db as Database>::Row>, StoreError> {
         let key = self.profile.key.column();
-        let id = super::key_as_id(self.profile.key);
-        let expr = partition_sql(D::BACKEND, walk.total);
-        let part = expr.as_deref().unwrap_or("0");
-        let only = match &expr {
-            Some(expr) if (walk.parts.len() as u32) < walk.total => format!(" AND {expr} IN ({})", list(walk.parts)),
-            _ => String::new(),
-        };
-        let envelope = if walk.envelopes { "envelope" } else { "NULL AS envelope" };
-        let sql = format!(
-            "SELECT {id}, app_code, event_id, event_type, room_id, {envelope}, created_at_ms, retry_count, \
-             status, next_retry_at_ms, lock_until_ms, {part} AS part_no, {key} AS sort_key FROM {} \
-             WHERE {} AND created_at_ms <= {}{only} ORDER BY created_at_ms, {key} LIMIT {}",
-            self.table,
-            after_cursor::<D>(key, 1),
-            D::param(4),
-            D::param(5)
-        );
+        let expr = D::partition_expr(walk.total);
+        let only = (expr.is_some() && (walk.parts.len() as u32) < walk.total).then(|| walk.parts.to_vec());
+        let sql = self.walk_read.get((walk.total, only.clone(), walk.envelopes), || {
+            let only = match (&expr, &only) {
+                (Some(expr), Some(only)) => format!(" AND {expr} IN ({})", list(only)),
+                _ => String::new(),
+            };
+            format!(
+                "SELECT {} FROM {} WHERE {} AND created_at_ms <= {}{only} ORDER BY created_at_ms, {key} LIMIT {}",
+                self.waiting_columns(expr.as_deref().unwrap_or("0"), walk.envelopes),
+                self.table,
+                after_cursor::<D>(key, 1),
+                D::param(4),
+                D::param(5)
+            )
+        });
         let after = walk.after;
         let q = bind_key::<D>(sqlx::query(&sql).bind(after.0).bind(after.0), &after.1);
         Ok(q.bind(walk.until_ms).bind(i64::from(walk.limit)).fetch_all(&mut *conn).await?)
@@ -248,7 +247,7 @@ for_every_dialect!(impl {
 
     /// The partition of a row read by [`Self::rows_after`].
     fn part_of(&self, row: &<D::Db as Database>::Row, total: u32) -> Result<u32, sqlx::Error> {
-        if partition_sql(D::BACKEND, total).is_some() {
+        if D::partition_expr(total).is_some() {
             return Ok(D::int(row, 11)? as u32);
         }
         Ok(partition_of(&D::text(row, 1)?, &D::text(row, 4)?, total))
@@ -365,7 +364,7 @@ for_every_dialect!(impl {
     ) -> Result<Vec<<D::Db as Database>::Row>, StoreError> {
         let key = self.profile.key.column();
         let id = super::key_as_id(self.profile.key);
-        let part = partition_sql(D::BACKEND, total).unwrap_or_else(|| "0".to_string());
+        let part = D::partition_expr(total).unwrap_or_else(|| "0".to_string());
         let mut rows = Vec::with_capacity(event_ids.len());
         for chunk in event_ids.chunks(500) {
             let sql = format!(
@@ -469,7 +468,7 @@ for_every_dialect!(impl {
                 "SELECT part, epoch, owner, lease_until_ms FROM {lease_parts} WHERE sink_table = {} AND part IN ({}){}",
                 D::param(1),
                 list(&asked),
-                share_lock(D::BACKEND)
+                D::SHARE_LOCK
             );
             for r in sqlx::query(&check).bind(settle.sink.table.clone()).fetch_all(&mut *tx).await? {
                 let fence = Fence { partition: D::int(&r, 0)? as u32, epoch: D::int(&r, 1)? };
@@ -913,7 +912,7 @@ for_every_dialect!(impl {
     ) -> Result<super::Step, StoreError> {
         let total = total.max(1);
         let key = self.profile.key.column();
-        let part = partition_sql(D::BACKEND, total).unwrap_or_else(|| "0".to_string());
+        let part = D::partition_expr(total).unwrap_or_else(|| "0".to_string());
         let (conditions, values) = filter.conditions("", D::param, 2);
         let next = 2 + 2 + values.len();
         let sql = format!(
@@ -938,7 +937,7 @@ for_every_dialect!(impl {
         let mut rows = 0;
         for r in &picked {
             let (event_id, created_at_ms) = (D::text(r, 2)?, D::int(r, 5)?);
-            let partition = if partition_sql(D::BACKEND, total).is_some() {
+            let partition = if D::partition_expr(total).is_some() {
                 D::int(r, 6)? as u32
             } else {
                 partition_of(&D::text(r, 1)?, &D::text(r, 4)?, total)
@@ -1084,7 +1083,7 @@ for_every_dialect!(impl {
             Some(r) => Some((D::int(&r, 0)?, self.key_of_column(&r, 1)?)),
             None => None,
         };
-        let part = partition_sql(D::BACKEND, total).unwrap_or_else(|| "0".to_string());
+        let part = D::partition_expr(total).unwrap_or_else(|| "0".to_string());
         let excepted = format!(
             "SELECT event_id, app_code, room_id, event_type, created_at_ms, status, retry_count, next_retry_at_ms, \
              last_error, plugin_digest, {part} FROM {copy} \
@@ -1094,7 +1093,7 @@ for_every_dialect!(impl {
         let rows = sqlx::query(&excepted).bind(before).fetch_all(&mut *tx).await?;
         for r in &rows {
             let (app_code, room_id) = (D::text(r, 1)?, D::text(r, 2)?);
-            let partition = if partition_sql(D::BACKEND, total).is_some() {
+            let partition = if D::partition_expr(total).is_some() {
                 D::int(r, 10)? as u32
             } else {
                 partition_of(&app_code, &room_id, total)
@@ -1172,7 +1171,7 @@ for_every_dialect!(impl {
         let forget = format!("DELETE FROM {}_positions WHERE sink = {}", self.table, D::param(1));
         sqlx::query(&forget).bind(sink.name.clone()).execute(&mut *tx).await?;
         self.set_every_position(&mut *tx, &sink.name, new, &lowest, now_ms).await?;
-        match partition_sql(D::BACKEND, new) {
+        match D::partition_expr(new) {
             Some(expr) => {
                 let sql = format!("UPDATE {exceptions} SET part = {expr} WHERE sink = {}", D::param(1));
                 sqlx::query(&sql).bind(sink.name.clone()).execute(&mut *tx).await?;

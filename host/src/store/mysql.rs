@@ -3,6 +3,12 @@
 //! `SELECT … FOR UPDATE SKIP LOCKED` per claimable status, then `UPDATE` of the picked
 //! ids. The outcomes of a batch are written with one statement per kind (`CASE` over the
 //! ids).
+//!
+//! Everything MySQL spells its own way is here: the claim and outcome statements, the
+//! migration and registry locks (`GET_LOCK`), the partition hash (`CRC32`), the ranges a
+//! read seeks past a cursor with and reads per status, the `ON DUPLICATE KEY` upserts of a
+//! consumer's positions and exceptions, online index changes (`ALGORITHM=INPLACE`) and the
+//! lock-holder report.
 
 use async_trait::async_trait;
 use sqlx::MySql;
@@ -13,7 +19,7 @@ use sqlx::Row as _;
 use sqlx::mysql::MySqlRow;
 
 use super::schema::Profile;
-use super::sql::{ByCount, Dialect, MigrationLock, SqlStore, decode_routine_claimed};
+use super::sql::{ByCount, Dialect, EXCEPTION_COLUMNS, Lock, SqlStore, decode_routine_claimed};
 use super::{Backend, Claimed, Held, Lease, Mark, StoreError};
 
 /// MySQL's and MariaDB's [`Dialect`].
@@ -151,16 +157,96 @@ impl Dialect for MysqlDialect {
         Some("SELECT CAST(ROUND(UNIX_TIMESTAMP(NOW(3)) * 1000) AS SIGNED)")
     }
 
-    fn migration_lock(table: &str) -> MigrationLock {
+    fn migration_lock(table: &str) -> Lock {
         // DDL commits implicitly in MySQL, so a named lock (not a transaction) keeps two
         // starting hosts from migrating at once.
-        MigrationLock {
+        Lock {
             take: format!("SELECT GET_LOCK('{table}_migrations', 60)"),
             checked: true,
             polled: false,
             keep: format!("SELECT RELEASE_LOCK('{table}_migrations')"),
             undo: format!("SELECT RELEASE_LOCK('{table}_migrations')"),
         }
+    }
+
+    fn registry_lock(table: &str) -> Lock {
+        let name = format!("SHA1(CONCAT(DATABASE(), '.{table}_fanout'))");
+        Lock {
+            take: format!("SELECT GET_LOCK({name}, 60)"),
+            checked: true,
+            polled: false,
+            keep: format!("SELECT RELEASE_LOCK({name})"),
+            undo: format!("SELECT RELEASE_LOCK({name})"),
+        }
+    }
+
+    fn ddl_lock_timeout(ms: u64) -> Option<[String; 2]> {
+        Some([
+            format!("SET SESSION lock_wait_timeout = {}", ms.div_ceil(1_000)),
+            "SET SESSION lock_wait_timeout = DEFAULT".into(),
+        ])
+    }
+
+    fn lock_holders_sql(_table: &str) -> Option<String> {
+        Some(
+            "SELECT CONCAT('thread ', trx_mysql_thread_id, ' (transaction open ', \
+             TIMESTAMPDIFF(SECOND, trx_started, NOW()), ' s)') FROM information_schema.innodb_trx \
+             WHERE trx_mysql_thread_id <> CONNECTION_ID()"
+                .into(),
+        )
+    }
+
+    fn index_sql(table: &str, name: &str) -> String {
+        format!(
+            "SELECT DISTINCT 1 FROM information_schema.statistics \
+             WHERE table_schema = DATABASE() AND table_name = '{table}' AND index_name = '{name}'"
+        )
+    }
+
+    fn create_index_online(table: &str, name: &str, columns: &str) -> String {
+        format!("CREATE INDEX {name} ON {table} ({columns}) ALGORITHM=INPLACE LOCK=NONE")
+    }
+
+    fn drop_index_online(table: &str, index: &str) -> String {
+        format!("ALTER TABLE {table} DROP INDEX {index}, ALGORITHM=INPLACE, LOCK=NONE")
+    }
+
+    fn partition_expr(total: u32) -> Option<String> {
+        Some(format!("(CRC32(CONCAT(app_code, ':', room_id)) % {total})"))
+    }
+
+    const SHARE_LOCK: &'static str = " LOCK IN SHARE MODE";
+    const UPDATE_LOCK: &'static str = " FOR UPDATE";
+
+    /// Ranges MySQL's optimizer merges in order.
+    fn after_cursor(key: &str, at: &str, again: &str, last: &str) -> String {
+        format!("(created_at_ms > {at} OR (created_at_ms = {again} AND {key} > {last}))")
+    }
+
+    /// The claim index starts with the status: one range per status, merged.
+    const WAITING: &'static [&'static str] = &["status = 'pending'", "status = 'retryable'", "status = 'delivering'"];
+
+    fn set_position_sql(positions: &str) -> String {
+        format!(
+            "INSERT INTO {positions} (sink, part, created_at_ms, row_key, updated_at_ms) VALUES (?, ?, ?, ?, ?) \
+             ON DUPLICATE KEY UPDATE created_at_ms = VALUES(created_at_ms), row_key = VALUES(row_key), \
+             updated_at_ms = VALUES(updated_at_ms)"
+        )
+    }
+
+    /// Delivered wins over anything but delivered: each column keeps its value once it is.
+    fn set_exception_sql(exceptions: &str) -> String {
+        let keep = |column: &str| format!("{column} = IF(status = 'delivered', {column}, VALUES({column}))");
+        format!(
+            "INSERT INTO {exceptions} ({EXCEPTION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULLIF(?, ''), ?, NULLIF(?, '')) \
+             ON DUPLICATE KEY UPDATE \
+             retry_count = IF(status = 'delivered', retry_count, retry_count + VALUES(retry_count)), {}, {}, {}, {}, \
+             status = IF(status = 'delivered', status, VALUES(status))",
+            keep("next_retry_at_ms"),
+            keep("last_error"),
+            keep("updated_at_ms"),
+            keep("plugin_digest"),
+        )
     }
 
     async fn claim_rows(

@@ -12,7 +12,7 @@ use sqlx::{Database, Decode, Encode, Type};
 use super::sinks::{KeyValue, bind_key};
 use super::sql::for_every_dialect;
 use super::sql::{Dialect, SqlStore, params};
-use super::{Backend, Claimed, Lease, Mark, Outcome, Status, StoreError};
+use super::{Claimed, Lease, Mark, Outcome, Status, StoreError};
 
 /// The partitions of a sink whose count neither its table nor its config says (see
 /// `outbox_worker.partitions`).
@@ -132,17 +132,6 @@ pub fn partition_of(app_code: &str, room_id: &str, total: u32) -> u32 {
     (hash % u64::from(total.max(1))) as u32
 }
 
-/// The SQL that computes a row's partition of `total`, where the database does.
-pub(super) fn partition_sql(backend: Backend, total: u32) -> Option<String> {
-    match backend {
-        Backend::Postgres => {
-            Some(format!("(((hashtextextended(app_code || ':' || room_id, 0) % {total}) + {total}) % {total})"))
-        }
-        Backend::Mysql => Some(format!("(CRC32(CONCAT(app_code, ':', room_id)) % {total})")),
-        Backend::Sqlite => None,
-    }
-}
-
 /// The index of a table's unfinished rows by partition of `total`, then creation order.
 pub(super) fn partition_index_name(table: &str, total: u32) -> String {
     format!("{table}_p{total}_idx")
@@ -153,31 +142,11 @@ pub(super) fn partition_index_count(table: &str, index: &str) -> Option<u32> {
     index.strip_prefix(&format!("{table}_p"))?.strip_suffix("_idx")?.parse().ok()
 }
 
-/// How a read locks the partition rows it checks, so that no takeover commits between the
-/// check and the outcome writes of the same transaction.
-pub(super) fn share_lock(backend: Backend) -> &'static str {
-    match backend {
-        Backend::Postgres => " FOR SHARE",
-        Backend::Mysql => " LOCK IN SHARE MODE",
-        // `BEGIN IMMEDIATE` holds the one write lock.
-        Backend::Sqlite => "",
-    }
-}
-
 /// Partition numbers as an SQL list: `3, 5, 8`.
 /// Rows after the cursor `(created_at_ms, key)` bound at parameters `first` (twice, the
-/// time) and `first + 2` (the key), written so the read seeks to the cursor in its index
-/// rather than reading again, on every page, each row of the cursor's millisecond before it
-/// (a burst puts hundreds in one): a row comparison on PostgreSQL, ranges MySQL's optimizer
-/// merges in order on MySQL. SQLite seeks on neither; it reads its millisecond's earlier
-/// rows again.
+/// time) and `first + 2` (the key), as the database seeks to it ([`Dialect::after_cursor`]).
 pub(super) fn after_cursor<D: Dialect>(key: &str, first: usize) -> String {
-    let (at, again, last) = (D::param(first), D::param(first + 1), D::param(first + 2));
-    match D::BACKEND {
-        Backend::Postgres => format!("created_at_ms >= {at} AND (created_at_ms, {key}) > ({again}, {last})"),
-        Backend::Mysql => format!("(created_at_ms > {at} OR (created_at_ms = {again} AND {key} > {last}))"),
-        Backend::Sqlite => format!("created_at_ms >= {at} AND (created_at_ms > {again} OR {key} > {last})"),
-    }
+    D::after_cursor(key, &D::param(first), &D::param(first + 1), &D::param(first + 2))
 }
 
 pub(super) fn list(parts: &[u32]) -> String {
@@ -394,7 +363,7 @@ for_every_dialect!(impl {
         let t = &self.table;
         let rows = sqlx::query(&format!(
             "SELECT part, owner, lease_until_ms FROM {parts} WHERE sink_table = '{t}'{}",
-            if D::BACKEND == Backend::Sqlite { "" } else { " FOR UPDATE" }
+            D::UPDATE_LOCK
         ))
         .fetch_all(&mut *tx)
         .await?;
@@ -512,58 +481,17 @@ for_every_dialect!(impl {
     /// order after `read.after`, due or not (a room's earliest such row decides whether the
     /// room may go on).
     pub(super) async fn read_waiting(&self, read: &OwnedRead<'_>) -> Result<Page, StoreError> {
-        let key = self.profile.key.column();
-        let id = super::key_as_id(self.profile.key);
-        let expr = partition_sql(D::BACKEND, read.total);
-        let part = expr.as_deref().unwrap_or("0");
+        let expr = D::partition_expr(read.total);
         let everything = read.owned.len() as u32 >= read.total;
         if !everything
             && expr.is_some()
             && self.indexed_partitions.load(std::sync::atomic::Ordering::Relaxed) == read.total
         {
-            return self.read_by_partition(read, expr.as_deref().unwrap_or_default()).await;
+            return self.read_by_partition(read).await;
         }
-        let only = match (&expr, everything) {
-            (Some(expr), false) => {
-                let parts: Vec<u32> = read.owned.iter().map(|f| f.partition).collect();
-                format!(" AND {expr} IN ({})", list(&parts))
-            }
-            _ => String::new(),
-        };
-        // One ordered range of an index per read, never a sort: PostgreSQL's partial claim
-        // index, SQLite's partial pick index (named, as its planner prefers a status-first
-        // one and sorts), and on MySQL, whose claim index starts with the status, one range
-        // per status merged.
-        let select = |status: &str, from: &str, first: usize| {
-            format!(
-                "SELECT {id}, app_code, event_id, event_type, room_id, envelope, created_at_ms, retry_count, \
-                 status, next_retry_at_ms, lock_until_ms, {part} AS part_no, {key} AS sort_key FROM {from} \
-                 WHERE {status} AND {}{only} ORDER BY created_at_ms, {key} LIMIT {}",
-                after_cursor::<D>(key, first),
-                D::param(first + 3),
-            )
-        };
-        let t = &self.table;
-        let statuses: &[&str] = match D::BACKEND {
-            Backend::Mysql => &["status = 'pending'", "status = 'retryable'", "status = 'delivering'"],
-            _ => &["status IN ('pending', 'retryable', 'delivering')"],
-        };
-        let from = match D::BACKEND {
-            Backend::Sqlite => format!("{t} INDEXED BY {t}_pick_idx"),
-            _ => t.clone(),
-        };
-        let sql = match statuses {
-            [one] => select(one, &from, 1),
-            many => format!(
-                "SELECT * FROM ({}) AS waiting ORDER BY created_at_ms, sort_key LIMIT {}",
-                many.iter()
-                    .enumerate()
-                    .map(|(i, status)| format!("({})", select(status, &from, 1 + 4 * i)))
-                    .collect::<Vec<_>>()
-                    .join(" UNION ALL "),
-                D::param(1 + 4 * many.len())
-            ),
-        };
+        let only = (!everything && expr.is_some()).then(|| read.owned.iter().map(|f| f.partition).collect());
+        let sql = self.waiting_read_sql(read.total, only);
+        let statuses = D::WAITING;
         let (after_at, after_key) = read.after.clone().unwrap_or((i64::MIN, KeyValue::first(self.profile.key)));
         let mut q = sqlx::query(&sql);
         for _ in statuses {
@@ -582,12 +510,12 @@ for_every_dialect!(impl {
     /// `per` of each, merged in order. A partition that returned `per` rows may have more
     /// before another partition's last: the page ends at the earliest such partition's last
     /// row, which every partition has been read up to.
-    async fn read_by_partition(&self, read: &OwnedRead<'_>, expr: &str) -> Result<Page, StoreError> {
+    async fn read_by_partition(&self, read: &OwnedRead<'_>) -> Result<Page, StoreError> {
         let limit = read.limit.max(1) as usize;
         // A little over each partition's share of the page: fewer rows read past the page's end.
         let per = ((limit + limit / 4).div_ceil(read.owned.len().max(1)) + 1).min(limit);
         let parts: Vec<u32> = read.owned.iter().map(|f| f.partition).collect();
-        let sql = self.partition_read_sql(read.total, expr);
+        let sql = self.partition_read_sql(read.total);
         let (after_at, after_key) = read.after.clone().unwrap_or((i64::MIN, KeyValue::first(self.profile.key)));
         let parts = parts.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
         let q = bind_key::<D>(sqlx::query(&sql).bind(after_at).bind(after_at), &after_key).bind(parts).bind(per as i64);
@@ -609,29 +537,59 @@ for_every_dialect!(impl {
     /// The statement of [`Self::read_by_partition`] for `total` partitions, whose hash is
     /// `expr`: built once per count. Everything else is bound, so that the text (and its
     /// prepared plan) depends only on the count.
-    fn partition_read_sql(&self, total: u32, expr: &str) -> std::sync::Arc<str> {
-        let mut built = self.partition_read.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((count, sql)) = built.as_ref()
-            && *count == total
-        {
-            return sql.clone();
-        }
-        let (t, key) = (&self.table, self.profile.key.column());
-        let id = super::key_as_id(self.profile.key);
-        let columns = format!(
-            "{id}, app_code, event_id, event_type, room_id, envelope, created_at_ms, retry_count, \
-             status, next_retry_at_ms, lock_until_ms, {expr} AS part_no, {key} AS sort_key"
-        );
-        // One range of the partial index per partition, merged in order.
-        let sql: std::sync::Arc<str> = format!(
-            "SELECT * FROM (SELECT w.* FROM unnest(string_to_array($4, ',')::INT8[]) AS p(n) CROSS JOIN LATERAL ( \
-               SELECT {columns} FROM {t} WHERE {expr} = p.n AND status IN ('pending', 'retryable', 'delivering') \
-                  AND {} ORDER BY created_at_ms, {key} LIMIT $5) AS w) AS waiting ORDER BY created_at_ms, sort_key",
-            after_cursor::<D>(key, 1)
+    fn partition_read_sql(&self, total: u32) -> std::sync::Arc<str> {
+        self.partition_read.get(total, || {
+            let expr = D::partition_expr(total).unwrap_or_else(|| "0".into());
+            D::partition_read_sql(&self.table, &self.waiting_columns(&expr, true), self.profile.key.column(), &expr)
+                .expect("a database that keeps partition indexes reads by them")
+        })
+    }
+
+    /// What an owner's read selects, with `part` as each row's partition (the envelope
+    /// `NULL` unless `envelopes`), as [`Self::decode_page`] reads it.
+    pub(super) fn waiting_columns(&self, part: &str, envelopes: bool) -> String {
+        let (id, key) = (super::key_as_id(self.profile.key), self.profile.key.column());
+        let envelope = if envelopes { "envelope" } else { "NULL AS envelope" };
+        format!(
+            "{id}, app_code, event_id, event_type, room_id, {envelope}, created_at_ms, retry_count, \
+             status, next_retry_at_ms, lock_until_ms, {part} AS part_no, {key} AS sort_key"
         )
-        .into();
-        *built = Some((total, sql.clone()));
-        sql
+    }
+
+    /// [`Self::read_waiting`]'s statement for `total` partitions, of which it reads `only`
+    /// (`None`: every one), built once and kept. One ordered range of an index
+    /// per condition of [`Dialect::WAITING`], never a sort: PostgreSQL's partial claim index,
+    /// SQLite's partial pick index, and on MySQL one range per status, merged.
+    fn waiting_read_sql(&self, total: u32, only: Option<Vec<u32>>) -> std::sync::Arc<str> {
+        let key = self.profile.key.column();
+        let expr = D::partition_expr(total);
+        let only_sql = match (&expr, &only) {
+            (Some(expr), Some(only)) => format!(" AND {expr} IN ({})", list(only)),
+            _ => String::new(),
+        };
+        self.waiting_read.get((total, only), || {
+            let columns = self.waiting_columns(expr.as_deref().unwrap_or("0"), true);
+            let from = D::waiting_from(&self.table);
+            let select = |status: &str, first: usize| {
+                format!(
+                    "SELECT {columns} FROM {from} WHERE {status} AND {}{only_sql} ORDER BY created_at_ms, {key} LIMIT {}",
+                    after_cursor::<D>(key, first),
+                    D::param(first + 3),
+                )
+            };
+            match D::WAITING {
+                [one] => select(one, 1),
+                many => format!(
+                    "SELECT * FROM ({}) AS waiting ORDER BY created_at_ms, sort_key LIMIT {}",
+                    many.iter()
+                        .enumerate()
+                        .map(|(i, status)| format!("({})", select(status, 1 + 4 * i)))
+                        .collect::<Vec<_>>()
+                        .join(" UNION ALL "),
+                    D::param(1 + 4 * many.len())
+                ),
+            }
+        })
     }
 
     /// Runs an owner's read. On PostgreSQL the planner is told to walk the index in order:
@@ -646,13 +604,8 @@ for_every_dialect!(impl {
         &self,
         q: sqlx::query::Query<'q, D::Db, <D::Db as Database>::Arguments<'q>>,
     ) -> Result<Vec<<D::Db as Database>::Row>, StoreError> {
-        if D::BACKEND != Backend::Postgres {
-            return Ok(q.fetch_all(&self.pool).await?);
-        }
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN READ ONLY; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_sort = off; SET LOCAL jit = off")
-            .await?;
+        let Some(begin) = D::INDEX_ORDER_READ else { return Ok(q.fetch_all(&self.pool).await?) };
+        let mut tx = self.pool.begin_with(begin).await?;
         let rows = q.fetch_all(&mut *tx).await?;
         tx.commit().await?;
         Ok(rows)
@@ -761,11 +714,7 @@ for_every_dialect!(impl {
     {
         let (parts, _) = self.lease_tables();
         let _writing = self.writing().await;
-        let mut tx = if D::BACKEND == Backend::Sqlite {
-            self.pool.begin_with("BEGIN IMMEDIATE").await?
-        } else {
-            self.pool.begin().await?
-        };
+        let mut tx = self.begin_writing().await?;
         // The marks' partitions only, by primary key: a share lock on exactly those rows.
         let mut parts_of: Vec<u32> = marks.iter().filter_map(|m| m.lease.fence).map(|f| f.partition).collect();
         parts_of.sort_unstable();
@@ -776,7 +725,7 @@ for_every_dialect!(impl {
                 "SELECT part, epoch, owner, lease_until_ms FROM {parts} WHERE sink_table = {} AND part IN ({}){}",
                 D::param(1),
                 list(&parts_of),
-                share_lock(D::BACKEND)
+                D::SHARE_LOCK
             );
             for r in sqlx::query(&check).bind(self.table.clone()).fetch_all(&mut *tx).await? {
                 if D::opt_text(&r, 2)?.as_deref() == Some(owner) && D::int(&r, 3)? > now_ms {

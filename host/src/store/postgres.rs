@@ -3,6 +3,12 @@
 //! claimers skip each other's rows, with planner settings of its own that keep the pick on
 //! the claim index. Outcomes of a whole batch are
 //! written with one statement per kind, passing arrays.
+//!
+//! Everything PostgreSQL spells its own way is here: the claim and outcome statements, the
+//! migration and registry locks (advisory locks), the partition hash (`hashtextextended`)
+//! and the partition index an owner reads by, the row comparison a read seeks past a cursor
+//! with, the planner settings that keep a read in its index's order, and the catalog
+//! queries behind online index builds (`CONCURRENTLY`) and the lock-holder report.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +25,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{Column as _, Row as _, TypeInfo as _};
 
 use super::schema::Profile;
-use super::sql::{Dialect, MigrationLock, SqlStore, decode_routine_claimed};
+use super::sql::{Dialect, Lock, SqlStore, decode_routine_claimed};
 use super::{Backend, CLAIM_COLUMNS, Claimed, Held, Lease, Mark, StoreError};
 
 /// The longest wait between attempts to listen again.
@@ -183,13 +189,13 @@ impl Dialect for PostgresDialect {
         Some("SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::INT8")
     }
 
-    fn migration_lock(table: &str) -> MigrationLock {
+    fn migration_lock(table: &str) -> Lock {
         // Serialise concurrent starters on this table's migrations. A session lock, not a
         // transaction: adopting a table builds indexes CONCURRENTLY, which no transaction
         // may hold. Tried, not waited for: a statement waiting for the lock holds a snapshot,
         // which the holder's CONCURRENTLY build would wait for in turn (a deadlock).
         let lock = format!("hashtext(current_schema() || '.{table}_migrations')");
-        MigrationLock {
+        Lock {
             take: format!("SELECT CASE WHEN pg_try_advisory_lock({lock}) THEN 1 ELSE 0 END::INT8"),
             checked: true,
             polled: true,
@@ -197,6 +203,110 @@ impl Dialect for PostgresDialect {
             undo: format!("SELECT pg_advisory_unlock({lock})"),
         }
     }
+
+    fn registry_lock(table: &str) -> Lock {
+        let lock = format!("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.{table}_fanout'))");
+        Lock {
+            take: format!("BEGIN ISOLATION LEVEL READ COMMITTED; {lock}"),
+            checked: false,
+            polled: false,
+            keep: "COMMIT".into(),
+            undo: "ROLLBACK".into(),
+        }
+    }
+
+    fn ddl_lock_timeout(ms: u64) -> Option<[String; 2]> {
+        Some([format!("SET lock_timeout = {ms}"), "RESET lock_timeout".into()])
+    }
+
+    fn lock_holders_sql(table: &str) -> Option<String> {
+        Some(format!(
+            "SELECT DISTINCT a.pid::TEXT || ' (' || COALESCE(a.state, '?') || ', transaction open ' || \
+             COALESCE(EXTRACT(EPOCH FROM now() - a.xact_start)::BIGINT::TEXT, '?') || ' s)' \
+             FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE l.relation = to_regclass('{table}') AND a.pid <> pg_backend_pid()"
+        ))
+    }
+
+    fn index_sql(table: &str, name: &str) -> String {
+        format!(
+            "SELECT CASE WHEN x.indisvalid THEN 1 ELSE 0 END::INT8 FROM pg_index x \
+             JOIN pg_class i ON i.oid = x.indexrelid WHERE x.indrelid = to_regclass('{table}') AND i.relname = '{name}'"
+        )
+    }
+
+    fn create_index_online(table: &str, name: &str, columns: &str) -> String {
+        format!("CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {table} ({columns})")
+    }
+
+    fn drop_index_online(_table: &str, index: &str) -> String {
+        format!("DROP INDEX CONCURRENTLY IF EXISTS {index}")
+    }
+
+    /// An expression index over the unfinished rows, built `CONCURRENTLY`, after dropping
+    /// the table's partition indexes of other counts and an invalid one of this count.
+    async fn build_partition_index(
+        store: &PostgresStore,
+        conn: &mut sqlx::PgConnection,
+        total: u32,
+    ) -> Result<bool, StoreError> {
+        use super::partitions::{partition_index_count, partition_index_name};
+        let t = &store.table;
+        let expr = Self::partition_expr(total).expect("PostgreSQL computes partitions");
+        let wanted = partition_index_name(t, total);
+        let rows = sqlx::query(&format!(
+            "SELECT i.relname::TEXT, CASE WHEN x.indisvalid THEN 1 ELSE 0 END::INT8 FROM pg_index x \
+             JOIN pg_class i ON i.oid = x.indexrelid WHERE x.indrelid = to_regclass('{t}')"
+        ))
+        .fetch_all(&mut *conn)
+        .await?;
+        for r in &rows {
+            let (name, valid) = (Self::text(r, 0)?, Self::int(r, 1)? == 1);
+            let Some(count) = partition_index_count(t, &name) else { continue };
+            if count != total || !valid {
+                sqlx::Executor::execute(&mut *conn, format!("DROP INDEX CONCURRENTLY IF EXISTS {name}").as_str())
+                    .await
+                    .map_err(|e| StoreError::Migration(format!("dropping {name}: {e}")))?;
+                tracing::info!(table = %t, index = %name, "dropped a partition index of another count, or an invalid one");
+            }
+        }
+        let key = store.profile.key.column();
+        let create = format!(
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS {wanted} ON {t} (({expr}), created_at_ms, {key}) \
+             WHERE status IN ('pending', 'retryable', 'delivering')"
+        );
+        sqlx::Executor::execute(&mut *conn, create.as_str())
+            .await
+            .map_err(|e| StoreError::Migration(format!("building {wanted}: {e}")))?;
+        Ok(true)
+    }
+
+    const PARTITION_INDEX: bool = true;
+
+    /// One range of the partial index per partition, merged in order.
+    fn partition_read_sql(table: &str, columns: &str, key: &str, expr: &str) -> Option<String> {
+        Some(format!(
+            "SELECT * FROM (SELECT w.* FROM unnest(string_to_array($4, ',')::INT8[]) AS p(n) CROSS JOIN LATERAL ( \
+               SELECT {columns} FROM {table} WHERE {expr} = p.n AND status IN ('pending', 'retryable', 'delivering') \
+                  AND {} ORDER BY created_at_ms, {key} LIMIT $5) AS w) AS waiting ORDER BY created_at_ms, sort_key",
+            Self::after_cursor(key, "$1", "$2", "$3")
+        ))
+    }
+
+    fn partition_expr(total: u32) -> Option<String> {
+        Some(format!("(((hashtextextended(app_code || ':' || room_id, 0) % {total}) + {total}) % {total})"))
+    }
+
+    const SHARE_LOCK: &'static str = " FOR SHARE";
+    const UPDATE_LOCK: &'static str = " FOR UPDATE";
+
+    /// A row comparison, which PostgreSQL seeks to.
+    fn after_cursor(key: &str, at: &str, again: &str, last: &str) -> String {
+        format!("created_at_ms >= {at} AND (created_at_ms, {key}) > ({again}, {last})")
+    }
+
+    const INDEX_ORDER_READ: Option<&'static str> =
+        Some("BEGIN READ ONLY; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_sort = off; SET LOCAL jit = off");
 
     async fn claim_rows(
         store: &PostgresStore,

@@ -8,8 +8,8 @@ use sqlx::{Database, Executor};
 use super::migrate::{self, BASELINE};
 use super::schema::{self, Key};
 use super::sql::for_every_dialect;
-use super::sql::{Dialect, SqlStore, is_lock_timeout, params};
-use super::{Backend, Schema, StoreError, now_ms};
+use super::sql::{Dialect, Lock, SqlStore, is_lock_timeout, params};
+use super::{Schema, StoreError, now_ms};
 
 /// What [`SqlStore::holding_migration_lock`] does while it holds the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,33 +78,10 @@ for_every_dialect!(impl {
     async fn locked_once(&self, job: Job) -> Result<super::Migrated, StoreError> {
         let lock = D::migration_lock(&self.table);
         let mut conn = self.pool.acquire().await?;
-        if lock.checked {
-            let mut tries = if lock.polled { 1_200 } else { 1 };
-            loop {
-                let got: Option<i64> = sqlx::query_scalar(&lock.take).fetch_one(&mut *conn).await?;
-                if got == Some(1) {
-                    break;
-                }
-                tries -= 1;
-                if tries == 0 {
-                    return Err(StoreError::Migration(format!("could not take the lock {:?}", lock.take)));
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-        } else {
-            Executor::execute(&mut *conn, lock.take.as_str()).await?;
+        if !self.take_lock(&mut conn, &lock).await? {
+            return Err(StoreError::Migration(format!("could not take the lock {:?}", lock.take)));
         }
-        let (limit, unlimit) = match D::BACKEND {
-            Backend::Postgres => {
-                (format!("SET lock_timeout = {DDL_LOCK_TIMEOUT_MS}"), "RESET lock_timeout".to_string())
-            }
-            Backend::Mysql => (
-                format!("SET SESSION lock_wait_timeout = {}", DDL_LOCK_TIMEOUT_MS.div_ceil(1_000)),
-                "SET SESSION lock_wait_timeout = DEFAULT".to_string(),
-            ),
-            // SQLite's one writer waits on its busy timeout.
-            Backend::Sqlite => (String::new(), String::new()),
-        };
+        let [limit, unlimit] = D::ddl_lock_timeout(DDL_LOCK_TIMEOUT_MS).unwrap_or_default();
         let done = async {
             if !limit.is_empty() {
                 Executor::execute(&mut *conn, limit.as_str()).await?;
@@ -113,7 +90,7 @@ for_every_dialect!(impl {
                 Job::Migrate => self.apply_migrations(&mut conn).await,
                 Job::ConsumerIndex => self.build_consumer_index(&mut conn).await.map(|()| super::Migrated::default()),
                 Job::PartitionIndex(total) => {
-                    self.build_partition_index(&mut conn, total).await.map(|()| super::Migrated::default())
+                    D::build_partition_index(self, &mut conn, total).await.map(|_| super::Migrated::default())
                 }
             }
         }
@@ -121,9 +98,46 @@ for_every_dialect!(impl {
         if !unlimit.is_empty() {
             let _ = Executor::execute(&mut *conn, unlimit.as_str()).await;
         }
-        let end = if done.is_ok() { &lock.keep } else { &lock.undo };
-        Executor::execute(&mut *conn, end.as_str()).await?;
+        self.release_lock(&mut conn, &lock, done.is_ok()).await?;
         done
+    }
+
+    /// Takes `lock` on `conn`: `false` if it was not to be had (a checked lock that did not
+    /// return 1 in its time). After an error or `false`, nothing of it is held.
+    pub(super) async fn take_lock(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+        lock: &Lock,
+    ) -> Result<bool, StoreError> {
+        if !lock.checked {
+            if let Err(e) = Executor::execute(&mut *conn, lock.take.as_str()).await {
+                let _ = Executor::execute(&mut *conn, lock.undo.as_str()).await;
+                return Err(e.into());
+            }
+            return Ok(true);
+        }
+        let mut tries = if lock.polled { 1_200 } else { 1 };
+        loop {
+            if D::opt_int(&sqlx::query(&lock.take).fetch_one(&mut *conn).await?, 0)? == Some(1) {
+                return Ok(true);
+            }
+            tries -= 1;
+            if tries == 0 {
+                return Ok(false);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Ends what [`Self::take_lock`] began: `keep` after success (`kept`), else `undo`.
+    pub(super) async fn release_lock(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+        lock: &Lock,
+        kept: bool,
+    ) -> Result<(), StoreError> {
+        Executor::execute(&mut *conn, if kept { lock.keep.as_str() } else { lock.undo.as_str() }).await?;
+        Ok(())
     }
 
     /// Whether the table is as this build would leave it: every migration applied with its
@@ -270,7 +284,7 @@ for_every_dialect!(impl {
         let made = format!("SELECT COUNT(*) FROM {parts} WHERE sink_table = '{t}'");
         let total = D::int(&sqlx::query(&made).fetch_one(&mut *conn).await?, 0)?;
         let total = if total > 0 { total as u32 } else { super::partitions::DEFAULT_PARTITIONS };
-        self.build_partition_index(&mut *conn, total).await?;
+        D::build_partition_index(self, &mut *conn, total).await?;
         // The consumers' index, where the table has sinks beside the first (an invalid one,
         // from a build cut short, is made again).
         if self.has_other_sinks(&mut *conn).await? {
@@ -294,11 +308,7 @@ for_every_dialect!(impl {
             if !info.indexes.iter().any(|i| i.name.eq_ignore_ascii_case(&index)) {
                 continue;
             }
-            let drop = match D::BACKEND {
-                Backend::Postgres => format!("DROP INDEX CONCURRENTLY IF EXISTS {index}"),
-                Backend::Mysql => format!("ALTER TABLE {t} DROP INDEX {index}, ALGORITHM=INPLACE, LOCK=NONE"),
-                Backend::Sqlite => format!("DROP INDEX IF EXISTS {index}"),
-            };
+            let drop = D::drop_index_online(t, &index);
             Executor::execute(&mut *conn, drop.as_str()).await.map_err(|e| {
                 StoreError::Migration(format!("dropping {index}, which this version no longer uses: {e}"))
             })?;
@@ -340,7 +350,7 @@ for_every_dialect!(impl {
     where
         Self: super::Store,
     {
-        if D::BACKEND != Backend::Postgres {
+        if !D::PARTITION_INDEX {
             return Ok(false);
         }
         if self.indexed_partitions.load(std::sync::atomic::Ordering::Relaxed) == total {
@@ -360,47 +370,6 @@ for_every_dialect!(impl {
         Ok(true)
     }
 
-    /// The partition index for `total` partitions (PostgreSQL: an expression index over the
-    /// unfinished rows, built `CONCURRENTLY`), after dropping the table's partition indexes
-    /// of other counts and an invalid one of this count. Other databases have none.
-    async fn build_partition_index(
-        &self,
-        conn: &mut <D::Db as Database>::Connection,
-        total: u32,
-    ) -> Result<(), StoreError> {
-        use super::partitions::{partition_index_count, partition_index_name, partition_sql};
-        let t = &self.table;
-        let Some(expr) = partition_sql(D::BACKEND, total).filter(|_| D::BACKEND == Backend::Postgres) else {
-            return Ok(());
-        };
-        let wanted = partition_index_name(t, total);
-        let rows = sqlx::query(&format!(
-            "SELECT i.relname::TEXT, CASE WHEN x.indisvalid THEN 1 ELSE 0 END::INT8 FROM pg_index x \
-             JOIN pg_class i ON i.oid = x.indexrelid WHERE x.indrelid = to_regclass('{t}')"
-        ))
-        .fetch_all(&mut *conn)
-        .await?;
-        for r in &rows {
-            let (name, valid) = (D::text(r, 0)?, D::int(r, 1)? == 1);
-            let Some(count) = partition_index_count(t, &name) else { continue };
-            if count != total || !valid {
-                Executor::execute(&mut *conn, format!("DROP INDEX CONCURRENTLY IF EXISTS {name}").as_str())
-                    .await
-                    .map_err(|e| StoreError::Migration(format!("dropping {name}: {e}")))?;
-                tracing::info!(table = %t, index = %name, "dropped a partition index of another count, or an invalid one");
-            }
-        }
-        let key = self.profile.key.column();
-        let create = format!(
-            "CREATE INDEX CONCURRENTLY IF NOT EXISTS {wanted} ON {t} (({expr}), created_at_ms, {key}) \
-             WHERE status IN ('pending', 'retryable', 'delivering')"
-        );
-        Executor::execute(&mut *conn, create.as_str())
-            .await
-            .map_err(|e| StoreError::Migration(format!("building {wanted}: {e}")))?;
-        Ok(())
-    }
-
     /// Whether the outbox's registry lists a sink beside the first.
     async fn has_other_sinks(&self, conn: &mut <D::Db as Database>::Connection) -> Result<bool, StoreError> {
         let t = &self.table;
@@ -410,20 +379,7 @@ for_every_dialect!(impl {
 
     /// What holds locks on the table now, for the log: each session's id, age and state.
     async fn lock_holders(&self) -> Result<String, StoreError> {
-        let t = &self.table;
-        let sql = match D::BACKEND {
-            Backend::Postgres => format!(
-                "SELECT DISTINCT a.pid::TEXT || ' (' || COALESCE(a.state, '?') || ', transaction open ' || \
-                 COALESCE(EXTRACT(EPOCH FROM now() - a.xact_start)::BIGINT::TEXT, '?') || ' s)' \
-                 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
-                 WHERE l.relation = to_regclass('{t}') AND a.pid <> pg_backend_pid()"
-            ),
-            Backend::Mysql => "SELECT CONCAT('thread ', trx_mysql_thread_id, ' (transaction open ', \
-                 TIMESTAMPDIFF(SECOND, trx_started, NOW()), ' s)') FROM information_schema.innodb_trx \
-                 WHERE trx_mysql_thread_id <> CONNECTION_ID()"
-                .to_string(),
-            Backend::Sqlite => return Ok("another writer".into()),
-        };
+        let Some(sql) = D::lock_holders_sql(&self.table) else { return Ok("another writer".into()) };
         let rows = sqlx::query(&sql).fetch_all(&self.pool).await?;
         let holders = rows.iter().map(|r| D::text(r, 0)).collect::<Result<Vec<_>, _>>()?;
         Ok(if holders.is_empty() { "none found by now".into() } else { holders.join(", ") })

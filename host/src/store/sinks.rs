@@ -9,9 +9,9 @@
 
 use sqlx::{Database, Encode, Executor, Type};
 
+use super::StoreError;
 use super::sql::for_every_dialect;
 use super::sql::{Dialect, SqlStore, params};
-use super::{Backend, StoreError};
 
 /// A sink the table knows of.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,30 +76,15 @@ pub enum KeyValue {
 }
 
 for_every_dialect!(impl {
-    /// Takes the registry's lock on `conn`, waiting for it (a minute at most on MySQL): a
-    /// registration and a purge of the outbox each run wholly before or after the other. On PostgreSQL and SQLite it is a transaction (READ COMMITTED, so each
-    /// statement sees what committed before it) that [`Self::unlock_registry`] ends.
+    /// Takes the registry's lock on `conn` ([`Dialect::registry_lock`]): a registration and
+    /// a purge of the outbox each run wholly before or after the other.
+    /// [`Self::unlock_registry`] ends it.
     pub(super) async fn lock_registry(&self, conn: &mut <D::Db as Database>::Connection) -> Result<(), StoreError> {
-        let f = &self.registry;
-        match D::BACKEND {
-            Backend::Postgres => {
-                Executor::execute(&mut *conn, "BEGIN ISOLATION LEVEL READ COMMITTED").await?;
-                if let Err(e) = Executor::execute(&mut *conn, f.lock.as_str()).await {
-                    let _ = Executor::execute(&mut *conn, "ROLLBACK").await;
-                    return Err(e.into());
-                }
-            }
-            Backend::Mysql => {
-                if D::opt_int(&sqlx::query(&f.lock).fetch_one(&mut *conn).await?, 0)? != Some(1) {
-                    return Err(StoreError::Unavailable(format!(
-                        "could not take the lock {}_fanout within a minute",
-                        self.table
-                    )));
-                }
-            }
-            Backend::Sqlite => {
-                Executor::execute(&mut *conn, "BEGIN IMMEDIATE").await?;
-            }
+        if !self.take_lock(conn, &self.registry.lock).await? {
+            return Err(StoreError::Unavailable(format!(
+                "could not take the lock {}_fanout within a minute",
+                self.table
+            )));
         }
         Ok(())
     }
@@ -111,13 +96,7 @@ for_every_dialect!(impl {
         conn: &mut <D::Db as Database>::Connection,
         keep: bool,
     ) -> Result<(), StoreError> {
-        let end = match D::BACKEND {
-            Backend::Mysql => self.registry.unlock.as_str(),
-            _ if keep => "COMMIT",
-            _ => "ROLLBACK",
-        };
-        Executor::execute(&mut *conn, end).await?;
-        Ok(())
+        self.release_lock(conn, &self.registry.lock, keep).await
     }
 
     fn decode_sinks(rows: &[<D::Db as Database>::Row]) -> Result<Vec<RegisteredSink>, sqlx::Error> {
@@ -203,19 +182,19 @@ for_every_dialect!(impl {
     /// of an earlier version gone.
     pub(super) async fn consumer_index_ok(&self) -> Result<bool, StoreError> {
         let t = &self.table;
-        let count = |name: &str| match D::BACKEND {
-            Backend::Postgres => format!(
-                "SELECT COUNT(*) FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid \
-                 WHERE x.indrelid = to_regclass('{t}') AND i.relname = '{name}' AND x.indisvalid"
-            ),
-            Backend::Mysql => format!(
-                "SELECT COUNT(DISTINCT index_name) FROM information_schema.statistics \
-                 WHERE table_schema = DATABASE() AND table_name = '{t}' AND index_name = '{name}'"
-            ),
-            Backend::Sqlite => format!("SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = '{name}'"),
-        };
-        let has = |sql: String| async move { Ok::<_, StoreError>(D::int(&sqlx::query(&sql).fetch_one(&self.pool).await?, 0)? > 0) };
-        Ok(has(count(&format!("{t}_consumer_idx"))).await? && !has(count(&format!("{t}_fanout_idx"))).await?)
+        let mut conn = self.pool.acquire().await?;
+        Ok(self.indexes_named(&mut conn, &format!("{t}_consumer_idx")).await?.contains(&1)
+            && self.indexes_named(&mut conn, &format!("{t}_fanout_idx")).await?.is_empty())
+    }
+
+    /// The table's indexes named `name`, each `1` if valid, `0` if not ([`Dialect::index_sql`]).
+    async fn indexes_named(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+        name: &str,
+    ) -> Result<Vec<i64>, StoreError> {
+        let rows = sqlx::query(&D::index_sql(&self.table, name)).fetch_all(&mut *conn).await?;
+        Ok(rows.iter().map(|r| D::int(r, 0)).collect::<Result<Vec<_>, _>>()?)
     }
 
     /// The index the sinks after the first read the outbox by, `(created_at_ms, key)`, made
@@ -232,49 +211,23 @@ for_every_dialect!(impl {
         let t = &self.table;
         let key = self.profile.key.column();
         let name = format!("{t}_consumer_idx");
-        let ddl = match D::BACKEND {
-            Backend::Postgres => {
-                let invalid = format!(
-                    "SELECT COUNT(*) FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid \
-                     WHERE x.indrelid = to_regclass('{t}') AND i.relname = '{name}' AND NOT x.indisvalid"
-                );
-                if D::int(&sqlx::query(&invalid).fetch_one(&mut *conn).await?, 0)? > 0 {
-                    tracing::warn!(table = %t, "the consumers' index is invalid (a build was cut short): building it again");
-                    let drop = format!("DROP INDEX CONCURRENTLY IF EXISTS {name}");
-                    Executor::execute(&mut *conn, drop.as_str())
-                        .await
-                        .map_err(|e| StoreError::Migration(format!("dropping the invalid {name}: {e}")))?;
-                }
-                Some(format!("CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {t} (created_at_ms, {key})"))
+        let built = self.indexes_named(conn, &name).await?;
+        if !built.contains(&1) {
+            if built.contains(&0) {
+                tracing::warn!(table = %t, "the consumers' index is invalid (a build was cut short): building it again");
+                Executor::execute(&mut *conn, D::drop_index_online(t, &name).as_str())
+                    .await
+                    .map_err(|e| StoreError::Migration(format!("dropping the invalid {name}: {e}")))?;
             }
             // Every SQLite index ends in the row id already, and names no `rowid` column.
-            Backend::Sqlite if key == "rowid" => Some(format!("CREATE INDEX IF NOT EXISTS {name} ON {t} (created_at_ms)")),
-            Backend::Sqlite => Some(format!("CREATE INDEX IF NOT EXISTS {name} ON {t} (created_at_ms, {key})")),
-            Backend::Mysql => {
-                let indexes = self.describe_on(conn).await?.map(|info| info.indexes).unwrap_or_default();
-                (!indexes.iter().any(|i| i.name.eq_ignore_ascii_case(&name)))
-                    .then(|| format!("CREATE INDEX {name} ON {t} (created_at_ms, {key}) ALGORITHM=INPLACE LOCK=NONE"))
-            }
-        };
-        if let Some(ddl) = ddl {
-            Executor::execute(&mut *conn, ddl.as_str())
+            let columns = if key == "rowid" { "created_at_ms".to_string() } else { format!("created_at_ms, {key}") };
+            Executor::execute(&mut *conn, D::create_index_online(t, &name, &columns).as_str())
                 .await
                 .map_err(|e| StoreError::Migration(format!("creating {name}: {e}")))?;
         }
         let fanout = format!("{t}_fanout_idx");
-        let drop = match D::BACKEND {
-            Backend::Postgres => Some(format!("DROP INDEX CONCURRENTLY IF EXISTS {fanout}")),
-            Backend::Sqlite => Some(format!("DROP INDEX IF EXISTS {fanout}")),
-            Backend::Mysql => {
-                let indexes = self.describe_on(conn).await?.map(|info| info.indexes).unwrap_or_default();
-                indexes
-                    .iter()
-                    .any(|i| i.name.eq_ignore_ascii_case(&fanout))
-                    .then(|| format!("ALTER TABLE {t} DROP INDEX {fanout}, ALGORITHM=INPLACE, LOCK=NONE"))
-            }
-        };
-        if let Some(drop) = drop {
-            Executor::execute(&mut *conn, drop.as_str())
+        if !self.indexes_named(conn, &fanout).await?.is_empty() {
+            Executor::execute(&mut *conn, D::drop_index_online(t, &fanout).as_str())
                 .await
                 .map_err(|e| StoreError::Migration(format!("dropping {fanout}, which this version no longer uses: {e}")))?;
         }

@@ -1,11 +1,14 @@
 //! The contract between the shared store and each database, and the shared store's state.
 //!
-//! [`Dialect`] is what a database module must provide: its migrations and lock, its claim,
-//! and its way of writing failed outcomes and hand-backs under their leases. [`SqlStore`]
-//! holds a pool and the statements built once per table; the statements that read the same
-//! everywhere are written once, with each database's own placeholders ([`Dialect::param`]).
-//! The roles' files build on this one, and `sql_store.rs` implements [`super::Store`] over
-//! them all.
+//! [`Dialect`] is what a database module must provide: every statement, lock and setting
+//! that differs between databases (its migrations and their lock, the registry's lock, its
+//! claim and its outcome writes, how it computes a partition, seeks past a cursor, locks
+//! lease rows, builds and drops an index online, upserts a consumer's position and
+//! exception). The roles' files (`sinks.rs`, `partitions.rs`, `consumers.rs`, `runner.rs`)
+//! never ask which database they run on: what differs, they take from the dialect.
+//! [`SqlStore`] holds a pool and the statements built once per table; the statements that
+//! read the same everywhere are written once, with each database's own placeholders
+//! ([`Dialect::param`]). `sql_store.rs` implements [`super::Store`] over them all.
 
 use std::marker::PhantomData;
 
@@ -85,7 +88,131 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     }
 
     /// What keeps two starting hosts from migrating `table` at once.
-    fn migration_lock(table: &str) -> MigrationLock;
+    fn migration_lock(table: &str) -> Lock;
+
+    /// What keeps a sink's registration and a purge of `table` from running at once
+    /// (waiting for the other, a minute at most); named `<table>_fanout`, as earlier
+    /// versions named it, so that theirs and this version's exclude each other. Where it
+    /// begins a transaction, it is READ COMMITTED: each statement sees what committed
+    /// before it.
+    fn registry_lock(table: &str) -> Lock;
+
+    /// The statements that bound how long this session's DDL waits for a lock on the table
+    /// to `ms`, and that undo it; `None` where the database has no such wait (SQLite's one
+    /// writer waits on its busy timeout).
+    fn ddl_lock_timeout(_ms: u64) -> Option<[String; 2]> {
+        None
+    }
+
+    /// What holds locks on `table` now, one row of text per session; `None` where the
+    /// database cannot tell (SQLite: another writer).
+    fn lock_holders_sql(_table: &str) -> Option<String> {
+        None
+    }
+
+    /// The indexes of `table` named `name`, one row each: `1` if it is valid, `0` if a
+    /// build was cut short (PostgreSQL's `CONCURRENTLY`; elsewhere every index is valid).
+    fn index_sql(table: &str, name: &str) -> String;
+
+    /// Builds an index on `table (columns)` without blocking writers (PostgreSQL
+    /// `CONCURRENTLY`, MySQL in place); run only where no valid one of that name exists.
+    fn create_index_online(table: &str, name: &str, columns: &str) -> String;
+
+    /// Drops `index` of `table` without blocking writers; run only where it exists.
+    fn drop_index_online(table: &str, index: &str) -> String;
+
+    /// Builds the index of `table`'s unfinished rows by their partition of `total` (see
+    /// [`Dialect::partition_expr`]), where the database keeps one; `false` where it does
+    /// not, and an owner reads its partitions from the claim index.
+    async fn build_partition_index(
+        _store: &SqlStore<Self>,
+        _conn: &mut <Self::Db as Database>::Connection,
+        _total: u32,
+    ) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    /// Whether the database keeps partition indexes ([`Dialect::build_partition_index`]).
+    const PARTITION_INDEX: bool = false;
+
+    /// An owner's read through the partition index of `table` (see
+    /// [`Dialect::build_partition_index`]): binding the cursor's time twice, its key, the
+    /// partitions as text (`3,5,8`) and the rows per partition, it selects `columns` from
+    /// each partition's next unfinished rows after the cursor, at most that many each, in
+    /// `(created_at_ms, key)` order; `None` where there is no such index.
+    fn partition_read_sql(_table: &str, _columns: &str, _key: &str, _expr: &str) -> Option<String> {
+        None
+    }
+
+    /// The SQL that computes a row's partition of `total`, where the database does; `None`
+    /// where the host computes it ([`super::partitions::partition_of`]).
+    fn partition_expr(total: u32) -> Option<String>;
+
+    /// Appended to a read of lease rows whose lease the transaction's writes rely on: no
+    /// takeover commits between the read and the transaction's end.
+    const SHARE_LOCK: &'static str;
+
+    /// Appended to a read of lease rows the transaction goes on to change.
+    const UPDATE_LOCK: &'static str;
+
+    /// Rows after the cursor `(created_at_ms, key)`, whose time is bound at the
+    /// placeholders `at` and `again` and whose key at `last`, written so that the read
+    /// seeks to the cursor in its index rather than reading again, on every page, each row
+    /// of the cursor's millisecond before it (a burst puts hundreds in one).
+    fn after_cursor(key: &str, at: &str, again: &str, last: &str) -> String;
+
+    /// The conditions an owner's read ranges over, each one ordered range of an index:
+    /// where there are several, their ranges are merged in order.
+    const WAITING: &'static [&'static str] = &["status IN ('pending', 'retryable', 'delivering')"];
+
+    /// What an owner's read reads from: `table`, or `table` with the index it must use.
+    fn waiting_from(table: &str) -> String {
+        table.to_string()
+    }
+
+    /// Writes one consumer's position in `positions`, binding sink, part, created_at_ms,
+    /// key and now: an `INSERT … ON CONFLICT` (PostgreSQL, SQLite) unless the database
+    /// spells it otherwise.
+    fn set_position_sql(positions: &str) -> String {
+        let p = Self::param;
+        format!(
+            "INSERT INTO {positions} (sink, part, created_at_ms, row_key, updated_at_ms) VALUES ({}, {}, {}, {}, {}) \
+             ON CONFLICT (sink, part) DO UPDATE SET created_at_ms = excluded.created_at_ms, \
+             row_key = excluded.row_key, updated_at_ms = excluded.updated_at_ms",
+            p(1),
+            p(2),
+            p(3),
+            p(4),
+            p(5)
+        )
+    }
+
+    /// Writes one exception in `exceptions`, binding [`EXCEPTION_COLUMNS`] in order (an empty
+    /// last error or digest stored as `NULL`): added to the retry count of one already
+    /// there, and never over one that says `delivered`. An `INSERT … ON CONFLICT`
+    /// (PostgreSQL, SQLite) unless the database spells it otherwise.
+    fn set_exception_sql(exceptions: &str) -> String {
+        format!(
+            "INSERT INTO {exceptions} ({EXCEPTION_COLUMNS}) VALUES ({}) ON CONFLICT (sink, event_id) DO UPDATE SET \
+             status = excluded.status, retry_count = {exceptions}.retry_count + excluded.retry_count, \
+             next_retry_at_ms = excluded.next_retry_at_ms, last_error = excluded.last_error, \
+             updated_at_ms = excluded.updated_at_ms, plugin_digest = excluded.plugin_digest \
+             WHERE {exceptions}.status <> 'delivered'",
+            (1..=13)
+                .map(|n| if n == 11 || n == 13 { format!("NULLIF({}, '')", Self::param(n)) } else { Self::param(n) })
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+
+    /// The statement that begins a transaction that writes from its start; `None`: a plain
+    /// `BEGIN` does.
+    const BEGIN_WRITING: Option<&'static str> = None;
+
+    /// Sets the session up for a read that must follow its index's order without sorting
+    /// (see `SqlStore::in_index_order`), inside a read-only transaction; `None` where the
+    /// planner needs no such help.
+    const INDEX_ORDER_READ: Option<&'static str> = None;
 
     /// Takes up to `limit` claimable rows (`pending`, `retryable` and due, `delivering` with
     /// an expired lease) in `created_at_ms, id` order, under the lease
@@ -117,9 +244,10 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     async fn release_rows(store: &SqlStore<Self>, rows: &[Held], now_ms: i64) -> Result<u64, StoreError>;
 }
 
-/// Statements around applying migrations, run on one connection: `take` before (it may
-/// begin a transaction), `keep` after success, `undo` after a failure.
-pub struct MigrationLock {
+/// Statements around work one session at a time does (applying migrations, registering a
+/// sink), run on one connection: `take` before (it may begin a transaction), `keep` after
+/// success, `undo` after a failure.
+pub struct Lock {
     /// Taken before anything is read; when `checked`, it must return 1 (e.g. `GET_LOCK`),
     /// and when `polled` it is tried again every 50 ms (for a minute) until it does.
     pub take: String,
@@ -159,6 +287,10 @@ impl ByCount {
         built.entry(count).or_insert_with(|| (self.build)(count).into()).clone()
     }
 }
+
+/// An exception's columns, in the order [`Dialect::set_exception_sql`] binds them.
+pub const EXCEPTION_COLUMNS: &str = "sink, event_id, app_code, room_id, event_type, part, created_at_ms, status, \
+                                     retry_count, next_retry_at_ms, last_error, updated_at_ms, plugin_digest";
 
 /// The statements [`SqlStore`] runs the same way on every database, with the dialect's
 /// placeholders, built once per store.
@@ -256,36 +388,19 @@ impl SharedStatements {
 pub(super) struct RegistryStatements {
     /// The registry, oldest first.
     pub(super) list: String,
-    /// Takes the registry's lock, waiting (named `<table>_fanout`, as earlier versions
-    /// named it, so that a registration or purge of theirs and of this version exclude each
-    /// other).
-    pub(super) lock: String,
-    /// Releases it (MySQL's is a session lock; PostgreSQL's ends with the transaction).
-    pub(super) unlock: String,
+    /// The registry's lock ([`Dialect::registry_lock`]).
+    pub(super) lock: Lock,
 }
 
 impl RegistryStatements {
     pub(super) fn new<D: Dialect>(table: &str) -> Self {
         let t = table.to_string();
-        let name = format!("{t}_fanout");
-        let (lock, unlock) = match D::BACKEND {
-            Backend::Postgres => {
-                (format!("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.{name}'))"), String::new())
-            }
-            Backend::Mysql => (
-                format!("SELECT GET_LOCK(SHA1(CONCAT(DATABASE(), '.{name}')), 60)"),
-                format!("SELECT RELEASE_LOCK(SHA1(CONCAT(DATABASE(), '.{name}')))"),
-            ),
-            // `BEGIN IMMEDIATE` is SQLite's lock.
-            Backend::Sqlite => (String::new(), String::new()),
-        };
         RegistryStatements {
             list: format!(
                 "SELECT name, sink_table, start_from_ms, added_at_ms, backfilled_at_ms FROM {t}_sinks \
                  ORDER BY added_at_ms, CASE WHEN sink_table = '{t}' THEN 0 ELSE 1 END, name"
             ),
-            lock,
-            unlock,
+            lock: D::registry_lock(table),
         }
     }
 }
@@ -355,51 +470,8 @@ impl ConsumerStatements {
     pub(super) fn new<D: Dialect>(table: &str) -> Self {
         let p = D::param;
         let (positions, exceptions) = (format!("{table}_positions"), format!("{table}_exceptions"));
-        let set_position = match D::BACKEND {
-            Backend::Mysql => format!(
-                "INSERT INTO {positions} (sink, part, created_at_ms, row_key, updated_at_ms) VALUES (?, ?, ?, ?, ?) \
-                 ON DUPLICATE KEY UPDATE created_at_ms = VALUES(created_at_ms), row_key = VALUES(row_key), \
-                 updated_at_ms = VALUES(updated_at_ms)"
-            ),
-            _ => format!(
-                "INSERT INTO {positions} (sink, part, created_at_ms, row_key, updated_at_ms) VALUES ({}, {}, {}, {}, {}) \
-                 ON CONFLICT (sink, part) DO UPDATE SET created_at_ms = excluded.created_at_ms, \
-                 row_key = excluded.row_key, updated_at_ms = excluded.updated_at_ms",
-                p(1),
-                p(2),
-                p(3),
-                p(4),
-                p(5)
-            ),
-        };
-        let columns = "sink, event_id, app_code, room_id, event_type, part, created_at_ms, status, retry_count, \
-                       next_retry_at_ms, last_error, updated_at_ms, plugin_digest";
-        let set_exception = match D::BACKEND {
-            // Delivered wins over anything but delivered: each column keeps its value once it is.
-            Backend::Mysql => {
-                let keep = |column: &str| format!("{column} = IF(status = 'delivered', {column}, VALUES({column}))");
-                format!(
-                    "INSERT INTO {exceptions} ({columns}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULLIF(?, ''), ?, NULLIF(?, '')) ON DUPLICATE KEY UPDATE \
-                     retry_count = IF(status = 'delivered', retry_count, retry_count + VALUES(retry_count)), {}, {}, {}, {}, \
-                     status = IF(status = 'delivered', status, VALUES(status))",
-                    keep("next_retry_at_ms"),
-                    keep("last_error"),
-                    keep("updated_at_ms"),
-                    keep("plugin_digest"),
-                )
-            }
-            _ => format!(
-                "INSERT INTO {exceptions} ({columns}) VALUES ({}) ON CONFLICT (sink, event_id) DO UPDATE SET \
-                 status = excluded.status, retry_count = {exceptions}.retry_count + excluded.retry_count, \
-                 next_retry_at_ms = excluded.next_retry_at_ms, last_error = excluded.last_error, \
-                 updated_at_ms = excluded.updated_at_ms, plugin_digest = excluded.plugin_digest \
-                 WHERE {exceptions}.status <> 'delivered'",
-                (1..=13)
-                    .map(|n| if n == 11 || n == 13 { format!("NULLIF({}, '')", p(n)) } else { p(n) })
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        };
+        let set_position = D::set_position_sql(&positions);
+        let set_exception = D::set_exception_sql(&exceptions);
         ConsumerStatements {
             positions: format!(
                 "SELECT part, created_at_ms, row_key FROM {positions} WHERE sink = {} AND part IN ({{parts}})",
@@ -409,6 +481,36 @@ impl ConsumerStatements {
             set_exception,
             forget: format!("DELETE FROM {exceptions} WHERE sink = {} AND status = 'delivered' AND ({{behind}})", p(1)),
         }
+    }
+}
+
+/// Statements whose text depends on what they read (a partition count, the partitions
+/// owned), each built the first time it is asked for and then kept: a read formats no
+/// SQL. At most [`Kept::MAX`] are kept; past that they are all built again as asked.
+pub(super) struct Kept<K> {
+    built: std::sync::Mutex<std::collections::HashMap<K, std::sync::Arc<str>>>,
+}
+
+impl<K> Default for Kept<K> {
+    fn default() -> Self {
+        Kept { built: Default::default() }
+    }
+}
+
+impl<K: std::hash::Hash + Eq> Kept<K> {
+    /// More than an owner's reads need between two changes of what it owns.
+    const MAX: usize = 32;
+
+    /// The statement for `key`, built by `build` unless kept.
+    pub(super) fn get(&self, key: K, build: impl FnOnce() -> String) -> std::sync::Arc<str> {
+        let mut built = self.built.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(sql) = built.get(&key) {
+            return sql.clone();
+        }
+        if built.len() >= Self::MAX {
+            built.clear();
+        }
+        built.entry(key).or_insert_with(|| build().into()).clone()
     }
 }
 
@@ -433,8 +535,14 @@ pub struct SqlStore<D: Dialect> {
     pub(super) copy_of: Option<String>,
     /// The partition count whose index this table is known to have (0: none known).
     pub(super) indexed_partitions: std::sync::Arc<std::sync::atomic::AtomicU32>,
-    /// An owner's read through the partition index, built once per partition count.
-    pub(super) partition_read: std::sync::Mutex<Option<(u32, std::sync::Arc<str>)>>,
+    /// An owner's read through the partition index, per partition count.
+    pub(super) partition_read: Kept<u32>,
+    /// An owner's read of its partitions, per partition count and partitions read (`None`:
+    /// all).
+    pub(super) waiting_read: Kept<(u32, Option<Vec<u32>>)>,
+    /// A consumer's walk of the outbox, per partition count, partitions walked (`None`:
+    /// all) and whether it reads the envelopes.
+    pub(super) walk_read: Kept<(u32, Option<Vec<u32>>, bool)>,
     pub(super) dialect: PhantomData<D>,
 }
 
@@ -455,6 +563,8 @@ impl<D: Dialect> SqlStore<D> {
             copy_of: None,
             indexed_partitions: Default::default(),
             partition_read: Default::default(),
+            waiting_read: Default::default(),
+            walk_read: Default::default(),
             dialect: PhantomData,
         }
     }
@@ -475,6 +585,8 @@ impl<D: Dialect> SqlStore<D> {
             copy_of: Some(self.table.clone()),
             indexed_partitions: Default::default(),
             partition_read: Default::default(),
+            waiting_read: Default::default(),
+            walk_read: Default::default(),
             dialect: PhantomData,
         }
     }
@@ -580,10 +692,9 @@ impl<D: Dialect> SqlStore<D> {
     /// A transaction that writes from its start (SQLite's `BEGIN IMMEDIATE`: its write lock
     /// is taken before the first read, not upgraded later, which could fail as busy).
     pub(super) async fn begin_writing(&self) -> Result<sqlx::Transaction<'static, D::Db>, StoreError> {
-        Ok(if D::BACKEND == Backend::Sqlite {
-            self.pool.begin_with("BEGIN IMMEDIATE").await?
-        } else {
-            self.pool.begin().await?
+        Ok(match D::BEGIN_WRITING {
+            Some(begin) => self.pool.begin_with(begin).await?,
+            None => self.pool.begin().await?,
         })
     }
 }

@@ -1,6 +1,11 @@
 //! The embedded default: SQLite in WAL mode. A claim is one short `BEGIN IMMEDIATE`
 //! transaction (pick, then `UPDATE … RETURNING`), which takes SQLite's write lock before it
 //! reads, so two claimers (threads or processes) are serialised and never share a row.
+//!
+//! Everything SQLite does its own way is here: the claim and outcome statements, the one
+//! write lock (`BEGIN IMMEDIATE`) that serves as the migration and registry locks and
+//! begins every writing transaction, the pick index an owner's read names, and the cursor
+//! condition it reads by. It computes no partition in SQL: the host does.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -14,7 +19,7 @@ use sqlx::Row as _;
 use sqlx::sqlite::SqliteRow;
 
 use super::schema::Profile;
-use super::sql::{ByCount, Dialect, MigrationLock, SqlStore, decode_claimed, params};
+use super::sql::{ByCount, Dialect, Lock, SqlStore, decode_claimed, params};
 use super::{Backend, Claimed, Held, Lease, Mark, StoreError};
 
 /// SQLite's [`Dialect`].
@@ -148,9 +153,9 @@ impl Dialect for SqliteDialect {
         &super::migrate::SQLITE
     }
 
-    fn migration_lock(_table: &str) -> MigrationLock {
+    fn migration_lock(_table: &str) -> Lock {
         // Takes SQLite's write lock at once: a second starter waits, then finds the work done.
-        MigrationLock {
+        Lock {
             take: "BEGIN IMMEDIATE".into(),
             checked: false,
             polled: false,
@@ -158,6 +163,44 @@ impl Dialect for SqliteDialect {
             undo: "ROLLBACK".into(),
         }
     }
+
+    /// The same one write lock as the migrations'.
+    fn registry_lock(table: &str) -> Lock {
+        Self::migration_lock(table)
+    }
+
+    fn index_sql(_table: &str, name: &str) -> String {
+        format!("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = '{name}'")
+    }
+
+    fn create_index_online(table: &str, name: &str, columns: &str) -> String {
+        format!("CREATE INDEX IF NOT EXISTS {name} ON {table} ({columns})")
+    }
+
+    fn drop_index_online(_table: &str, index: &str) -> String {
+        format!("DROP INDEX IF EXISTS {index}")
+    }
+
+    /// None: the host computes it ([`super::partitions::partition_of`]).
+    fn partition_expr(_total: u32) -> Option<String> {
+        None
+    }
+
+    /// `BEGIN IMMEDIATE` holds the one write lock.
+    const SHARE_LOCK: &'static str = "";
+    const UPDATE_LOCK: &'static str = "";
+
+    /// SQLite seeks on neither form: it reads its millisecond's earlier rows again.
+    fn after_cursor(key: &str, at: &str, again: &str, last: &str) -> String {
+        format!("created_at_ms >= {at} AND (created_at_ms > {again} OR {key} > {last})")
+    }
+
+    /// Its planner prefers a status-first index and sorts: the partial pick index, named.
+    fn waiting_from(table: &str) -> String {
+        format!("{table} INDEXED BY {table}_pick_idx")
+    }
+
+    const BEGIN_WRITING: Option<&'static str> = Some("BEGIN IMMEDIATE");
 
     async fn claim_rows(
         store: &SqliteStore,
