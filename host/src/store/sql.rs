@@ -358,9 +358,9 @@ impl SharedStatements {
             // A row delivered by its producer's own publish may never have had updated_at_ms
             // set (a table adopted from elsewhere defaults it to 0): it is at least as young
             // as its created_at_ms.
-            // An outbox row another sink still needs stays: one not yet copied to their tables,
-            // or one a sink's back-fill has still to copy (the DELETE says so again, under the
-            // registry's lock, so that a sink registered after the pick is seen).
+            // An outbox row another sink still needs stays (see `still_needed_elsewhere`; the
+            // DELETE says so again, under the registry's lock, so that a sink registered after
+            // the pick is seen).
             purge_pick: format!(
                 "SELECT {key}, event_id FROM {t} WHERE status = 'delivered' \
                  AND updated_at_ms < {p1} AND created_at_ms < {p2}{} AND {key} > {} ORDER BY {key} LIMIT {}",
