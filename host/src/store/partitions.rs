@@ -562,12 +562,12 @@ for_every_dialect!(impl {
     /// SQLite's partial pick index, and on MySQL one range per status, merged.
     fn waiting_read_sql(&self, total: u32, only: Option<Vec<u32>>) -> std::sync::Arc<str> {
         let key = self.profile.key.column();
-        let expr = D::partition_expr(total);
-        let only_sql = match (&expr, &only) {
-            (Some(expr), Some(only)) => format!(" AND {expr} IN ({})", list(only)),
-            _ => String::new(),
-        };
-        self.waiting_read.get((total, only), || {
+        self.waiting_read.get((total, only.clone()), || {
+            let expr = D::partition_expr(total);
+            let only_sql = match (&expr, &only) {
+                (Some(expr), Some(only)) => format!(" AND {expr} IN ({})", list(only)),
+                _ => String::new(),
+            };
             let columns = self.waiting_columns(expr.as_deref().unwrap_or("0"), true);
             let from = D::waiting_from(&self.table);
             let select = |status: &str, first: usize| {
