@@ -13,12 +13,12 @@
 //! The sink's deliveries leave no time behind: [`Inspection::history`] shows its failures
 //! only, and `delivered_last_minute` is 0.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 
-use super::consumers::{Exception, Finished, Position, SETTLE_MS, Settle, Settled};
+use super::consumers::{Exception, Finished, Position, SETTLE_MS, SKIP_SLOTS, Settle, Settled};
 use super::schema::TableInfo;
 use super::sql::{Dialect, SqlStore, for_every_dialect};
 use super::{
@@ -69,6 +69,10 @@ struct Memory {
     read: HashMap<String, Meta>,
     /// Delivered past the positions.
     finished: HashMap<String, Meta>,
+    /// The keys of `finished`, in order, where rows are keyed by number.
+    finished_keys: BTreeSet<i64>,
+    /// The fences of what `read` and `finished` hold (a superset after a removal).
+    fences: HashSet<Fence>,
     /// The partitions held at the last heartbeat.
     holding: Vec<Fence>,
     /// `P`.
@@ -83,9 +87,66 @@ impl Memory {
     /// Forgets what it read and delivered of partitions not in `held`: their next owner
     /// reads them.
     fn keep_only(&mut self, held: &[Fence]) {
-        self.read.retain(|_, m| held.contains(&m.fence));
-        self.finished.retain(|_, m| held.contains(&m.fence));
         self.positions.retain(|part, _| held.iter().any(|f| f.partition == *part));
+        if self.fences.iter().all(|f| held.contains(f)) {
+            // Nothing of a partition given up: no walk over everything remembered.
+            return;
+        }
+        self.read.retain(|_, m| held.contains(&m.fence));
+        self.retain_finished(|m| held.contains(&m.fence));
+        self.fences.retain(|f| held.contains(f));
+    }
+
+    fn remember_read(&mut self, event_id: String, meta: Meta) {
+        self.fences.insert(meta.fence);
+        self.read.insert(event_id, meta);
+    }
+
+    fn finish(&mut self, event_id: String, meta: Meta) {
+        if let KeyValue::Int(key) = meta.key {
+            self.finished_keys.insert(key);
+        }
+        self.fences.insert(meta.fence);
+        self.finished.insert(event_id, meta);
+    }
+
+    fn unfinish(&mut self, event_id: &str) {
+        if let Some(Meta { key: KeyValue::Int(key), .. }) = self.finished.remove(event_id) {
+            self.finished_keys.remove(&key);
+        }
+    }
+
+    fn retain_finished(&mut self, keep: impl Fn(&Meta) -> bool) {
+        let keys = &mut self.finished_keys;
+        self.finished.retain(|_, m| {
+            let kept = keep(m);
+            if let (false, KeyValue::Int(key)) = (kept, &m.key) {
+                keys.remove(key);
+            }
+            kept
+        });
+    }
+
+    /// The longest runs of consecutive keys delivered past the positions (at most
+    /// [`SKIP_SLOTS`]), each as its first and last key: a page read leaves them out. Until
+    /// a settle passes them (a settle time behind), they lie between the positions and the
+    /// rows still to deliver, and every sweep would read them again only to drop them. Only
+    /// rows in `finished` are in a run, so no row is left out that the read would keep: a
+    /// row committed late among them has a key of its own, which ends a run.
+    fn finished_runs(&self) -> Vec<(i64, i64)> {
+        let mut runs: Vec<(i64, i64)> = Vec::new();
+        for &key in &self.finished_keys {
+            match runs.last_mut() {
+                Some((_, last)) if *last + 1 == key => *last = key,
+                _ => runs.push((key, key)),
+            }
+        }
+        if runs.len() > SKIP_SLOTS {
+            runs.select_nth_unstable_by_key(SKIP_SLOTS - 1, |(first, last)| std::cmp::Reverse(last - first));
+            runs.truncate(SKIP_SLOTS);
+        }
+        runs.retain(|(first, last)| last > first);
+        runs
     }
 }
 
@@ -170,12 +231,12 @@ for_consumers!(impl {
         let settled = self.outbox.settle_positions(&settle).await?;
         let mut memory = self.memory();
         for event_id in &settled.passed {
-            memory.finished.remove(event_id);
+            memory.unfinish(event_id);
         }
         for position in &settled.positions {
             memory.positions.insert(position.part, position.clone());
         }
-        memory.finished.retain(|_, m| !flush.contains(&m.fence.partition));
+        memory.retain_finished(|m| !flush.contains(&m.fence.partition));
         memory.keep_only(&settled.held.iter().copied().filter(|f| !flush.contains(&f.partition)).collect::<Vec<_>>());
         Ok(settled)
     }
@@ -459,7 +520,8 @@ for_consumers!(
         async fn read_owned(&self, read: &OwnedRead<'_>) -> Result<Page, StoreError> {
             let _settling = self.settling.lock().await;
             let finished = |event_id: &str| self.memory().finished.contains_key(event_id);
-            let (page, excepted) = self.outbox.consumer_page(&self.sink, read, &finished).await?;
+            let skip = self.memory().finished_runs();
+            let (page, excepted) = self.outbox.consumer_page(&self.sink, read, &finished, &skip).await?;
             let mut memory = self.memory();
             for w in &page.waiting {
                 let Some(fence) = w.row.lease.fence else { continue };
@@ -472,7 +534,7 @@ for_consumers!(
                     room_id: w.row.room_id.clone(),
                     event_type: w.row.event_type.clone(),
                 };
-                memory.read.insert(w.row.event_id.clone(), meta);
+                memory.remember_read(w.row.event_id.clone(), meta);
                 if let KeyValue::Int(key) = w.key {
                     memory.newest_read = memory.newest_read.max(key);
                 }
@@ -533,7 +595,7 @@ for_consumers!(
                         }
                         super::Outcome::Delivered => {
                             delivered.push(m.event_id.clone());
-                            memory.finished.insert(m.event_id.clone(), meta);
+                            memory.finish(m.event_id.clone(), meta);
                         }
                         outcome => exceptions.push(Exception {
                             counted: outcome.counted(),
@@ -550,7 +612,7 @@ for_consumers!(
                 Err(e) => {
                     let mut memory = self.memory();
                     for event_id in &delivered {
-                        memory.finished.remove(event_id);
+                        memory.unfinish(event_id);
                     }
                     return Err(e);
                 }
@@ -626,7 +688,7 @@ for_consumers!(
             read: &OwnedRead<'_>,
             finished: &Finished<'_>,
         ) -> Result<Page, StoreError> {
-            Ok(self.outbox.consumer_page(sink, read, finished).await?.0)
+            Ok(self.outbox.consumer_page(sink, read, finished, &[]).await?.0)
         }
 
         async fn settle(&self, settle: &Settle<'_>) -> Result<Settled, StoreError> {
@@ -638,3 +700,69 @@ for_consumers!(
         }
     }
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(partition: u32, key: i64) -> Meta {
+        Meta {
+            fence: Fence { partition, epoch: 1 },
+            created_at_ms: key,
+            key: KeyValue::Int(key),
+            excepted: false,
+            app_code: "app".into(),
+            room_id: format!("room{key}"),
+            event_type: "RoomGiftSent".into(),
+        }
+    }
+
+    fn finished(keys: impl IntoIterator<Item = i64>) -> Memory {
+        let mut memory = Memory::default();
+        for key in keys {
+            memory.finish(format!("evt-{key}"), meta((key % 2) as u32, key));
+        }
+        memory
+    }
+
+    #[test]
+    fn a_key_not_delivered_ends_a_run_of_finished_keys() {
+        // 7 was never delivered (a row committed late, or still under way): no run covers it.
+        let memory = finished((1..=6).chain(8..=20));
+        assert_eq!(memory.finished_runs(), vec![(1, 6), (8, 20)]);
+        // A single key is no run worth a range.
+        assert_eq!(finished([3, 5, 9]).finished_runs(), Vec::<(i64, i64)>::new());
+    }
+
+    #[test]
+    fn only_the_longest_runs_are_left_out() {
+        // 40 runs of growing length, each ended by a missing key.
+        let mut keys = Vec::new();
+        let mut next = 0;
+        for length in 2..42 {
+            keys.extend(next..next + length);
+            next += length + 1;
+        }
+        let mut runs = finished(keys).finished_runs();
+        runs.sort_unstable();
+        assert_eq!(runs.len(), SKIP_SLOTS);
+        let lengths: Vec<i64> = runs.iter().map(|(first, last)| last - first + 1).collect();
+        assert_eq!(lengths, (26..42).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn what_leaves_memory_leaves_the_runs() {
+        let mut memory = finished(1..=10);
+        memory.unfinish("evt-5");
+        assert_eq!(memory.finished_runs(), vec![(1, 4), (6, 10)]);
+        // Partition 1 (the odd keys) given up: its events are forgotten, and no run is left.
+        memory.keep_only(&[Fence { partition: 0, epoch: 1 }]);
+        assert!(memory.finished.values().all(|m| m.fence.partition == 0));
+        assert_eq!(memory.finished_keys.iter().copied().collect::<Vec<_>>(), vec![2, 4, 6, 8, 10]);
+        assert_eq!(memory.finished_runs(), Vec::<(i64, i64)>::new());
+        // Every partition still held: nothing is dropped.
+        let before = memory.finished.len();
+        memory.keep_only(&[Fence { partition: 0, epoch: 1 }]);
+        assert_eq!(memory.finished.len(), before);
+    }
+}

@@ -226,23 +226,33 @@ for_every_dialect!(impl {
         let key = self.profile.key.column();
         let expr = D::partition_expr(walk.total);
         let only = (expr.is_some() && (walk.parts.len() as u32) < walk.total).then(|| walk.parts.to_vec());
+        // A page read leaves out runs of keys: a fixed number of ranges (those not given
+        // are empty), so that its statement is built once.
+        let runs = if walk.envelopes && !self.profile.key.is_text() { SKIP_SLOTS } else { 0 };
         let sql = self.walk_read.get((walk.total, only.clone(), walk.envelopes), || {
             let only = match (&expr, &only) {
                 (Some(expr), Some(only)) => format!(" AND {expr} IN ({})", list(only)),
                 _ => String::new(),
             };
+            let skip: String = (0..runs)
+                .map(|i| format!(" AND NOT ({key} BETWEEN {} AND {})", D::param(5 + 2 * i), D::param(6 + 2 * i)))
+                .collect();
             format!(
-                "SELECT {} FROM {} WHERE {} AND created_at_ms <= {}{only} ORDER BY created_at_ms, {key} LIMIT {}",
+                "SELECT {} FROM {} WHERE {} AND created_at_ms <= {}{only}{skip} ORDER BY created_at_ms, {key} LIMIT {}",
                 self.waiting_columns(expr.as_deref().unwrap_or("0"), walk.envelopes),
                 self.table,
                 after_cursor::<D>(key, 1),
                 D::param(4),
-                D::param(5)
+                D::param(5 + 2 * runs)
             )
         });
         let after = walk.after;
-        let q = bind_key::<D>(sqlx::query(&sql).bind(after.0).bind(after.0), &after.1);
-        Ok(q.bind(walk.until_ms).bind(i64::from(walk.limit)).fetch_all(&mut *conn).await?)
+        let mut q = bind_key::<D>(sqlx::query(&sql).bind(after.0).bind(after.0), &after.1).bind(walk.until_ms);
+        for i in 0..runs {
+            let (first, last) = walk.skip.get(i).copied().unwrap_or((1, 0));
+            q = q.bind(first).bind(last);
+        }
+        Ok(q.bind(i64::from(walk.limit)).fetch_all(&mut *conn).await?)
     }
 
     /// The partition of a row read by [`Self::rows_after`].
@@ -264,16 +274,41 @@ for_every_dialect!(impl {
     /// (due or not: a room's earliest such event decides whether the room may go on). Each
     /// carries the sink's own status and retry count, not the row's. Also says which of
     /// them have an exception (an outcome for them must be written, not remembered).
+    ///
+    /// `skip`: ranges of keys (first, last) of events in `finished`, which the read leaves
+    /// out rather than reads and drops (at most [`SKIP_SLOTS`], where rows are keyed by
+    /// number).
     pub(super) async fn consumer_page(
         &self,
         sink: &RegisteredSink,
         read: &OwnedRead<'_>,
         finished: &Finished<'_>,
+        skip: &[(i64, i64)],
+    ) -> Result<(Page, HashSet<String>), StoreError> {
+        // Where the database plans by estimates, the rows are read in the index's order
+        // whatever a run left out does to them (as an owner's read, decision 0195).
+        match D::INDEX_ORDER_READ {
+            Some(begin) => {
+                let mut tx = self.pool.begin_with(begin).await?;
+                let page = self.consumer_page_on(&mut tx, sink, read, finished, skip).await?;
+                tx.commit().await?;
+                Ok(page)
+            }
+            None => self.consumer_page_on(&mut *self.pool.acquire().await?, sink, read, finished, skip).await,
+        }
+    }
+
+    async fn consumer_page_on(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+        sink: &RegisteredSink,
+        read: &OwnedRead<'_>,
+        finished: &Finished<'_>,
+        skip: &[(i64, i64)],
     ) -> Result<(Page, HashSet<String>), StoreError> {
         let parts: Vec<u32> = read.owned.iter().map(|f| f.partition).collect();
         let epochs: HashMap<u32, i64> = read.owned.iter().map(|f| (f.partition, f.epoch)).collect();
-        let mut conn = self.pool.acquire().await?;
-        let positions = self.positions_on(&mut conn, sink, &parts).await?;
+        let positions = self.positions_on(&mut *conn, sink, &parts).await?;
         let Some(lowest) = positions.values().map(|p| (p.created_at_ms, p.key.clone())).min() else {
             return Ok((Page { at_end: true, ..Page::default() }, HashSet::new()));
         };
@@ -281,9 +316,17 @@ for_every_dialect!(impl {
             Some(after) if *after > lowest => after.clone(),
             _ => lowest.clone(),
         };
-        let exceptions = self.exceptions_on(&mut conn, &sink.name, &parts, lowest.0).await?;
-        let walk = Walk { total: read.total, parts: &parts, after: &from, until_ms: i64::MAX, limit: read.limit, envelopes: true };
-        let rows = self.rows_after(&mut conn, &walk).await?;
+        let exceptions = self.exceptions_on(&mut *conn, &sink.name, &parts, lowest.0).await?;
+        let walk = Walk {
+            total: read.total,
+            parts: &parts,
+            after: &from,
+            until_ms: i64::MAX,
+            limit: read.limit,
+            envelopes: true,
+            skip,
+        };
+        let rows = self.rows_after(&mut *conn, &walk).await?;
         let mut at_end = rows.len() < read.limit as usize;
         let mut last = None;
         let mut waiting = Vec::with_capacity(rows.len());
@@ -324,7 +367,7 @@ for_every_dialect!(impl {
             before.sort_unstable();
             before.truncate(read.limit as usize);
             let ids: Vec<&String> = before.into_iter().map(|(_, id)| id).collect();
-            for r in self.rows_by_event_id(&mut conn, read.total, &ids).await? {
+            for r in self.rows_by_event_id(&mut *conn, read.total, &ids).await? {
                 let key = self.sort_key(&r)?;
                 let created_at_ms = D::int(&r, 6)?;
                 if read.after.as_ref().is_some_and(|after| (created_at_ms, &key) <= (after.0, &after.1)) {
@@ -592,12 +635,17 @@ struct Walk<'a> {
     limit: u32,
     /// With their envelopes (a page handed to the sink), or without (a settle, a count).
     envelopes: bool,
+    /// Ranges of keys left out (a page read's, see [`SqlStore::consumer_page`]).
+    skip: &'a [(i64, i64)],
 }
+
+/// How many ranges of keys a page read can leave out.
+pub(super) const SKIP_SLOTS: usize = 16;
 
 impl<'a> Walk<'a> {
     /// A walk that needs no envelope.
     fn over(total: u32, parts: &'a [u32], after: &'a (i64, KeyValue), until_ms: i64, limit: u32) -> Self {
-        Walk { total, parts, after, until_ms, limit, envelopes: false }
+        Walk { total, parts, after, until_ms, limit, envelopes: false, skip: &[] }
     }
 }
 

@@ -421,7 +421,7 @@ for_every_dialect!(
             read: &super::OwnedRead<'_>,
             finished: &super::Finished<'_>,
         ) -> Result<super::Page, StoreError> {
-            Ok(self.consumer_page(sink, read, finished).await?.0)
+            Ok(self.consumer_page(sink, read, finished, &[]).await?.0)
         }
 
         async fn settle(&self, settle: &super::Settle<'_>) -> Result<super::Settled, StoreError> {
