@@ -224,12 +224,12 @@ for_every_dialect!(impl {
         walk: &Walk<'_>,
     ) -> Result<Vec<<D::Db as Database>::Row>, StoreError> {
         let key = self.profile.key.column();
-        let expr = D::partition_expr(walk.total);
-        let only = (expr.is_some() && (walk.parts.len() as u32) < walk.total).then(|| walk.parts.to_vec());
+        let only = (D::PARTITION_HASH.is_some() && (walk.parts.len() as u32) < walk.total).then(|| walk.parts.to_vec());
         // A page read leaves out runs of keys: a fixed number of ranges (those not given
         // are empty), so that its statement is built once.
         let runs = if walk.envelopes && !self.profile.key.is_text() { SKIP_SLOTS } else { 0 };
         let sql = self.walk_read.get((walk.total, only.clone(), walk.envelopes), || {
+            let expr = D::partition_expr(walk.total);
             let only = match (&expr, &only) {
                 (Some(expr), Some(only)) => format!(" AND {expr} IN ({})", list(only)),
                 _ => String::new(),
@@ -257,7 +257,7 @@ for_every_dialect!(impl {
 
     /// The partition of a row read by [`Self::rows_after`].
     fn part_of(&self, row: &<D::Db as Database>::Row, total: u32) -> Result<u32, sqlx::Error> {
-        if D::partition_expr(total).is_some() {
+        if D::PARTITION_HASH.is_some() {
             return Ok(D::int(row, 11)? as u32);
         }
         Ok(partition_of(&D::text(row, 1)?, &D::text(row, 4)?, total))
@@ -985,7 +985,7 @@ for_every_dialect!(impl {
         let mut rows = 0;
         for r in &picked {
             let (event_id, created_at_ms) = (D::text(r, 2)?, D::int(r, 5)?);
-            let partition = if D::partition_expr(total).is_some() {
+            let partition = if D::PARTITION_HASH.is_some() {
                 D::int(r, 6)? as u32
             } else {
                 partition_of(&D::text(r, 1)?, &D::text(r, 4)?, total)
@@ -1141,7 +1141,7 @@ for_every_dialect!(impl {
         let rows = sqlx::query(&excepted).bind(before).fetch_all(&mut *tx).await?;
         for r in &rows {
             let (app_code, room_id) = (D::text(r, 1)?, D::text(r, 2)?);
-            let partition = if D::partition_expr(total).is_some() {
+            let partition = if D::PARTITION_HASH.is_some() {
                 D::int(r, 10)? as u32
             } else {
                 partition_of(&app_code, &room_id, total)

@@ -211,9 +211,7 @@ impl Dialect for MysqlDialect {
         format!("ALTER TABLE {table} DROP INDEX {index}, ALGORITHM=INPLACE, LOCK=NONE")
     }
 
-    fn partition_expr(total: u32) -> Option<String> {
-        Some(format!("(CRC32(CONCAT(app_code, ':', room_id)) % {total})"))
-    }
+    const PARTITION_HASH: Option<&'static str> = Some("(CRC32(CONCAT(app_code, ':', room_id)) % {total})");
 
     const SHARE_LOCK: &'static str = " LOCK IN SHARE MODE";
     const UPDATE_LOCK: &'static str = " FOR UPDATE";

@@ -481,15 +481,15 @@ for_every_dialect!(impl {
     /// order after `read.after`, due or not (a room's earliest such row decides whether the
     /// room may go on).
     pub(super) async fn read_waiting(&self, read: &OwnedRead<'_>) -> Result<Page, StoreError> {
-        let expr = D::partition_expr(read.total);
+        let by_database = D::PARTITION_HASH.is_some();
         let everything = read.owned.len() as u32 >= read.total;
         if !everything
-            && expr.is_some()
+            && by_database
             && self.indexed_partitions.load(std::sync::atomic::Ordering::Relaxed) == read.total
         {
             return self.read_by_partition(read).await;
         }
-        let only = (!everything && expr.is_some()).then(|| read.owned.iter().map(|f| f.partition).collect());
+        let only = (!everything && by_database).then(|| read.owned.iter().map(|f| f.partition).collect());
         let sql = self.waiting_read_sql(read.total, only);
         let statuses = D::WAITING;
         let (after_at, after_key) = read.after.clone().unwrap_or((i64::MIN, KeyValue::first(self.profile.key)));
@@ -502,7 +502,7 @@ for_every_dialect!(impl {
         }
         let rows = self.in_index_order(q).await?;
         let at_end = rows.len() < read.limit as usize;
-        self.decode_page(read, expr.is_some(), &rows, at_end)
+        self.decode_page(read, by_database, &rows, at_end)
     }
 
     /// [`Self::read_waiting`] through the partition index (PostgreSQL): each owned

@@ -249,7 +249,7 @@ impl Dialect for PostgresDialect {
         store: &PostgresStore,
         conn: &mut sqlx::PgConnection,
         total: u32,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<(), StoreError> {
         use super::partitions::{partition_index_count, partition_index_name};
         let t = &store.table;
         let expr = Self::partition_expr(total).expect("PostgreSQL computes partitions");
@@ -278,7 +278,7 @@ impl Dialect for PostgresDialect {
         sqlx::Executor::execute(&mut *conn, create.as_str())
             .await
             .map_err(|e| StoreError::Migration(format!("building {wanted}: {e}")))?;
-        Ok(true)
+        Ok(())
     }
 
     const PARTITION_INDEX: bool = true;
@@ -293,9 +293,8 @@ impl Dialect for PostgresDialect {
         ))
     }
 
-    fn partition_expr(total: u32) -> Option<String> {
-        Some(format!("(((hashtextextended(app_code || ':' || room_id, 0) % {total}) + {total}) % {total})"))
-    }
+    const PARTITION_HASH: Option<&'static str> =
+        Some("(((hashtextextended(app_code || ':' || room_id, 0) % {total}) + {total}) % {total})");
 
     const SHARE_LOCK: &'static str = " FOR SHARE";
     const UPDATE_LOCK: &'static str = " FOR UPDATE";

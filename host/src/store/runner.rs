@@ -90,7 +90,7 @@ for_every_dialect!(impl {
                 Job::Migrate => self.apply_migrations(&mut conn).await,
                 Job::ConsumerIndex => self.build_consumer_index(&mut conn).await.map(|()| super::Migrated::default()),
                 Job::PartitionIndex(total) => {
-                    D::build_partition_index(self, &mut conn, total).await.map(|_| super::Migrated::default())
+                    D::build_partition_index(self, &mut conn, total).await.map(|()| super::Migrated::default())
                 }
             }
         }

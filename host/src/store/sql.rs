@@ -122,14 +122,14 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     fn drop_index_online(table: &str, index: &str) -> String;
 
     /// Builds the index of `table`'s unfinished rows by their partition of `total` (see
-    /// [`Dialect::partition_expr`]), where the database keeps one; `false` where it does
-    /// not, and an owner reads its partitions from the claim index.
+    /// [`Dialect::partition_expr`]), where the database keeps one ([`Dialect::PARTITION_INDEX`]);
+    /// elsewhere nothing, and an owner reads its partitions from the claim index.
     async fn build_partition_index(
         _store: &SqlStore<Self>,
         _conn: &mut <Self::Db as Database>::Connection,
         _total: u32,
-    ) -> Result<bool, StoreError> {
-        Ok(false)
+    ) -> Result<(), StoreError> {
+        Ok(())
     }
 
     /// Whether the database keeps partition indexes ([`Dialect::build_partition_index`]).
@@ -144,9 +144,14 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         None
     }
 
-    /// The SQL that computes a row's partition of `total`, where the database does; `None`
+    /// The SQL that computes a row's partition of `{total}`, where the database does; `None`
     /// where the host computes it ([`super::partitions::partition_of`]).
-    fn partition_expr(total: u32) -> Option<String>;
+    const PARTITION_HASH: Option<&'static str>;
+
+    /// [`Self::PARTITION_HASH`] for `total` partitions.
+    fn partition_expr(total: u32) -> Option<String> {
+        Self::PARTITION_HASH.map(|hash| hash.replace("{total}", &total.to_string()))
+    }
 
     /// Appended to a read of lease rows whose lease the transaction's writes rely on: no
     /// takeover commits between the read and the transaction's end.

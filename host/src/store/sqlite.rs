@@ -182,9 +182,7 @@ impl Dialect for SqliteDialect {
     }
 
     /// None: the host computes it ([`super::partitions::partition_of`]).
-    fn partition_expr(_total: u32) -> Option<String> {
-        None
-    }
+    const PARTITION_HASH: Option<&'static str> = None;
 
     /// `BEGIN IMMEDIATE` holds the one write lock.
     const SHARE_LOCK: &'static str = "";
