@@ -52,6 +52,10 @@ struct Args {
     /// Events per drain through 1, 2 and 4 sinks.
     #[arg(long, default_value_t = 20_000)]
     sink_events: usize,
+    /// How long a later sink's destination is down in the paused-sink runs (after its
+    /// first sink drained `--sink-events`), seconds.
+    #[arg(long, default_value_t = 60)]
+    pause_seconds: u64,
     /// Producer rates for the latency runs, events per second.
     #[arg(long, value_delimiter = ',', default_value = "500,5000")]
     rates: Vec<u32>,
@@ -651,8 +655,34 @@ async fn several_sinks(r: &mut Report, backend: Backend, args: &Args, cache: &Pa
         row(table, name, &format!("{count} sink(s), every event to each"), args.sink_events, d.seconds, note);
         per_sinks.push((count, per_s, d.writes, d.cores, cpu_us));
     }
+    eprintln!(
+        "{name}: {} events through 2 sinks, the later one's destination down for {} s …",
+        args.sink_events, args.pause_seconds
+    );
+    let p = sinks::paused(backend, args.sink_events, Duration::from_secs(args.pause_seconds), cache).await?;
+    let note = format!(
+        "first sink {:.0} events/s with the later one's destination down, {:.0}/s with it up: {:.2}×; \
+         the later sink failed {} attempts while down and delivered every event {:.1} s after its destination came back \
+         ({:.1} s from the start with it up)",
+        args.sink_events as f64 / p.other_down,
+        args.sink_events as f64 / p.other_up,
+        p.other_up / p.other_down,
+        p.attempts_down,
+        p.catch_up,
+        p.later_up
+    );
+    eprintln!("{name}: {note}");
+    row(table, name, "2 sinks, the later one's destination down", args.sink_events, p.other_down, note);
     results.push(json!({
         "backend": name,
+        "paused_sink": {
+            "pause_seconds": args.pause_seconds,
+            "first_sink_seconds_destination_up": p.other_up,
+            "first_sink_seconds_destination_down": p.other_down,
+            "later_sink_attempts_while_down": p.attempts_down,
+            "later_sink_catch_up_seconds": p.catch_up,
+            "later_sink_seconds_destination_up": p.later_up,
+        },
         "sinks": per_sinks.iter().map(|(count, per_s, writes, cores, cpu_us)| json!({
             "sinks": count, "events_per_s": per_s,
             "row_writes_per_event": writes.map(|w| w[0]), "wal_bytes_per_event": writes.map(|w| w[1]),
