@@ -11,6 +11,8 @@
 //!   installed whenever the checksum recorded in `<table>_routines` differs from the
 //!   rendered text's.
 //!
+//! Each database's folder and routine templates are named in its own module ([`super::schema::Ddl`]).
+//!
 //! The runner itself is in `sql.rs` (it needs the dialect's connection).
 
 use sha2::Digest as _;
@@ -58,15 +60,7 @@ impl Step {
 
     /// The file the step comes from, for messages.
     pub fn file(&self, backend: Backend) -> String {
-        format!("migrations/{}/{:04}_{}.sql", dialect_dir(backend), self.version, self.description.replace(' ', "_"))
-    }
-}
-
-fn dialect_dir(backend: Backend) -> &'static str {
-    match backend {
-        Backend::Sqlite => "sqlite",
-        Backend::Postgres => "postgres",
-        Backend::Mysql => "mysql",
+        format!("migrations/{}/{:04}_{}.sql", backend.ddl().dir, self.version, self.description.replace(' ', "_"))
     }
 }
 
@@ -122,32 +116,14 @@ pub struct Routine {
     pub checksum: String,
 }
 
-/// The templates under `migrations/routines/`, per backend.
-fn templates(backend: Backend) -> &'static [(&'static str, &'static str)] {
-    match backend {
-        Backend::Postgres => &[
-            ("notify_insert", include_str!("../../../migrations/routines/postgres_notify_insert.sql")),
-            ("claim", include_str!("../../../migrations/routines/postgres_claim.sql")),
-        ],
-        Backend::Mysql => &[("claim", include_str!("../../../migrations/routines/mysql_claim.sql"))],
-        // A claim is a short transaction of plain statements, and idle hosts probe.
-        Backend::Sqlite => &[],
-    }
-}
-
 /// The routines of `backend` for `table`, whose rows are named by `key`. Each template
 /// names the table `{table}` and the key `{key}`; `{id}` is the claimed row's id (0 where
 /// rows are named by `event_id`), `{key_text}` the key as a JSON-safe value and `{key_type}`
 /// its type there (MySQL's `JSON_TABLE`).
 pub fn routines(backend: Backend, table: &str, key: Key) -> Vec<Routine> {
-    let by_event_id = key == Key::EventId;
-    let (id, key_text, key_type) = match (backend, by_event_id) {
-        (Backend::Postgres, false) => ("o.id", "id", "BIGINT"),
-        (Backend::Postgres, true) => ("0::BIGINT", "event_id", "TEXT"),
-        (_, false) => ("o.id", "id", "BIGINT"),
-        (_, true) => ("0", "CONVERT(event_id USING utf8mb4)", "VARCHAR(255)"),
-    };
-    templates(backend)
+    let ddl = backend.ddl();
+    let [id, key_text, key_type] = if key == Key::EventId { ddl.event_id_key } else { ["o.id", "id", "BIGINT"] };
+    ddl.routines
         .iter()
         .map(|(name, template)| {
             let sql = template

@@ -683,6 +683,15 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// This database's own types and schema statements, from the module named after it.
+    pub(crate) fn ddl(self) -> &'static schema::Ddl {
+        match self {
+            Backend::Sqlite => &sqlite::DDL,
+            Backend::Postgres => &postgres::DDL,
+            Backend::Mysql => &mysql::DDL,
+        }
+    }
+
     /// Picks the backend from the URL's scheme.
     pub fn from_url(url: &str) -> Result<Backend, String> {
         let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");

@@ -8,7 +8,8 @@
 //! migration and registry locks (`GET_LOCK`), the partition hash (`CRC32`), the ranges a
 //! read seeks past a cursor with and reads per status, the `ON DUPLICATE KEY` upserts of a
 //! consumer's positions and exceptions, online index changes (`ALGORITHM=INPLACE`) and the
-//! lock-holder report.
+//! lock-holder report; and what adopting a table says in MySQL's words ([`DDL`]: its types,
+//! the fix and add statements, the claim procedure).
 
 use async_trait::async_trait;
 use sqlx::MySql;
@@ -18,7 +19,7 @@ use sqlx::mysql::MySqlPoolOptions;
 use sqlx::Row as _;
 use sqlx::mysql::MySqlRow;
 
-use super::schema::Profile;
+use super::schema::{self, Ddl, Profile};
 use super::sql::{ByCount, Dialect, EXCEPTION_COLUMNS, Lock, SqlStore, decode_routine_claimed};
 use super::{Backend, Claimed, Held, Lease, Mark, StoreError};
 
@@ -327,3 +328,33 @@ fn lease_filter(key: &str, count: usize) -> String {
         vec!["(?, ?, ?)"; count].join(", ")
     )
 }
+
+/// MySQL's and MariaDB's types and schema statements (see [`Ddl`]).
+pub(super) static DDL: Ddl = Ddl {
+    definition: 2,
+    shape: |declared| schema::server_shape(declared, false),
+    suggested: |role| schema::server_suggested(role, "MEDIUMBLOB"),
+    fix: |table, column, ty, null| format!("ALTER TABLE {table} MODIFY COLUMN {column} {ty} {null};"),
+    unique_event_id: |table| {
+        format!("ALTER TABLE {table} ADD UNIQUE INDEX {table}_event_id_uq (event_id), ALGORITHM=INPLACE, LOCK=NONE;")
+    },
+    row_id: false,
+    // One statement for every column (see `schema::mysql_fallback`).
+    add_columns: |table, columns| {
+        if columns.is_empty() {
+            return Vec::new();
+        }
+        let adds: Vec<String> = columns.iter().map(|(n, d)| format!("ADD COLUMN {n} {d}")).collect();
+        vec![format!("ALTER TABLE {table} {}, ALGORITHM=INSTANT", adds.join(", "))]
+    },
+    claim_index: |table, key, _| {
+        format!(
+            "ALTER TABLE {table} ADD INDEX {table}_claim_idx (status, created_at_ms, {key}, next_retry_at_ms, lock_until_ms), \
+             ALGORITHM=INPLACE, LOCK=NONE"
+        )
+    },
+    drop_invalid_index: None,
+    dir: "mysql",
+    routines: &[("claim", include_str!("../../../migrations/routines/mysql_claim.sql"))],
+    event_id_key: ["0", "CONVERT(event_id USING utf8mb4)", "VARCHAR(255)"],
+};

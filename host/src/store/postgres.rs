@@ -8,7 +8,9 @@
 //! migration and registry locks (advisory locks), the partition hash (`hashtextextended`)
 //! and the partition index an owner reads by, the row comparison a read seeks past a cursor
 //! with, the planner settings that keep a read in its index's order, and the catalog
-//! queries behind online index builds (`CONCURRENTLY`) and the lock-holder report.
+//! queries behind online index builds (`CONCURRENTLY`) and the lock-holder report; and what
+//! adopting a table says in PostgreSQL's words ([`DDL`]: its types, the fix and add statements,
+//! the routines kept beside a table).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use sqlx::postgres::PgRow;
 use sqlx::{Column as _, Row as _, TypeInfo as _};
 
-use super::schema::Profile;
+use super::schema::{self, Ddl, Profile};
 use super::sql::{Dialect, Lock, SqlStore, decode_routine_claimed};
 use super::{Backend, CLAIM_COLUMNS, Claimed, Held, Lease, Mark, StoreError};
 
@@ -428,3 +430,29 @@ impl<'a> From<&[&'a Mark]> for FailedMarks<'a> {
         out
     }
 }
+
+/// PostgreSQL's types and schema statements (see [`Ddl`]).
+pub(super) static DDL: Ddl = Ddl {
+    definition: 1,
+    shape: |declared| schema::server_shape(declared, true),
+    suggested: |role| schema::server_suggested(role, "BYTEA"),
+    fix: |table, column, ty, _| format!("ALTER TABLE {table} ALTER COLUMN {column} TYPE {ty};"),
+    unique_event_id: |table| format!("CREATE UNIQUE INDEX CONCURRENTLY {table}_event_id_uq ON {table} (event_id);"),
+    row_id: false,
+    add_columns: |table, columns| {
+        columns.iter().map(|(n, d)| format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {n} {d}")).collect()
+    },
+    claim_index: |table, key, _| {
+        format!(
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS {table}_claim_idx ON {table} (created_at_ms, {key}) \
+             WHERE status IN ('pending', 'retryable', 'delivering')"
+        )
+    },
+    drop_invalid_index: Some(|table, name| format!("DROP INDEX CONCURRENTLY IF EXISTS {table}_{name}")),
+    dir: "postgres",
+    routines: &[
+        ("notify_insert", include_str!("../../../migrations/routines/postgres_notify_insert.sql")),
+        ("claim", include_str!("../../../migrations/routines/postgres_claim.sql")),
+    ],
+    event_id_key: ["0::BIGINT", "event_id", "TEXT"],
+};

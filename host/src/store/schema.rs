@@ -10,12 +10,52 @@
 //!   has nothing to say (`NULL`, or `''` in a `NOT NULL DEFAULT ''` column), as a
 //!   [`Profile`].
 //!
+//! The review is the same on every database; what it reads and writes in a database's own
+//! words (types, `ALTER` and index statements) is that database's [`Ddl`], in its module.
+//!
 //! Column types a Go developer would declare work as they are: unsigned integers, `INT` or
 //! `BIGINT` counters, binary-collation or `VARBINARY` strings, `NOT NULL DEFAULT ''`
 //! strings, any `BLOB` size for the envelope, shorter `last_error` columns (the host clips
 //! to fit).
 
 use super::Backend;
+
+/// Writes the statements that add columns (name, definition) to a table.
+pub(super) type AddColumns = fn(&str, &[(&str, &str)]) -> Vec<String>;
+
+/// What a review writes in one database's own words: the types it reads and suggests, and
+/// the statements that fix or extend a table. Each database's is in the module named after
+/// it ([`Backend::ddl`]); what they share is here.
+pub struct Ddl {
+    /// Which of a column's three definitions in [`NEEDS`] is this database's.
+    pub(super) definition: usize,
+    /// Reads a declared type.
+    pub(super) shape: fn(&str) -> Shape,
+    /// The type a fix suggests for a role.
+    pub(super) suggested: fn(Role) -> &'static str,
+    /// The statement that changes a column's type: table, column, type, `NULL` or `NOT NULL`.
+    pub(super) fix: fn(&str, &str, &str, &str) -> String,
+    /// The statement that makes `event_id` unique on a table.
+    pub(super) unique_event_id: fn(&str) -> String,
+    /// Whether every row has a `rowid` (SQLite): a table without `id` names rows by it, an
+    /// `id` column is not asked for a unique index, and the claim walks a pick index.
+    pub(super) row_id: bool,
+    /// The statements that add columns to a table.
+    pub(super) add_columns: AddColumns,
+    /// The statement that builds the claim index: table, key column, and `, <key>` or
+    /// nothing where the index ends with the row's own key anyway.
+    pub(super) claim_index: fn(&str, &str, &str) -> String,
+    /// The statement that drops an index a failed online build left behind (PostgreSQL's
+    /// `CONCURRENTLY`), before it is built again: table, index suffix.
+    pub(super) drop_invalid_index: Option<fn(&str, &str) -> String>,
+    /// The directory of its migrations under `migrations/`.
+    pub(super) dir: &'static str,
+    /// The routines kept beside a table: name, template (`migrations/routines/`).
+    pub(super) routines: &'static [(&'static str, &'static str)],
+    /// In a routine of a table keyed by event id: the claimed row's id, the key as a
+    /// JSON-safe value, and its type there (see `migrate::routines`).
+    pub(super) event_id_key: [&'static str; 3],
+}
 
 /// One column as the database describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,7 +195,7 @@ impl std::fmt::Display for Addition {
 
 /// What the host does with a column, which decides the types it accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Role {
+pub(super) enum Role {
     /// Written by the producer, read by the host: any string.
     Text,
     /// `pending` … `delivering`: a string of at least 10 characters (or an `ENUM` of all five).
@@ -229,7 +269,7 @@ const NEEDS: [Need; 16] = [
 
 /// The shape of a declared type, as far as the host cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Shape {
+pub(super) enum Shape {
     Int { bits: u16 },
     Text { max_chars: Option<u64>, binary: bool },
     Bytes,
@@ -238,19 +278,13 @@ enum Shape {
 }
 
 fn shape(backend: Backend, declared: &str) -> Shape {
+    (backend.ddl().shape)(declared)
+}
+
+/// A server's declared type by its name; `text_unbounded`: `TEXT` has no length (PostgreSQL)
+/// rather than 65,535 bytes (MySQL).
+pub(super) fn server_shape(declared: &str, text_unbounded: bool) -> Shape {
     let t = declared.trim().to_ascii_lowercase();
-    if backend == Backend::Sqlite {
-        // SQLite's type affinity rules (https://www.sqlite.org/datatype3.html, 3.1).
-        return if t.contains("int") {
-            Shape::Int { bits: 64 }
-        } else if t.contains("char") || t.contains("clob") || t.contains("text") {
-            Shape::Text { max_chars: None, binary: false }
-        } else if t.contains("blob") || t.is_empty() {
-            Shape::Bytes
-        } else {
-            Shape::Other
-        };
-    }
     let base = t.split(['(', ' ']).next().unwrap_or_default();
     let length =
         t.split_once('(').and_then(|(_, rest)| rest.split([')', ',']).next()).and_then(|n| n.trim().parse().ok());
@@ -262,7 +296,7 @@ fn shape(backend: Backend, declared: &str) -> Shape {
         "tinyint" => Shape::Int { bits: 8 },
         "varchar" | "char" | "character" | "nvarchar" | "nchar" => Shape::Text { max_chars: length, binary: false },
         "varbinary" => Shape::Text { max_chars: length, binary: true },
-        "text" if backend == Backend::Postgres => Shape::Text { max_chars: None, binary: false },
+        "text" if text_unbounded => Shape::Text { max_chars: None, binary: false },
         "tinytext" => Shape::Text { max_chars: Some(255), binary: false },
         "text" => Shape::Text { max_chars: Some(65_535), binary: false },
         "mediumtext" | "longtext" => Shape::Text { max_chars: None, binary: false },
@@ -313,40 +347,29 @@ fn misfit(role: Role, shape: &Shape, worker_id_chars: usize) -> Option<String> {
     }
 }
 
-/// The type the fix statement suggests for `role`, per backend.
-fn suggested(backend: Backend, role: Role) -> &'static str {
-    match (backend, role) {
-        (Backend::Sqlite, Role::Millis | Role::Counter) => "INTEGER",
-        (Backend::Sqlite, Role::Envelope) => "BLOB",
-        (Backend::Sqlite, _) => "TEXT",
-        (_, Role::Millis) => "BIGINT",
-        (_, Role::Counter) => "INTEGER",
-        (Backend::Postgres, Role::Envelope) => "BYTEA",
-        (_, Role::Envelope) => "MEDIUMBLOB",
-        (_, Role::Status) => "VARCHAR(16)",
-        (_, Role::Worker) => "VARCHAR(128)",
-        (_, Role::Error) => "VARCHAR(512)",
-        (_, Role::Text) => "VARCHAR(128)",
+/// The type a server's fix statement suggests for `role`; `envelope`: its binary type.
+pub(super) fn server_suggested(role: Role, envelope: &'static str) -> &'static str {
+    match role {
+        Role::Millis => "BIGINT",
+        Role::Counter => "INTEGER",
+        Role::Envelope => envelope,
+        Role::Status => "VARCHAR(16)",
+        Role::Worker => "VARCHAR(128)",
+        Role::Error => "VARCHAR(512)",
+        Role::Text => "VARCHAR(128)",
     }
 }
 
 /// The statement that would change `column` to `ty`, for an operator to review and run.
-fn fix(backend: Backend, table: &str, column: &ColumnInfo, ty: &str) -> String {
-    let null = if column.nullable { "NULL" } else { "NOT NULL" };
-    match backend {
-        Backend::Mysql => format!("ALTER TABLE {table} MODIFY COLUMN {} {ty} {null};", column.name),
-        Backend::Postgres => format!("ALTER TABLE {table} ALTER COLUMN {} TYPE {ty};", column.name),
-        Backend::Sqlite => format!(
-            "SQLite cannot change a column's type in place: rebuild {table} with {} {ty} (https://www.sqlite.org/lang_altertable.html#otheralter)",
-            column.name
-        ),
-    }
+fn fix(ddl: &Ddl, table: &str, column: &ColumnInfo, ty: &str) -> String {
+    (ddl.fix)(table, &column.name, ty, if column.nullable { "NULL" } else { "NOT NULL" })
 }
 
 /// Reviews `info`, the existing `table`, for what the host needs. `worker_id_chars` is the
 /// length of this host's worker ids, when known (`run`); `migrate` does not know which
 /// hosts will run, so it only asks for a string there.
 pub fn review(backend: Backend, table: &str, info: &TableInfo, worker_id_chars: Option<usize>) -> Review {
+    let ddl = backend.ddl();
     let worker_id_chars = worker_id_chars.unwrap_or(1);
     let mut problems = Vec::new();
     let mut additions = Vec::new();
@@ -358,13 +381,13 @@ pub fn review(backend: Backend, table: &str, info: &TableInfo, worker_id_chars: 
                         "column {} is {}: {why}. To fix: {}",
                         need.name,
                         column.declared,
-                        fix(backend, table, column, suggested(backend, need.role))
+                        fix(ddl, table, column, (ddl.suggested)(need.role))
                     ));
                 }
             }
             None => match need.add {
                 Some(per_backend) => {
-                    let definition = per_backend[backend_index(backend)].to_string();
+                    let definition = per_backend[ddl.definition].to_string();
                     additions.push(Addition::Column { name: need.name, definition });
                 }
                 None => problems.push(format!(
@@ -379,30 +402,24 @@ pub fn review(backend: Backend, table: &str, info: &TableInfo, worker_id_chars: 
             if !matches!(shape(backend, &id.declared), Shape::Int { .. }) {
                 problems
                     .push(format!("column id is {}: the host names rows by it, so it must be an integer", id.declared));
-            } else if !info.unique("id") && backend != Backend::Sqlite {
+            } else if !info.unique("id") && !ddl.row_id {
                 problems.push(format!(
                     "column id is not unique: the host names rows by it. To fix: add a unique index on {table} (id)"
                 ));
             }
             Key::Id
         }
-        None if backend == Backend::Sqlite => Key::RowId,
+        None if ddl.row_id => Key::RowId,
         None => Key::EventId,
     };
     if !info.unique("event_id") && info.column("event_id").is_some() {
-        let index = match backend {
-            Backend::Mysql => format!(
-                "ALTER TABLE {table} ADD UNIQUE INDEX {table}_event_id_uq (event_id), ALGORITHM=INPLACE, LOCK=NONE;"
-            ),
-            Backend::Postgres => format!("CREATE UNIQUE INDEX CONCURRENTLY {table}_event_id_uq ON {table} (event_id);"),
-            Backend::Sqlite => format!("CREATE UNIQUE INDEX {table}_event_id_uq ON {table} (event_id);"),
-        };
+        let index = (ddl.unique_event_id)(table);
         problems.push(format!(
             "event_id is not unique: it is the event's idempotency key{}. To fix (after removing duplicates): {index}",
             if key == Key::EventId { " and, without an id column, how the host names a row" } else { "" }
         ));
     }
-    let pick = (backend == Backend::Sqlite).then_some(("pick_idx", Addition::PickIndex));
+    let pick = ddl.row_id.then_some(("pick_idx", Addition::PickIndex));
     for (suffix, index) in [("claim_idx", Addition::ClaimIndex)].into_iter().chain(pick) {
         let name = format!("{table}_{suffix}");
         if !info.indexes.iter().any(|i| i.name == name) {
@@ -422,14 +439,6 @@ pub fn review(backend: Backend, table: &str, info: &TableInfo, worker_id_chars: 
     Review { profile, additions, problems }
 }
 
-fn backend_index(backend: Backend) -> usize {
-    match backend {
-        Backend::Sqlite => 0,
-        Backend::Postgres => 1,
-        Backend::Mysql => 2,
-    }
-}
-
 /// The statements that make `additions` on `table` whose rows the host names by `key`, each
 /// online where the database can: MySQL adds columns with `ALGORITHM=INSTANT` (falling back
 /// to `INPLACE, LOCK=NONE`, see [`mysql_fallback`]) and the index `INPLACE, LOCK=NONE`;
@@ -443,26 +452,12 @@ pub fn addition_statements(backend: Backend, table: &str, key: Key, additions: &
             Addition::ClaimIndex | Addition::PickIndex => None,
         })
         .collect();
-    let mut out = Vec::new();
-    match backend {
-        Backend::Mysql if !columns.is_empty() => {
-            let adds: Vec<String> = columns.iter().map(|(n, d)| format!("ADD COLUMN {n} {d}")).collect();
-            out.push(format!("ALTER TABLE {table} {}, ALGORITHM=INSTANT", adds.join(", ")));
-        }
-        Backend::Postgres => {
-            out.extend(columns.iter().map(|(n, d)| format!("ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {n} {d}")));
-        }
-        Backend::Sqlite => out.extend(columns.iter().map(|(n, d)| format!("ALTER TABLE {table} ADD COLUMN {n} {d}"))),
-        Backend::Mysql => {}
-    }
+    let ddl = backend.ddl();
+    let mut out = (ddl.add_columns)(table, &columns);
     let key_last = if key == Key::RowId { String::new() } else { format!(", {}", key.column()) };
     // An index PostgreSQL lists as invalid (a CONCURRENTLY build that failed half-way) is not
     // described, so it comes back here: drop it first, or IF NOT EXISTS would keep it.
-    let rebuild = |out: &mut Vec<String>, name: &str| {
-        if backend == Backend::Postgres {
-            out.push(format!("DROP INDEX CONCURRENTLY IF EXISTS {table}_{name}"));
-        }
-    };
+    let rebuild = |out: &mut Vec<String>, name: &str| out.extend(ddl.drop_invalid_index.map(|drop| drop(table, name)));
     if additions.contains(&Addition::PickIndex) {
         out.push(format!(
             "CREATE INDEX IF NOT EXISTS {table}_pick_idx ON {table} (created_at_ms{key_last}) \
@@ -472,20 +467,7 @@ pub fn addition_statements(backend: Backend, table: &str, key: Key, additions: &
     if additions.contains(&Addition::ClaimIndex) {
         let k = key.column();
         rebuild(&mut out, "claim_idx");
-        out.push(match backend {
-            Backend::Mysql => format!(
-                "ALTER TABLE {table} ADD INDEX {table}_claim_idx (status, created_at_ms, {k}, next_retry_at_ms, lock_until_ms), \
-                 ALGORITHM=INPLACE, LOCK=NONE"
-            ),
-            Backend::Postgres => format!(
-                "CREATE INDEX CONCURRENTLY IF NOT EXISTS {table}_claim_idx ON {table} (created_at_ms, {k}) \
-                 WHERE status IN ('pending', 'retryable', 'delivering')"
-            ),
-            // rowid is every SQLite index's last column already.
-            Backend::Sqlite => format!(
-                "CREATE INDEX IF NOT EXISTS {table}_claim_idx ON {table} (status, next_retry_at_ms, created_at_ms{key_last})"
-            ),
-        });
+        out.push((ddl.claim_index)(table, k, &key_last));
     }
     out
 }
@@ -573,6 +555,40 @@ mod tests {
         );
         assert!(review.problems[2].contains("column envelope is text: needs a binary type"));
         assert!(review.problems[3].contains("ALTER TABLE room_outbox MODIFY COLUMN created_at_ms BIGINT NOT NULL;"));
+    }
+
+    #[test]
+    fn each_database_fixes_and_extends_a_table_in_its_own_words() {
+        // A go table with a short status, no unique event_id, and no retry_count column.
+        let mut table = go_table();
+        table.columns[4] = column("status", "varchar(8)", false);
+        table.columns.retain(|c| c.name != "retry_count");
+        table.indexes.retain(|i| i.columns != ["event_id"]);
+        let said = |backend| {
+            let review = review(backend, "t", &table, None);
+            let statements = addition_statements(backend, "t", review.profile.key, &review.additions);
+            (review.problems, statements)
+        };
+        let (problems, statements) = said(Backend::Postgres);
+        assert!(problems[0].ends_with("To fix: ALTER TABLE t ALTER COLUMN status TYPE VARCHAR(16);"), "{problems:?}");
+        assert!(
+            problems[1].ends_with("CREATE UNIQUE INDEX CONCURRENTLY t_event_id_uq ON t (event_id);"),
+            "{problems:?}"
+        );
+        assert_eq!(statements[0], "ALTER TABLE t ADD COLUMN IF NOT EXISTS retry_count INTEGER NOT NULL DEFAULT 0");
+        let (problems, statements) = said(Backend::Mysql);
+        assert!(problems[0].ends_with("MODIFY COLUMN status VARCHAR(16) NOT NULL;"), "{problems:?}");
+        assert!(problems[1].ends_with("ADD UNIQUE INDEX t_event_id_uq (event_id), ALGORITHM=INPLACE, LOCK=NONE;"));
+        assert!(statements[0].starts_with("ALTER TABLE t ADD COLUMN retry_count INT NOT NULL DEFAULT 0, ADD COLUMN"));
+        assert!(statements[0].ends_with(", ALGORITHM=INSTANT"), "one statement for every column: {statements:?}");
+        let (problems, statements) = said(Backend::Sqlite);
+        // By affinity a short VARCHAR holds any length, and VARBINARY is no string at all.
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].starts_with("column room_id is varbinary(64)"), "{problems:?}");
+        assert!(problems[0].ends_with("cannot change a column's type in place: rebuild t with room_id TEXT \
+             (https://www.sqlite.org/lang_altertable.html#otheralter)"));
+        assert!(problems[1].ends_with("CREATE UNIQUE INDEX t_event_id_uq ON t (event_id);"), "{problems:?}");
+        assert_eq!(statements[0], "ALTER TABLE t ADD COLUMN retry_count INTEGER NOT NULL DEFAULT 0");
     }
 
     #[test]

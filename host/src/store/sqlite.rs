@@ -5,7 +5,8 @@
 //! Everything SQLite does its own way is here: the claim and outcome statements, the one
 //! write lock (`BEGIN IMMEDIATE`) that serves as the migration and registry locks and
 //! begins every writing transaction, the pick index an owner's read names, and the cursor
-//! condition it reads by. It computes no partition in SQL: the host does.
+//! condition it reads by, and what adopting a table says in SQLite's words ([`DDL`]: types by
+//! affinity, `rowid` for a table without `id`). It computes no partition in SQL: the host does.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -18,7 +19,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::Row as _;
 use sqlx::sqlite::SqliteRow;
 
-use super::schema::Profile;
+use super::schema::{Ddl, Profile, Role, Shape};
 use super::sql::{ByCount, Dialect, Lock, SqlStore, decode_claimed, params};
 use super::{Backend, Claimed, Held, Lease, Mark, StoreError};
 
@@ -277,6 +278,53 @@ impl Dialect for SqliteDialect {
         }
         tx.commit().await?;
         Ok(changed)
+    }
+}
+
+/// SQLite's types and schema statements (see [`Ddl`]).
+pub(super) static DDL: Ddl = Ddl {
+    definition: 0,
+    shape: affinity,
+    suggested: |role| match role {
+        Role::Millis | Role::Counter => "INTEGER",
+        Role::Envelope => "BLOB",
+        _ => "TEXT",
+    },
+    fix: |table, column, ty, _| {
+        format!(
+            "SQLite cannot change a column's type in place: rebuild {table} with {column} {ty} \
+             (https://www.sqlite.org/lang_altertable.html#otheralter)"
+        )
+    },
+    unique_event_id: |table| format!("CREATE UNIQUE INDEX {table}_event_id_uq ON {table} (event_id);"),
+    row_id: true,
+    add_columns: |table, columns| {
+        columns.iter().map(|(n, d)| format!("ALTER TABLE {table} ADD COLUMN {n} {d}")).collect()
+    },
+    // rowid is every SQLite index's last column already.
+    claim_index: |table, _, key_last| {
+        format!(
+            "CREATE INDEX IF NOT EXISTS {table}_claim_idx ON {table} (status, next_retry_at_ms, created_at_ms{key_last})"
+        )
+    },
+    drop_invalid_index: None,
+    dir: "sqlite",
+    // A claim is a short transaction of plain statements, and idle hosts probe.
+    routines: &[],
+    event_id_key: ["0", "event_id", "TEXT"],
+};
+
+/// A declared type by SQLite's type affinity rules (https://www.sqlite.org/datatype3.html, 3.1).
+fn affinity(declared: &str) -> Shape {
+    let t = declared.trim().to_ascii_lowercase();
+    if t.contains("int") {
+        Shape::Int { bits: 64 }
+    } else if t.contains("char") || t.contains("clob") || t.contains("text") {
+        Shape::Text { max_chars: None, binary: false }
+    } else if t.contains("blob") || t.is_empty() {
+        Shape::Bytes
+    } else {
+        Shape::Other
     }
 }
 
