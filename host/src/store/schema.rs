@@ -585,8 +585,10 @@ mod tests {
         // By affinity a short VARCHAR holds any length, and VARBINARY is no string at all.
         assert_eq!(problems.len(), 2, "{problems:?}");
         assert!(problems[0].starts_with("column room_id is varbinary(64)"), "{problems:?}");
-        assert!(problems[0].ends_with("cannot change a column's type in place: rebuild t with room_id TEXT \
-             (https://www.sqlite.org/lang_altertable.html#otheralter)"));
+        assert!(problems[0].ends_with(
+            "cannot change a column's type in place: rebuild t with room_id TEXT \
+             (https://www.sqlite.org/lang_altertable.html#otheralter)"
+        ));
         assert!(problems[1].ends_with("CREATE UNIQUE INDEX t_event_id_uq ON t (event_id);"), "{problems:?}");
         assert_eq!(statements[0], "ALTER TABLE t ADD COLUMN retry_count INTEGER NOT NULL DEFAULT 0");
     }
