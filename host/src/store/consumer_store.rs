@@ -617,35 +617,25 @@ for_consumers!(
             // Deliveries alone are remembered until a settle at most `SETTLE_EVERY` away (or
             // the heartbeat's): judged against the same positions, held by the same fences.
             let recent = self.memory().settled_at.is_some_and(|at| at.elapsed() < SETTLE_EVERY);
-            if exceptions.is_empty() && recent {
-                let mut memory = self.memory();
-                let mut changed = 0;
-                for (i, fence) in written {
-                    memory.read.remove(&marks[i].event_id);
-                    if memory.holding.contains(&fence) {
-                        changed += 1;
-                    } else {
-                        fenced.push(i);
+            let held = if exceptions.is_empty() && recent {
+                self.memory().holding.clone()
+            } else {
+                match self.settle_held(owner, now_ms, exceptions, &[]).await {
+                    Ok(settled) => settled.held,
+                    Err(e) => {
+                        let mut memory = self.memory();
+                        for event_id in &delivered {
+                            memory.unfinish(event_id);
+                        }
+                        return Err(e);
                     }
-                }
-                fenced.sort_unstable();
-                return Ok((changed, fenced));
-            }
-            let settled = match self.settle_held(owner, now_ms, exceptions, &[]).await {
-                Ok(settled) => settled,
-                Err(e) => {
-                    let mut memory = self.memory();
-                    for event_id in &delivered {
-                        memory.unfinish(event_id);
-                    }
-                    return Err(e);
                 }
             };
             let mut memory = self.memory();
             let mut changed = 0;
             for (i, fence) in written {
                 memory.read.remove(&marks[i].event_id);
-                if settled.held.contains(&fence) {
+                if held.contains(&fence) {
                     changed += 1;
                 } else {
                     fenced.push(i);
