@@ -9,6 +9,7 @@ mod floor;
 mod idle;
 mod relay;
 mod sinks;
+mod traces;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -91,8 +92,9 @@ struct Args {
     #[arg(long)]
     concurrency: Option<u32>,
     /// Only the relay's figures (`--only relay`), only what several sinks cost (`--only
-    /// sinks`), or only the main drains with, on PostgreSQL, the floors they are measured
-    /// against (`--only drains`).
+    /// sinks`), only the main drains with, on PostgreSQL, the floors they are measured
+    /// against (`--only drains`), or only the drain with tracing off and on (`--only
+    /// tracing`).
     #[arg(long)]
     only: Option<String>,
     /// Where to write the JSON results.
@@ -151,6 +153,7 @@ fn events(prefix: &str, n: usize, rooms: usize) -> Vec<NewEvent> {
                 status: Status::Pending,
                 envelope,
                 created_at_ms: base,
+                trace_context: None,
             }
         })
         .collect()
@@ -910,6 +913,10 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             several_sinks(&mut r, *backend, &args, cache.path()).await?;
             continue;
         }
+        if args.only.as_deref() == Some("tracing") {
+            traces::tracing_cost(&mut r, *backend, setup).await?;
+            continue;
+        }
         if *backend != Backend::Mysql && args.only.as_deref() != Some("drains") {
             relays(&mut r, *backend, setup, cache.path()).await?;
         }
@@ -924,6 +931,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             continue;
         }
         room_order(&mut r, *backend, setup).await?;
+        traces::tracing_cost(&mut r, *backend, setup).await?;
         several_sinks(&mut r, *backend, &args, cache.path()).await?;
         latencies(&mut r, *backend, &args, &wasm).await?;
         failover_and_idle(&mut r, *backend, &wasm).await?;

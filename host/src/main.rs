@@ -244,10 +244,15 @@ async fn execute(command: Command, config: Config) -> anyhow::Result<()> {
         Command::Run => {
             let shutdown = CancellationToken::new();
             app::cancel_on_signals(shutdown.clone())?;
-            match Host::start_waiting(config, &shutdown).await? {
+            let traces = outbox_host::ops::traces::start(&config.tracing)?;
+            let ran = match Host::start_waiting(config, &shutdown).await? {
                 Some(host) => host.run(shutdown).await,
                 None => Ok(()),
+            };
+            if let Some(traces) = traces {
+                traces.shutdown().await;
             }
+            ran
         }
         Command::Migrate => migrate(&config).await,
         Command::Status => status(&config).await,
@@ -362,6 +367,7 @@ async fn enqueue(
                 status,
                 envelope,
                 created_at_ms: base,
+                trace_context: None,
             }
         })
         .collect();

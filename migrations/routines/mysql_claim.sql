@@ -38,7 +38,7 @@ BEGIN
                o.updated_at_ms = p_now_ms;
     END IF;
     SELECT {id}, o.app_code, o.event_id, o.event_type, o.room_id, o.envelope, o.created_at_ms,
-           o.retry_count, p.was
+           o.retry_count, o.trace_context, p.was
       FROM JSON_TABLE(COALESCE(v_picked, JSON_ARRAY()), '$[*]'
                       COLUMNS (k {key_type} PATH '$[0]', was VARCHAR(16) PATH '$[1]')) AS p
       JOIN {table} AS o ON o.{key} = p.k

@@ -21,7 +21,7 @@ $$;
 
 CREATE FUNCTION {table}_claim(p_worker_id TEXT, p_lock_until_ms BIGINT, p_now_ms BIGINT, p_limit INTEGER)
 RETURNS TABLE (id BIGINT, app_code VARCHAR, event_id VARCHAR, event_type VARCHAR, room_id VARCHAR,
-               envelope BYTEA, created_at_ms BIGINT, retry_count INTEGER, was VARCHAR)
+               envelope BYTEA, created_at_ms BIGINT, retry_count INTEGER, trace_context VARCHAR, was VARCHAR)
 LANGUAGE sql
 SET enable_sort = off
 SET enable_bitmapscan = off
@@ -42,5 +42,6 @@ AS $$
     -- The casts let a table made elsewhere (TEXT strings, a BIGINT counter) return the
     -- declared result types; on the host's own table they change nothing.
     RETURNING {id}, o.app_code::VARCHAR, o.event_id::VARCHAR, o.event_type::VARCHAR, o.room_id::VARCHAR,
-              o.envelope, o.created_at_ms, o.retry_count::INTEGER, picked.was::VARCHAR;
+              o.envelope, o.created_at_ms, o.retry_count::INTEGER, o.trace_context::VARCHAR,
+              picked.was::VARCHAR;
 $$;

@@ -25,6 +25,8 @@
 //!     envelope,
 //!     created_at_ms: now_ms(),
 //!     delivered: false,
+//!     // The caller's trace, so that the host's delivery joins it (feature `opentelemetry`).
+//!     trace_context: outbox_producer::current_trace_context(),
 //! };
 //! outbox.insert(&mut *tx, &event).await?;
 //! tx.commit().await?;
@@ -58,6 +60,36 @@ pub struct Event {
     /// Write it as already `delivered` (the producer's own publish succeeded before the
     /// insert) rather than `pending`.
     pub delivered: bool,
+    /// The trace the event belongs to, as the `trace_context` column holds it: the W3C
+    /// `traceparent`, then `;` and the `tracestate` when there is one ([`trace_context`]
+    /// writes it; with the feature `opentelemetry`, [`current_trace_context`] takes the
+    /// caller's current span). `None`: the host's delivery starts a trace of its own.
+    pub trace_context: Option<String>,
+}
+
+/// The `trace_context` column's text for a W3C `traceparent` and, when there is one, a
+/// `tracestate`: `00-<trace id>-<span id>-<flags>[;<tracestate>]`. The host checks it
+/// when it delivers; text it cannot read starts a new trace and never holds the event.
+pub fn trace_context(traceparent: &str, tracestate: Option<&str>) -> String {
+    match tracestate.filter(|s| !s.is_empty()) {
+        Some(state) => format!("{traceparent};{state}"),
+        None => traceparent.to_string(),
+    }
+}
+
+/// The current OpenTelemetry context's span as `trace_context` text, or `None` when there
+/// is no valid span (nothing to join).
+#[cfg(feature = "opentelemetry")]
+pub fn current_trace_context() -> Option<String> {
+    use opentelemetry::trace::TraceContextExt as _;
+    let cx = opentelemetry::Context::current();
+    let span = cx.span();
+    let sc = span.span_context();
+    if !sc.is_valid() {
+        return None;
+    }
+    let traceparent = format!("00-{}-{}-{:02x}", sc.trace_id(), sc.span_id(), sc.trace_flags().to_u8());
+    Some(trace_context(&traceparent, Some(&sc.trace_state().header())))
 }
 
 /// Why an [`Outbox`] could not be made or a write failed.
@@ -95,19 +127,29 @@ impl std::error::Error for Error {
 /// The SQL text of the producer's statements, for any placeholder style.
 pub mod sql {
     /// The columns a producer writes, in the order [`insert`] binds them.
-    pub const COLUMNS: [&str; 7] =
-        ["app_code", "event_id", "event_type", "room_id", "status", "envelope", "created_at_ms"];
+    pub const COLUMNS: [&str; 8] =
+        ["app_code", "event_id", "event_type", "room_id", "status", "envelope", "created_at_ms", "trace_context"];
 
     /// `INSERT` of `rows` events into `table`; `param(n)` is the placeholder of the `n`th
     /// parameter, from 1 (`$n` on PostgreSQL, `?` elsewhere).
     pub fn insert(table: &str, rows: usize, param: impl Fn(usize) -> String) -> String {
+        insert_columns(table, rows, &COLUMNS, param)
+    }
+
+    /// [`insert`] without `trace_context`, for an event that has none: it also writes to a
+    /// table that a host older than the column migrated.
+    pub fn insert_untraced(table: &str, rows: usize, param: impl Fn(usize) -> String) -> String {
+        insert_columns(table, rows, &COLUMNS[..COLUMNS.len() - 1], param)
+    }
+
+    fn insert_columns(table: &str, rows: usize, columns: &[&str], param: impl Fn(usize) -> String) -> String {
         let values: Vec<String> = (0..rows)
             .map(|row| {
-                let one: Vec<String> = (1..=COLUMNS.len()).map(|i| param(row * COLUMNS.len() + i)).collect();
+                let one: Vec<String> = (1..=columns.len()).map(|i| param(row * columns.len() + i)).collect();
                 format!("({})", one.join(", "))
             })
             .collect();
-        format!("INSERT INTO {table} ({}) VALUES {}", COLUMNS.join(", "), values.join(", "))
+        format!("INSERT INTO {table} ({}) VALUES {}", columns.join(", "), values.join(", "))
     }
 
     /// Marks one event `delivered` by `event_id` (parameters: now in ms twice, then the id),
@@ -130,7 +172,8 @@ pub trait Backend: sqlx::Database {
     /// The placeholder of the `n`th parameter.
     fn param(n: usize) -> String;
 
-    /// Runs `statement` (from [`sql::insert`] for one row) with `event`'s values.
+    /// Runs `statement` (from [`sql::insert`] for one row, or [`sql::insert_untraced`] when
+    /// the event has no trace context) with `event`'s values.
     fn run_insert<'e, E: Executor<'e, Database = Self>>(
         executor: E,
         statement: &str,
@@ -158,16 +201,18 @@ macro_rules! backend {
                 statement: &str,
                 event: &Event,
             ) -> Result<u64, sqlx::Error> {
-                let done = sqlx::query(statement)
+                let mut q = sqlx::query(statement)
                     .bind(event.app_code.as_str())
                     .bind(event.event_id.as_str())
                     .bind(event.event_type.as_str())
                     .bind(event.room_id.as_str())
                     .bind(if event.delivered { "delivered" } else { "pending" })
                     .bind(event.envelope.as_slice())
-                    .bind(event.created_at_ms)
-                    .execute(executor)
-                    .await?;
+                    .bind(event.created_at_ms);
+                if let Some(context) = &event.trace_context {
+                    q = q.bind(context.as_str());
+                }
+                let done = q.execute(executor).await?;
                 Ok(done.rows_affected())
             }
 
@@ -192,6 +237,7 @@ backend!(sqlx::Sqlite, |_n: usize| "?".to_string());
 #[derive(Debug, Clone)]
 pub struct Outbox<DB: Backend> {
     insert: String,
+    insert_untraced: String,
     mark_delivered: String,
     db: PhantomData<fn() -> DB>,
 }
@@ -204,6 +250,7 @@ impl<DB: Backend> Outbox<DB> {
         }
         Ok(Outbox {
             insert: sql::insert(table, 1, DB::param),
+            insert_untraced: sql::insert_untraced(table, 1, DB::param),
             mark_delivered: sql::mark_delivered(table, DB::param),
             db: PhantomData,
         })
@@ -212,7 +259,8 @@ impl<DB: Backend> Outbox<DB> {
     /// Inserts `event`. Pass the caller's transaction (`&mut *tx`) so that the event
     /// commits or rolls back with the state change.
     pub async fn insert<'e, E: Executor<'e, Database = DB>>(&self, executor: E, event: &Event) -> Result<(), Error> {
-        DB::run_insert(executor, &self.insert, event).await.map(drop).map_err(|e| match e {
+        let statement = if event.trace_context.is_some() { &self.insert } else { &self.insert_untraced };
+        DB::run_insert(executor, statement, event).await.map(drop).map_err(|e| match e {
             sqlx::Error::Database(d) if d.is_unique_violation() => Error::Duplicate(event.event_id.clone()),
             other => Error::Database(other),
         })
@@ -246,14 +294,27 @@ mod tests {
     fn statements_per_placeholder_style() {
         assert_eq!(
             sql::insert("room_outbox", 2, |n| format!("${n}")),
+            "INSERT INTO room_outbox (app_code, event_id, event_type, room_id, status, envelope, created_at_ms, \
+             trace_context) VALUES ($1, $2, $3, $4, $5, $6, $7, $8), ($9, $10, $11, $12, $13, $14, $15, $16)"
+        );
+        assert_eq!(
+            sql::insert_untraced("room_outbox", 1, |_| "?".into()),
             "INSERT INTO room_outbox (app_code, event_id, event_type, room_id, status, envelope, created_at_ms) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7), ($8, $9, $10, $11, $12, $13, $14)"
+             VALUES (?, ?, ?, ?, ?, ?, ?)"
         );
         assert_eq!(
             sql::mark_delivered("events_out", |_| "?".into()),
             "UPDATE events_out SET status = 'delivered', updated_at_ms = ?, delivered_at_ms = ? \
              WHERE event_id = ? AND status <> 'delivered'"
         );
+    }
+
+    #[test]
+    fn trace_context_joins_the_state_to_the_parent() {
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert_eq!(trace_context(parent, None), parent);
+        assert_eq!(trace_context(parent, Some("")), parent);
+        assert_eq!(trace_context(parent, Some("congo=t61rcWkgMzE")), format!("{parent};congo=t61rcWkgMzE"));
     }
 
     #[test]

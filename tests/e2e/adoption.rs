@@ -224,6 +224,7 @@ async fn a_go_made_table_is_adopted_and_only_its_claimable_rows_are_delivered(wo
             vec![],
         ),
         created_at_ms: now_ms(),
+        trace_context: None,
     };
     store.insert(&[fresh]).await.unwrap();
     host.wait_status_in(store.as_ref(), &["evt-after-adoption"], Status::Retryable).await;

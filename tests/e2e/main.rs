@@ -36,5 +36,6 @@ mod sinkdev;
 mod sinks;
 mod support;
 mod tencent;
+mod traces;
 mod wakeup;
 mod webhook;

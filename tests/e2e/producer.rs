@@ -23,6 +23,7 @@ fn event(event_id: &str, room: &str) -> Event {
         envelope: outbox_host::envelope::encode("default", event_id, "RoomGiftSent", room, 1, now_ms(), vec![]),
         created_at_ms: now_ms(),
         delivered: false,
+        trace_context: None,
     }
 }
 

@@ -119,6 +119,7 @@ impl World {
             status,
             envelope,
             created_at_ms: now_ms(),
+            trace_context: None,
         }
     }
 

@@ -10,6 +10,7 @@ use axum::routing::post;
 
 pub mod brokers;
 pub mod db;
+pub mod otlp;
 pub mod proxy;
 pub mod skip;
 pub mod tencent;

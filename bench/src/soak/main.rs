@@ -598,6 +598,7 @@ fn event(room: usize, seq: usize, now: i64) -> (NewEvent, Produced) {
         status: Status::Pending,
         envelope,
         created_at_ms: now,
+        trace_context: None,
     };
     (row, Produced { event_id, room, seq, created_at_ms: now })
 }

@@ -101,7 +101,8 @@ async fn produce_chunks(url: String) -> anyhow::Result<Vec<Produced>> {
                             .bind(e.room_id.clone())
                             .bind(e.status.as_str().to_string())
                             .bind(e.envelope.clone())
-                            .bind(e.created_at_ms);
+                            .bind(e.created_at_ms)
+                            .bind(e.trace_context.clone());
                     }
                     q.execute($pool).await?;
                 }};

@@ -19,6 +19,7 @@ pub use crate::engine::breaker::BreakerSettings;
 pub use crate::engine::settings::*;
 pub use crate::logging::{LogConfig, LogFormat};
 pub use crate::ops::admin::settings::*;
+pub use crate::ops::traces::{Protocol as TracingProtocol, TracingConfig};
 use crate::redact::url as redact_url;
 pub use crate::sandbox::settings::*;
 pub use crate::store::DEFAULT_TABLE;
@@ -107,6 +108,8 @@ pub struct Config {
     pub admin: AdminConfig,
     /// Log output.
     pub log: LogConfig,
+    /// OpenTelemetry traces (`tracing:`; off by default).
+    pub tracing: TracingConfig,
     /// Things worth telling the operator that are not errors (a value fell back to its default).
     pub notes: Vec<String>,
 }
@@ -325,7 +328,44 @@ fn read_config(f: &mut Fields<'_>, notes: &mut Vec<String>) -> Config {
         }
         LogConfig { format, level }
     });
-    Config { node_id, database, table, worker, sinks, brokers, admin, log, notes: Vec::new() }
+    let tracing = f.section("tracing", |f| read_tracing(f, notes));
+    Config { node_id, database, table, worker, sinks, brokers, admin, log, tracing, notes: Vec::new() }
+}
+
+/// `tracing:`. The `OTEL_*` variables fill in what it leaves out (see `ops/traces.rs`).
+fn read_tracing(f: &mut Fields<'_>, notes: &mut Vec<String>) -> TracingConfig {
+    let defaults = TracingConfig::default();
+    let enabled = f.take::<bool>("enabled").unwrap_or(false);
+    let endpoint = f.take::<String>("endpoint").filter(|e| !e.is_empty());
+    if let Some(endpoint) = &endpoint {
+        match url::Url::parse(endpoint) {
+            Ok(url) if matches!(url.scheme(), "http" | "https") && url.host_str().is_some() => {}
+            _ => f.problem(
+                "endpoint",
+                format!("{:?} is not an http:// or https:// URL of a collector", redact_url(endpoint)),
+            ),
+        }
+    }
+    let protocol = f.take::<String>("protocol").and_then(|p| match TracingProtocol::parse(&p) {
+        Ok(protocol) => Some(protocol),
+        Err(why) => {
+            f.problem("protocol", why);
+            None
+        }
+    });
+    let count = |f: &mut Fields<'_>, key: &str, default: usize| {
+        let n = f.take::<u64>(key).map_or(default, |n| n as usize);
+        if n == 0 {
+            f.problem(key, "must be at least 1");
+        }
+        n
+    };
+    let queue_size = count(f, "queue_size", defaults.queue_size);
+    let batch_size = count(f, "batch_size", defaults.batch_size);
+    let export_every = positive_duration(f, "export_every", defaults.export_every, notes);
+    let export_timeout = positive_duration(f, "export_timeout", defaults.export_timeout, notes);
+    let service_name = f.take::<String>("service_name").filter(|s| !s.is_empty());
+    TracingConfig { enabled, endpoint, protocol, queue_size, batch_size, export_every, export_timeout, service_name }
 }
 
 /// Sink names are unique (state is keyed by them), and so are the tables they give

@@ -1,8 +1,10 @@
 //! One attempt at one row, in plain steps: decode the envelope, call the sink, decide the
 //! outcome, then count and log it. Every line of the attempt, the sink's own included, is
 //! inside one `deliver` span that carries room-service's fields (`worker`, `node_id`,
-//! `event_id`, `event_type`, `room_id`, `retry_count`); the outcome line adds only `status`
-//! and what is particular to it.
+//! `event_id`, `event_type`, `room_id`, `retry_count`), and the attempt's `trace_id` and
+//! `span_id` while tracing is on; the outcome line adds only `status` and what is
+//! particular to it. With tracing on, the attempt is also an OpenTelemetry span
+//! (`ops/traces.rs`), a child of the row's trace context, closed with the outcome.
 
 use tokio::time::Instant;
 use tracing::Instrument as _;
@@ -11,6 +13,7 @@ use super::breaker::Verdict;
 use super::retry::after_failure;
 use super::settings::WorkerConfig;
 use crate::ops::metrics::Metrics;
+use crate::ops::traces::{self, AttemptInfo};
 use crate::sandbox::{AttemptFailure, Deliver, Delivered, FailureClass, Pressure, Turn};
 use crate::store::{Claimed, Outcome};
 
@@ -23,6 +26,19 @@ pub async fn deliver_one(
     row: &Claimed,
     turn: Turn,
 ) -> (Outcome, Verdict) {
+    let attempt = row.retry_count.saturating_add(1);
+    let traced = traces::start_attempt(
+        sink.messaging(),
+        &AttemptInfo {
+            trace_context: row.trace_context.as_deref(),
+            event_id: &row.event_id,
+            event_type: &row.event_type,
+            room_id: &row.room_id,
+            attempt: u32::try_from(attempt).unwrap_or(0),
+            waited_ms: clock.now_ms() - row.created_at_ms,
+        },
+    );
+    let (trace_id, span_id) = traced.as_ref().map(|t| t.trace().ids()).unzip();
     let span = tracing::info_span!(
         "deliver",
         worker = %"room_outbox",
@@ -31,13 +47,21 @@ pub async fn deliver_one(
         event_type = %row.event_type,
         room_id = %row.room_id,
         retry_count = row.retry_count,
+        trace_id = trace_id.as_deref(),
+        span_id = span_id.as_deref(),
     );
     async {
-        let attempt = row.retry_count.saturating_add(1);
         let started = Instant::now();
         let (result, took) = match crate::envelope::to_event(row) {
             Err(reason) => (Err(AttemptFailure::permanent(reason)), None),
-            Ok(event) => (sink.deliver_in_turn(&event, config.publish_timeout, turn).await, Some(started.elapsed())),
+            Ok(event) => {
+                let call = sink.deliver_in_turn(&event, config.publish_timeout, turn);
+                let result = match &traced {
+                    Some(traced) => traced.scope(call).await,
+                    None => call.await,
+                };
+                (result, Some(started.elapsed()))
+            }
         };
         let outcome = match &result {
             Ok(_) => Outcome::Delivered,
@@ -54,6 +78,9 @@ pub async fn deliver_one(
                     Delivered::Delivered => None,
                 };
                 metrics.delivered(&row.event_type, skipped.is_some(), took.unwrap_or_default());
+                if let Some(traced) = traced {
+                    traced.end(if skipped.is_some() { "skipped" } else { "delivered" }, None);
+                }
                 tracing::info!(status = "delivered", skipped, plugin, "event delivered");
             }
             Err(failure) => {
@@ -62,6 +89,10 @@ pub async fn deliver_one(
                 let pushed = failure.pressure.filter(|_| matches!(outcome, Outcome::Defer { .. }));
                 if let Some(pressure) = pushed {
                     metrics.pushed_back(pressure.as_str());
+                }
+                if let Some(traced) = traced {
+                    let ended = if pushed.is_some() { "deferred" } else { outcome.status().as_str() };
+                    traced.end(ended, Some(failure.class.as_str()));
                 }
                 // `retry_count` (the span's) is the failures before this attempt; `attempt`
                 // is this one, which is also the row's failure count from now on.

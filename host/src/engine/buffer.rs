@@ -187,6 +187,7 @@ mod tests {
             envelope: vec![],
             created_at_ms: id,
             retry_count: 0,
+            trace_context: None,
             lease: Lease { worker_id: "w".into(), lock_until_ms: 0, fence: None },
             rescued: false,
         }

@@ -620,6 +620,7 @@ mod tests {
                 envelope: Vec::new(),
                 created_at_ms: key,
                 retry_count: 0,
+                trace_context: None,
                 lease: Lease { worker_id: "w".into(), lock_until_ms: i64::MAX, fence: Some(fence(partition)) },
                 rescued: false,
             },

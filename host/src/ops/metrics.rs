@@ -139,6 +139,11 @@ struct BrokerErrorLabels {
 pub const BROKER_ERRORS: [&str; 2] = ["unavailable", "refused"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OpLabel {
     op: String,
 }
@@ -168,6 +173,7 @@ struct Families {
     sink_limits: Family<LimitLabels, Counter>,
     panics: Family<SinkLabel, Counter>,
     log_dropped: Counter,
+    trace_spans: Family<ResultLabel, Counter>,
     pending: Family<StatusLabels, Gauge>,
     rows: Family<StatusLabels, Gauge>,
     oldest_waiting_age_ms: Family<SinkLabel, Gauge>,
@@ -296,6 +302,11 @@ impl Families {
             "Log lines dropped because the log output was closed, broken or too slow",
             self.log_dropped.clone(),
         );
+        r.register(
+            "room_outbox_trace_spans",
+            "Spans by result: exported, dropped (the export queue was full), failed (their export failed)",
+            self.trace_spans.clone(),
+        );
     }
 }
 
@@ -402,6 +413,7 @@ impl Metrics {
             sink_limits: Family::default(),
             panics: Family::default(),
             log_dropped: Counter::default(),
+            trace_spans: Family::default(),
             pending: Family::default(),
             rows: Family::default(),
             oldest_waiting_age_ms: Family::default(),
@@ -688,6 +700,13 @@ impl Metrics {
         // Log lines are counted where they are dropped, outside any one host's metrics.
         let dropped = crate::logging::dropped_lines();
         self.shared.log_dropped.inc_by(dropped.saturating_sub(self.shared.log_dropped.get()));
+        // So are spans, where tracing is on.
+        if crate::ops::traces::enabled() {
+            for (result, count) in crate::ops::traces::span_counts() {
+                let counter = self.shared.trace_spans.get_or_create(&ResultLabel { result: result.into() });
+                counter.inc_by(count.saturating_sub(counter.get()));
+            }
+        }
         let mut out = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &registry) {
             tracing::warn!(error = %e, "could not encode the metrics");

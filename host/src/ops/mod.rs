@@ -7,6 +7,7 @@ pub mod health;
 pub mod metrics;
 pub mod page;
 pub mod report;
+pub mod traces;
 
 pub use actions::{
     PURGE_BATCH, REPLAY_STEP, ReplayError, SinkSummary, count_replay, describe, describe_everywhere, purge, replay,

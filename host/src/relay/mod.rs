@@ -82,6 +82,7 @@ pub async fn publish_in_turn(
         PublishError::Refused(m) => PublishError::Refused(format!("broker {broker}: {m}")),
     };
     let budget = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let records = with_creation_context(records);
     let acks = tokio::time::timeout_at(deadline, publisher.send(event_id, records))
         .await
         .map_err(|_| PublishError::Unavailable(format!("broker {broker}: not sent within {budget:?}")))?
@@ -91,6 +92,23 @@ pub async fn publish_in_turn(
         .await
         .map_err(|_| PublishError::Unavailable(format!("broker {broker}: no ack within {budget:?}")))?
         .map_err(named)
+}
+
+/// `records` carrying the event's creation context (`traceparent`, `tracestate`) as the
+/// messaging conventions ask, in place of any the relay set, while the attempt is traced.
+fn with_creation_context(mut records: Vec<Record>) -> Vec<Record> {
+    let Some(attempt) = crate::ops::traces::current() else { return records };
+    let context = attempt.creation_headers();
+    if context.is_empty() {
+        return records;
+    }
+    for record in &mut records {
+        record
+            .headers
+            .retain(|(name, _)| !name.eq_ignore_ascii_case("traceparent") && !name.eq_ignore_ascii_case("tracestate"));
+        record.headers.extend(context.iter().cloned());
+    }
+    records
 }
 
 /// Connecting to broker `name` (at `shown`, redacted) within [`START_TIMEOUT`]: no answer in
@@ -237,6 +255,11 @@ impl Deliver for RelaySink {
 
     fn room_pipeline(&self) -> u32 {
         self.room_pipeline
+    }
+
+    fn messaging(&self) -> crate::ops::traces::Messaging<'_> {
+        let system = self.publisher.kind().name();
+        crate::ops::traces::Messaging { operation: "publish", system, destination: self.publisher.name() }
     }
 
     /// Routes the event (while the room's earlier events may still be routing or awaiting

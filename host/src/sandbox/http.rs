@@ -25,6 +25,17 @@ use super::egress::{HostPattern, special_range};
 const FORBIDDEN_HEADERS: &[&str] =
     &["host", "connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade", "content-length"];
 
+/// An HTTP import error as a span's `error.type`.
+fn http_error_type(error: &HttpError) -> &'static str {
+    match error {
+        HttpError::Denied(_) => "denied",
+        HttpError::InvalidRequest(_) => "invalid_request",
+        HttpError::Transport(_) => "transport",
+        HttpError::Timeout => "timeout",
+        HttpError::TooLarge(_) => "too_large",
+    }
+}
+
 /// What the host needs to perform a sink's requests.
 pub struct HttpPolicy {
     clients: Mutex<HashMap<u16, reqwest::Client>>,
@@ -112,9 +123,19 @@ impl HttpPolicy {
         if remaining.is_zero() {
             return Err(HttpError::Timeout);
         }
+        let attempt = crate::ops::traces::current();
+        let traced =
+            attempt.as_ref().and_then(|a| a.http_span(method.as_str(), url.host_str()?, url.port_or_known_default()));
         let mut builder = client.request(method, url).timeout(remaining);
+        if let Some(attempt) = &attempt {
+            // The attempt's span, whatever the sink set (see `ops/traces.rs`).
+            builder = builder.header("traceparent", attempt.traceparent());
+        }
         for (name, value) in req.headers {
             let lower = name.to_ascii_lowercase();
+            if attempt.is_some() && (lower == "traceparent" || lower == "tracestate") {
+                continue;
+            }
             if FORBIDDEN_HEADERS.contains(&lower.as_str()) || lower.starts_with("proxy-") {
                 tracing::debug!(header = %crate::text::printable(&name, 64), "dropped a header the host controls");
                 continue;
@@ -143,7 +164,11 @@ impl HttpPolicy {
             }
             Ok(HttpResponse { status, headers, body })
         };
-        tokio::time::timeout_at(deadline, work).await.unwrap_or(Err(HttpError::Timeout))
+        let answered = tokio::time::timeout_at(deadline, work).await.unwrap_or(Err(HttpError::Timeout));
+        if let Some(span) = traced {
+            span.end(answered.as_ref().map(|r| r.status).map_err(http_error_type));
+        }
+        answered
     }
 
     /// Whether `req` would be sent: its URL allowed, its body within bounds (a dry run's

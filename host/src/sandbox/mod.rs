@@ -61,6 +61,10 @@ pub trait Deliver: Send + Sync + 'static {
     fn digest(&self) -> Option<Arc<str>> {
         None
     }
+    /// Who an attempt's span names (`deliver {sink}`; a relay's is `publish {broker}`).
+    fn messaging(&self) -> crate::ops::traces::Messaging<'_> {
+        crate::ops::traces::Messaging { operation: "deliver", system: "outbox-host", destination: self.name() }
+    }
     /// How many events of one room may be in flight at once under per-room order: 1, unless
     /// the sink keeps order across deliveries in flight (a publisher on one connection to a
     /// broker that acknowledges in order, and fails every later one when one fails). The

@@ -412,7 +412,7 @@ for_every_dialect!(impl {
         for chunk in event_ids.chunks(500) {
             let sql = format!(
                 "SELECT {id}, app_code, event_id, event_type, room_id, envelope, created_at_ms, retry_count, \
-                 status, next_retry_at_ms, lock_until_ms, {part} AS part_no, {key} AS sort_key FROM {} \
+                 status, next_retry_at_ms, lock_until_ms, {part} AS part_no, {key} AS sort_key, trace_context FROM {} \
                  WHERE event_id IN ({})",
                 self.table,
                 super::sql::params::<D>(1, chunk.len())
@@ -437,7 +437,10 @@ for_every_dialect!(impl {
     ) -> Result<Waiting, StoreError> {
         let lease = Lease { worker_id: owner.to_string(), lock_until_ms: i64::MAX, fence: Some(fence) };
         // The row's own retry count is the first sink's: the sink's is its exception's.
-        let row = Claimed { retry_count, ..super::sql::decode_claimed::<D>(r, lease, false)? };
+        let row = Claimed {
+            retry_count,
+            ..super::sql::decode_claimed_with::<D>(r, lease, false, super::partitions::WAITING_CONTEXT)?
+        };
         Ok(Waiting {
             row,
             status,

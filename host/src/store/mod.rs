@@ -30,7 +30,8 @@ const ROW_COLUMNS: &str = "app_code, event_id, event_type, room_id, status, enve
      retry_count, last_error, worker_id, lock_until_ms, next_retry_at_ms, updated_at_ms, delivered_at_ms, plugin_digest";
 
 /// The columns a claim returns after its key (see [`claim_columns`]).
-const CLAIM_COLUMNS: &str = "app_code, event_id, event_type, room_id, envelope, created_at_ms, retry_count";
+const CLAIM_COLUMNS: &str =
+    "app_code, event_id, event_type, room_id, envelope, created_at_ms, retry_count, trace_context";
 
 /// The key as the first selected column, `id`: the row's id, SQLite's rowid, or 0 where the
 /// table names rows by `event_id`.
@@ -119,6 +120,8 @@ pub struct NewEvent {
     pub envelope: Vec<u8>,
     /// UTC milliseconds; claim order.
     pub created_at_ms: i64,
+    /// The producer's trace context (`trace_context`), if it has one.
+    pub trace_context: Option<String>,
 }
 
 /// Claimed rows in claim order: creation time, then the row key (`id`, or `event_id` where
@@ -159,6 +162,8 @@ pub struct Claimed {
     pub created_at_ms: i64,
     /// Failed worker attempts so far.
     pub retry_count: i32,
+    /// The producer's trace context, as written (`trace_context`; see `ops/traces.rs`).
+    pub trace_context: Option<String>,
     /// The lease this claim holds.
     pub lease: Lease,
     /// The row was `delivering` under another lease that had expired (its holder died or

@@ -21,6 +21,9 @@ pub const DEFAULT_PARTITIONS: u32 = 64;
 /// How many times one heartbeat tries to take free partitions that other hosts took first.
 const TAKE_ROUNDS: usize = 3;
 
+/// Where [`SqlStore::waiting_columns`] put `trace_context`: last.
+pub(super) const WAITING_CONTEXT: usize = 13;
+
 /// A partition held under a lease: outcome writes for its rows land only while the writer
 /// still holds it under this epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -545,14 +548,15 @@ for_every_dialect!(impl {
         })
     }
 
-    /// What an owner's read selects, with `part` as each row's partition (the envelope
-    /// `NULL` unless `envelopes`), as [`Self::decode_page`] reads it.
+    /// What an owner's read selects, with `part` as each row's partition (the envelope and
+    /// the trace context `NULL` unless `envelopes`), as [`Self::decode_page`] reads it.
     pub(super) fn waiting_columns(&self, part: &str, envelopes: bool) -> String {
         let (id, key) = (super::key_as_id(self.profile.key), self.profile.key.column());
-        let envelope = if envelopes { "envelope" } else { "NULL AS envelope" };
+        let (envelope, context) =
+            if envelopes { ("envelope", "trace_context") } else { ("NULL AS envelope", "NULL AS trace_context") };
         format!(
             "{id}, app_code, event_id, event_type, room_id, {envelope}, created_at_ms, retry_count, \
-             status, next_retry_at_ms, lock_until_ms, {part} AS part_no, {key} AS sort_key"
+             status, next_retry_at_ms, lock_until_ms, {part} AS part_no, {key} AS sort_key, {context}"
         )
     }
 
@@ -648,6 +652,7 @@ for_every_dialect!(impl {
                     envelope: D::bytes(r, 5)?,
                     created_at_ms: D::int(r, 6)?,
                     retry_count: i32::try_from(D::int(r, 7)?).unwrap_or(i32::MAX),
+                    trace_context: D::opt_text(r, WAITING_CONTEXT)?,
                     lease: Lease {
                         worker_id: read.owner.to_string(),
                         lock_until_ms: i64::MAX,

@@ -221,7 +221,7 @@ struct Need {
 }
 
 /// Every column but `id`, in the seed's order. `add` is per backend: SQLite, PostgreSQL, MySQL.
-const NEEDS: [Need; 16] = [
+const NEEDS: [Need; 17] = [
     Need {
         name: "app_code",
         role: Role::Text,
@@ -265,6 +265,9 @@ const NEEDS: [Need; 16] = [
     },
     // The build of the sink that wrote the row's last outcome (`sha256:<hex>`).
     Need { name: "plugin_digest", role: Role::Error, add: Some(["TEXT", "VARCHAR(80)", "VARCHAR(80) NULL"]) },
+    // The producer's trace context (W3C `traceparent`, then `;` and `tracestate` when there
+    // is one); `NULL` where it has none. See `ops/traces.rs`.
+    Need { name: "trace_context", role: Role::Text, add: Some(["TEXT", "VARCHAR(1024)", "VARCHAR(1024) NULL"]) },
 ];
 
 /// The shape of a declared type, as far as the host cares.
@@ -529,7 +532,8 @@ mod tests {
             vec![
                 "ALTER TABLE room_outbox ADD COLUMN updated_at_ms BIGINT NOT NULL DEFAULT 0, \
                  ADD COLUMN delivered_at_ms BIGINT NULL, ADD COLUMN fanned_out_at_ms BIGINT NOT NULL DEFAULT 0, \
-                 ADD COLUMN plugin_digest VARCHAR(80) NULL, ALGORITHM=INSTANT"
+                 ADD COLUMN plugin_digest VARCHAR(80) NULL, ADD COLUMN trace_context VARCHAR(1024) NULL, \
+                 ALGORITHM=INSTANT"
                     .to_string(),
                 "ALTER TABLE room_outbox ADD INDEX room_outbox_claim_idx (status, created_at_ms, event_id, next_retry_at_ms, \
                  lock_until_ms), ALGORITHM=INPLACE, LOCK=NONE"
@@ -593,6 +597,8 @@ mod tests {
         assert_eq!(statements[0], "ALTER TABLE t ADD COLUMN retry_count INTEGER NOT NULL DEFAULT 0");
     }
 
+    /// The host's own table, as the baseline makes it and `migrate` completes it (the
+    /// columns added since the baseline, `trace_context`, are added as to an adopted table).
     #[test]
     fn the_hosts_own_tables_need_nothing() {
         let native = |backend, columns: &[(&str, &str, bool)], indexes: Vec<IndexInfo>| {
@@ -619,6 +625,7 @@ mod tests {
                 ("delivered_at_ms", "bigint", true),
                 ("fanned_out_at_ms", "bigint", false),
                 ("plugin_digest", "character varying(80)", true),
+                ("trace_context", "character varying(1024)", true),
             ],
             vec![
                 IndexInfo { name: "room_outbox_pkey".into(), unique: true, columns: vec!["id".into()] },
@@ -656,9 +663,9 @@ mod tests {
         assert_eq!(review.problems, Vec::<String>::new());
         assert_eq!(review.profile.key, Key::RowId);
         let statements = addition_statements(Backend::Sqlite, "room_outbox", Key::RowId, &review.additions);
-        assert_eq!(statements.len(), 12, "ten columns and two indexes: {statements:#?}");
+        assert_eq!(statements.len(), 13, "eleven columns and two indexes: {statements:#?}");
         assert_eq!(
-            statements[10..],
+            statements[11..],
             [
                 "CREATE INDEX IF NOT EXISTS room_outbox_pick_idx ON room_outbox (created_at_ms) \
                  WHERE status IN ('pending', 'retryable', 'delivering')",

@@ -302,6 +302,9 @@ pub const EXCEPTION_COLUMNS: &str = "sink, event_id, app_code, room_id, event_ty
 pub(super) struct SharedStatements {
     pub(super) delivered: ByCount,
     pub(super) insert: ByCount,
+    /// [`Self::insert`] without `trace_context`, for rows that have none (a table an older
+    /// host migrated takes them).
+    pub(super) insert_untraced: ByCount,
     pub(super) get: String,
     pub(super) stats: [String; 3],
     pub(super) last_minute: String,
@@ -342,6 +345,10 @@ impl SharedStatements {
             insert: ByCount::new({
                 let t = t.clone();
                 move |n| outbox_producer::sql::insert(&t, n, D::param)
+            }),
+            insert_untraced: ByCount::new({
+                let t = t.clone();
+                move |n| outbox_producer::sql::insert_untraced(&t, n, D::param)
             }),
             get: format!("SELECT {row_columns} FROM {t} WHERE event_id = {p1}"),
             stats: super::stats_sql(&t),
@@ -452,6 +459,7 @@ macro_rules! for_every_dialect {
             for<'r> String: sqlx::Encode<'r, D::Db> + sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
             for<'r> Vec<u8>: sqlx::Encode<'r, D::Db> + sqlx::Decode<'r, D::Db> + sqlx::Type<D::Db>,
             for<'r> &'r str: sqlx::Encode<'r, D::Db> + sqlx::Type<D::Db>,
+            for<'r> Option<String>: sqlx::Encode<'r, D::Db> + sqlx::Type<D::Db>,
         {
             $($body)*
         }
@@ -752,6 +760,20 @@ pub(super) fn decode_claimed<D: Dialect>(
     lease: Lease,
     rescued: bool,
 ) -> Result<Claimed, sqlx::Error> {
+    decode_claimed_with::<D>(r, lease, rescued, CLAIMED_CONTEXT)
+}
+
+/// Where [`super::claim_columns`] put `trace_context`.
+const CLAIMED_CONTEXT: usize = 8;
+
+/// [`decode_claimed`] of a row whose first eight columns are the claim's and whose
+/// `trace_context` is column `context_at` (an owner's page reads it last).
+pub(super) fn decode_claimed_with<D: Dialect>(
+    r: &<D::Db as Database>::Row,
+    lease: Lease,
+    rescued: bool,
+    context_at: usize,
+) -> Result<Claimed, sqlx::Error> {
     Ok(Claimed {
         id: D::int(r, 0)?,
         app_code: D::text(r, 1)?,
@@ -761,6 +783,7 @@ pub(super) fn decode_claimed<D: Dialect>(
         envelope: D::bytes(r, 5)?,
         created_at_ms: D::int(r, 6)?,
         retry_count: counter(D::int(r, 7)?),
+        trace_context: D::opt_text(r, context_at)?,
         lease,
         rescued,
     })
@@ -772,7 +795,7 @@ pub(super) fn decode_routine_claimed<D: Dialect>(
     r: &<D::Db as Database>::Row,
     lease: Lease,
 ) -> Result<Claimed, sqlx::Error> {
-    let was = D::text(r, 8)?;
+    let was = D::text(r, CLAIMED_CONTEXT + 1)?;
     decode_claimed::<D>(r, lease, was == "delivering")
 }
 

@@ -142,7 +142,9 @@ for_every_dialect!(
             let mut tx = self.pool.begin().await?;
             // Several rows per statement; a clash names the event when it can.
             for chunk in events.chunks(super::INSERT_CHUNK) {
-                let sql = self.sql.insert.get(chunk.len());
+                let traced = chunk.iter().any(|e| e.trace_context.is_some());
+                let sql =
+                    if traced { self.sql.insert.get(chunk.len()) } else { self.sql.insert_untraced.get(chunk.len()) };
                 let mut q = sqlx::query(&sql);
                 for e in chunk {
                     q = q
@@ -153,6 +155,9 @@ for_every_dialect!(
                         .bind(e.status.as_str().to_string())
                         .bind(e.envelope.clone())
                         .bind(e.created_at_ms);
+                    if traced {
+                        q = q.bind(e.trace_context.clone());
+                    }
                 }
                 let named = match chunk {
                     [one] => one.event_id.clone(),

@@ -1,0 +1,177 @@
+//! An OpenTelemetry collector stand-in: receives OTLP exports over HTTP/protobuf (`POST
+//! /v1/traces`) or gRPC (`TraceService/Export`, served by tonic) and decodes them with the
+//! official protobuf definitions (the `opentelemetry-proto` crate's messages and service,
+//! generated from opentelemetry-proto), not with anything of the host's.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::post;
+use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use prost::Message as _;
+
+/// The OTLP span kinds the tests look for (`opentelemetry.proto.trace.v1.Span.SpanKind`).
+pub const KIND_CLIENT: i32 = 3;
+/// A producer span.
+pub const KIND_PRODUCER: i32 = 4;
+/// A span's status code ERROR.
+pub const STATUS_ERROR: i32 = 2;
+
+/// One span as exported, with its ids as lower-case hex.
+#[derive(Debug, Clone)]
+pub struct Span {
+    /// `service.name` of the resource it came with.
+    pub service: String,
+    /// Its name.
+    pub name: String,
+    /// Its kind ([`KIND_PRODUCER`], [`KIND_CLIENT`], …).
+    pub kind: i32,
+    /// The trace id, 32 hex digits.
+    pub trace_id: String,
+    /// The span id, 16 hex digits.
+    pub span_id: String,
+    /// The parent's span id, empty for a root span.
+    pub parent_span_id: String,
+    /// Attributes, each value as text (strings as they are, numbers in decimal).
+    pub attributes: HashMap<String, String>,
+    /// The status code (0 unset, 1 ok, 2 error).
+    pub status: i32,
+}
+
+impl Span {
+    /// Attribute `key`, or the empty string.
+    pub fn attr(&self, key: &str) -> &str {
+        self.attributes.get(key).map_or("", String::as_str)
+    }
+}
+
+#[derive(Default)]
+struct Shared {
+    spans: Vec<Span>,
+    requests: usize,
+}
+
+/// The receiver.
+pub struct OtlpReceiver {
+    addr: SocketAddr,
+    shared: Arc<Mutex<Shared>>,
+}
+
+impl OtlpReceiver {
+    /// Starts an OTLP/gRPC receiver on a free loopback port.
+    pub async fn start_grpc() -> OtlpReceiver {
+        use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer;
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let service = TraceServiceServer::new(Grpc { shared: shared.clone() });
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        OtlpReceiver { addr, shared }
+    }
+
+    /// Starts an OTLP/HTTP receiver on a free loopback port.
+    pub async fn start() -> OtlpReceiver {
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let app = Router::new().route("/v1/traces", post(export)).with_state(shared.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        OtlpReceiver { addr, shared }
+    }
+
+    /// The collector's base URL (`tracing.endpoint`; the exporter adds `/v1/traces`).
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Every span received so far.
+    pub fn spans(&self) -> Vec<Span> {
+        self.shared.lock().unwrap().spans.clone()
+    }
+
+    /// How many export requests arrived.
+    pub fn requests(&self) -> usize {
+        self.shared.lock().unwrap().requests
+    }
+}
+
+/// The gRPC service.
+struct Grpc {
+    shared: Arc<Mutex<Shared>>,
+}
+
+#[tonic::async_trait]
+impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceService for Grpc {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        keep(&self.shared, request.into_inner());
+        Ok(tonic::Response::new(ExportTraceServiceResponse { partial_success: None }))
+    }
+}
+
+async fn export(State(shared): State<Arc<Mutex<Shared>>>, body: axum::body::Bytes) -> axum::response::Response {
+    let Ok(request) = ExportTraceServiceRequest::decode(body.as_ref()) else {
+        return (StatusCode::BAD_REQUEST, "not an ExportTraceServiceRequest").into_response();
+    };
+    keep(&shared, request);
+    let answer = ExportTraceServiceResponse { partial_success: None }.encode_to_vec();
+    ([("content-type", "application/x-protobuf")], answer).into_response()
+}
+
+/// Keeps the spans of one export.
+fn keep(shared: &Mutex<Shared>, request: ExportTraceServiceRequest) {
+    let mut spans = Vec::new();
+    for resource_spans in request.resource_spans {
+        let resource = resource_spans.resource.map(|r| attributes(&r.attributes)).unwrap_or_default();
+        let service = resource.get("service.name").cloned().unwrap_or_default();
+        for scope in resource_spans.scope_spans {
+            for span in scope.spans {
+                spans.push(Span {
+                    service: service.clone(),
+                    name: span.name,
+                    kind: span.kind,
+                    trace_id: hex(&span.trace_id),
+                    span_id: hex(&span.span_id),
+                    parent_span_id: hex(&span.parent_span_id),
+                    attributes: attributes(&span.attributes),
+                    status: span.status.map_or(0, |s| s.code),
+                });
+            }
+        }
+    }
+    let mut shared = shared.lock().unwrap();
+    shared.requests += 1;
+    shared.spans.extend(spans);
+}
+
+fn attributes(list: &[opentelemetry_proto::tonic::common::v1::KeyValue]) -> HashMap<String, String> {
+    list.iter()
+        .map(|kv| {
+            let value = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                Some(AnyValue::StringValue(s)) => s.clone(),
+                Some(AnyValue::IntValue(i)) => i.to_string(),
+                Some(AnyValue::BoolValue(b)) => b.to_string(),
+                Some(AnyValue::DoubleValue(d)) => d.to_string(),
+                Some(other) => format!("{other:?}"),
+                None => String::new(),
+            };
+            (kv.key.clone(), value)
+        })
+        .collect()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
