@@ -17,7 +17,7 @@ const LONG_VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
     "\ngit revision: ",
     env!("OUTBOX_GIT_REV"),
-    "\nsink contract: outbox:sink@0.1.0 to 0.1.2 (wit/sink.wit; a sink built for any of them loads)"
+    "\nsink contract: outbox:sink@0.1.0 to 0.1.3 (wit/sink.wit; a sink built for any of them loads)"
 );
 
 /// Drains the room_outbox table and delivers each event through a sandboxed WebAssembly sink.

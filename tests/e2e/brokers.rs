@@ -89,6 +89,47 @@ fn unique(what: &str) -> String {
     format!("outbox-test-{what}-{:08x}", outbox_host::clock::random_u64() as u32)
 }
 
+/// The creation context of [`traced_relay`]'s traced event, as its producer wrote it.
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+const TRACESTATE: &str = "congo=t61rcWkgMzE";
+
+/// Relays two events of room `room-t` through the real binary with tracing on, the first
+/// with a trace context and the second without, and returns their ids once both are
+/// delivered; the publish spans went to `otlp`.
+async fn traced_relay(
+    world: &World,
+    config: TestConfig,
+    otlp: &outbox_test_support::otlp::OtlpReceiver,
+) -> (String, String) {
+    let traced = NewEvent {
+        trace_context: Some(format!("{TRACEPARENT};{TRACESTATE}")),
+        ..world.event("RoomGiftSent", "room-t", Status::Pending)
+    };
+    let plain = world.event("RoomGiftSent", "room-t", Status::Pending);
+    world.producer.insert(&[traced.clone(), plain.clone()]).await.unwrap();
+    let config = config
+        .set(&["tracing", "enabled"], "true")
+        .set(&["tracing", "endpoint"], &otlp.endpoint())
+        .set(&["tracing", "export_every"], "100ms");
+    let host = crate::binary::spawn_host(world, &config.yaml());
+    crate::binary::wait_table(world, "both events relayed", |s| s.count(Status::Delivered) == 2).await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while otlp.spans().len() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "no publish spans: {:?}", otlp.spans());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    crate::binary::signal(&host, "TERM");
+    assert!(crate::binary::wait_exit(host).await.status.success());
+    let spans = otlp.spans();
+    let of_traced = spans.iter().find(|s| s.attr("messaging.message.id") == traced.event_id).expect("its span");
+    assert_eq!(of_traced.name, "publish events");
+    assert_eq!(
+        (of_traced.trace_id.as_str(), of_traced.parent_span_id.as_str()),
+        ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
+    );
+    (traced.event_id, plain.event_id)
+}
+
 mod redis_streams {
     use super::*;
     use redis::AsyncCommands as _;
@@ -195,6 +236,29 @@ mod redis_streams {
             );
         }
     }
+    /// A traced event's entry carries its creation context as fields; an untraced one's none.
+    #[tokio::test]
+    async fn a_traced_events_entry_carries_its_creation_context() {
+        let world = World::new().await;
+        let server = BrokerServer::of(Broker::Redis).await;
+        let otlp = outbox_test_support::otlp::OtlpReceiver::start().await;
+        let config = relay_config(&world, "redis", &server.url(), "rooms:{room_id}", &[]);
+        let (traced, plain) = traced_relay(&world, config, &otlp).await;
+        assert_eq!(
+            otlp.spans().iter().find(|s| s.attr("messaging.message.id") == traced).unwrap().attr("messaging.system"),
+            "redis"
+        );
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+        let reply: redis::streams::StreamRangeReply = connection.xrange_all("rooms:room-t").await.unwrap();
+        let field = |i: usize, name: &str| reply.ids[i].get::<String>(name);
+        assert_eq!(reply.ids.len(), 2);
+        assert_eq!(field(0, "outbox-event-id").as_deref(), Some(traced.as_str()));
+        assert_eq!(field(0, "traceparent").as_deref(), Some(TRACEPARENT));
+        assert_eq!(field(0, "tracestate").as_deref(), Some(TRACESTATE));
+        assert_eq!(field(1, "outbox-event-id").as_deref(), Some(plain.as_str()));
+        assert_eq!((field(1, "traceparent"), field(1, "tracestate")), (None, None));
+    }
 }
 
 mod rabbitmq {
@@ -276,6 +340,33 @@ mod rabbitmq {
             per_room.entry(routing_key.trim_start_matches("rooms.").to_string()).or_default().push(event_id);
         }
         assert_eq!(per_room, by_room(&events), "each room's events in order");
+    }
+
+    /// A traced event's message carries its creation context as AMQP headers; an untraced
+    /// one's none.
+    #[tokio::test]
+    async fn a_traced_events_message_carries_its_creation_context() {
+        let world = World::new().await;
+        let (_connection, channel) = channel().await;
+        let exchange = exchange(&channel).await;
+        let queue = queue(&channel, &exchange, "rooms.#").await;
+        let otlp = outbox_test_support::otlp::OtlpReceiver::start().await;
+        let config = relay_config(&world, "rabbitmq", RABBITMQ, "rooms.{room_id}", &[("exchange", &exchange)]);
+        let (traced, plain) = traced_relay(&world, config, &otlp).await;
+        let mut headers = Vec::new();
+        let take = BasicGetOptions { no_ack: true };
+        while let Some(message) = channel.basic_get(&queue, take).await.unwrap() {
+            let table = message.delivery.properties.headers().clone().unwrap_or_default();
+            let text = |name: &str| match table.inner().get(name) {
+                Some(AMQPValue::LongString(s)) => Some(s.to_string()),
+                _ => None,
+            };
+            headers.push((text("outbox-event-id"), text("traceparent"), text("tracestate")));
+        }
+        assert_eq!(
+            headers,
+            [(Some(traced), Some(TRACEPARENT.to_string()), Some(TRACESTATE.to_string())), (Some(plain), None, None),]
+        );
     }
 
     /// An event no queue is bound for is returned unroutable: its attempts fail and count,

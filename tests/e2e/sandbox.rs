@@ -238,7 +238,7 @@ async fn a_cache_directory_others_can_write_is_refused() {
     assert!(cwasm_files(&open).is_empty(), "something was written into it");
 }
 
-/// A sink built for `outbox:sink@0.1.0` (before `flow` and `egress` existed) loads in this 0.1.2 host
+/// A sink built for `outbox:sink@0.1.0` (before `flow` and `egress` existed) loads in this 0.1.3 host
 /// and delivers; its failures are counted as before.
 #[tokio::test]
 async fn a_sink_built_for_0_1_0_still_loads_and_delivers() {
@@ -267,7 +267,7 @@ async fn a_sink_built_for_another_contract_is_refused_naming_both_versions() {
     let world = World::new().await;
     let config = world.setup("", "").set(&["sink", "plugin"], outbox_test_support::SINK_0_2_0);
     let expected = "was built for outbox:sink@0.2.0, a contract this host does not speak: build the sink against \
-                    this host's wit/sink.wit; this host offers outbox:sink@0.1.0 to 0.1.2";
+                    this host's wit/sink.wit; this host offers outbox:sink@0.1.0 to 0.1.3";
     let err =
         outbox_host::sandbox::SinkRuntime::load(&config.parse().sinks.remove(0).sandbox, 1).err().unwrap().to_string();
     assert!(err.starts_with("sink.plugin: ") && err.contains(expected), "{err}");

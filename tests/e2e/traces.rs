@@ -296,13 +296,15 @@ async fn an_exporter_that_is_down_leaves_delivery_untouched() {
     }
 }
 
-/// The same spans over OTLP/gRPC, to a server of the official `TraceService`.
+/// The same spans over OTLP/gRPC, to a server of the official `TraceService`; and a sink
+/// that asks for its attempt's context (WIT 0.1.3 `trace.traceparent`) gets the one the
+/// host also puts on its request.
 #[tokio::test]
-async fn spans_go_to_a_grpc_collector_too() {
+async fn spans_go_to_a_grpc_collector_and_a_sink_can_read_its_context() {
     let world = World::new().await;
     let otlp = OtlpReceiver::start_grpc().await;
     let config = world
-        .setup("", "default: ok")
+        .setup("", &format!("default: trace:{}", world.collector.url("/trace")))
         .set(&["tracing", "enabled"], "true")
         .set(&["tracing", "endpoint"], &otlp.endpoint())
         .set(&["tracing", "protocol"], "grpc")
@@ -313,10 +315,12 @@ async fn spans_go_to_a_grpc_collector_too() {
     }
     let host = spawn_host(&world, &config.yaml());
     wait_table(&world, "every event delivered", |s| s.count(Status::Delivered) == 5).await;
-    // Each attempt's span, and the request with which the fake sink reports it.
-    let spans = wait_spans(&otlp, "every attempt's span", |spans| spans.len() >= 10).await;
+    // Each attempt's span, the request with which the fake sink reports it, and its post of
+    // the context.
+    let spans = wait_spans(&otlp, "every attempt's span", |spans| spans.len() >= 15).await;
     signal(&host, "TERM");
     assert!(wait_exit(host).await.status.success());
+    let mut traceparents = Vec::new();
     for id in &ids {
         let of: Vec<&Span> = spans.iter().filter(|s| s.attr("messaging.message.id") == id).collect();
         assert_eq!(of.len(), 1, "{id}: {spans:#?}");
@@ -326,6 +330,22 @@ async fn spans_go_to_a_grpc_collector_too() {
         );
         assert_eq!(of[0].service, "outbox-host");
         let requests = spans.iter().filter(|s| s.parent_span_id == of[0].span_id && s.kind == KIND_CLIENT).count();
-        assert_eq!(requests, 1, "{id}: the report request");
+        assert_eq!(requests, 2, "{id}: the report request and the post of the context");
+        traceparents.push(format!("00-{}-{}-01", of[0].trace_id, of[0].span_id));
     }
+    let mut posted: Vec<(String, String)> = world
+        .collector
+        .seen()
+        .into_iter()
+        .filter(|seen| seen.path == "/trace")
+        .map(|seen| {
+            let header = seen.headers.iter().find(|(name, _)| name == "traceparent").map(|(_, v)| v.clone());
+            let body = seen.json.as_ref().and_then(|j| j["traceparent"].as_str().map(str::to_string));
+            (body.unwrap_or_default(), header.unwrap_or_default())
+        })
+        .collect();
+    posted.sort();
+    traceparents.sort();
+    let expected: Vec<(String, String)> = traceparents.iter().map(|t| (t.clone(), t.clone())).collect();
+    assert_eq!(posted, expected, "each sink read its attempt's context, the one on its request");
 }

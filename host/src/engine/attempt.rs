@@ -39,6 +39,7 @@ pub async fn deliver_one(
         },
     );
     let (trace_id, span_id) = traced.as_ref().map(|t| t.trace().ids()).unzip();
+    let (trace_id, span_id) = (trace_id.map(tracing::field::display), span_id.map(tracing::field::display));
     let span = tracing::info_span!(
         "deliver",
         worker = %"room_outbox",
@@ -47,8 +48,8 @@ pub async fn deliver_one(
         event_type = %row.event_type,
         room_id = %row.room_id,
         retry_count = row.retry_count,
-        trace_id = trace_id.as_deref(),
-        span_id = span_id.as_deref(),
+        trace_id,
+        span_id,
     );
     async {
         let started = Instant::now();

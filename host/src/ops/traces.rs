@@ -26,7 +26,6 @@ use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, SpanData, SpanExporter as _, SpanProcessor};
-use tokio::sync::mpsc;
 
 /// The longest `trace_context` read: a `traceparent` (55 characters), `;` and a `tracestate`
 /// of the 512 characters W3C asks every vendor to pass on, with room to spare.
@@ -176,11 +175,15 @@ pub fn start(config: &TracingConfig) -> anyhow::Result<Option<Exporting>> {
         .unwrap_or_else(|| "outbox-host".to_string());
     let resource = opentelemetry_sdk::Resource::builder().with_service_name(service).build();
     exporter.set_resource(&resource);
-    let (queue, spans) = mpsc::channel(config.queue_size.max(1));
+    let queue = Arc::new(Queue {
+        spans: std::sync::Mutex::new(Vec::new()),
+        full: tokio::sync::Notify::new(),
+        capacity: config.queue_size.max(1),
+        batch: config.batch_size.max(1),
+    });
     let stop = tokio_util::sync::CancellationToken::new();
-    let task = tokio::spawn(export_batches(exporter, spans, config.clone(), stop.clone()));
-    let provider =
-        SdkTracerProvider::builder().with_resource(resource).with_span_processor(Queue { spans: queue }).build();
+    let task = tokio::spawn(export_batches(exporter, queue.clone(), config.clone(), stop.clone()));
+    let provider = SdkTracerProvider::builder().with_resource(resource).with_span_processor(Enqueue(queue)).build();
     *TRACER.write().unwrap_or_else(|p| p.into_inner()) = Some(provider.tracer("outbox-host"));
     ON.store(true, Ordering::Release);
     tracing::info!(
@@ -230,21 +233,47 @@ fn http_traces_url(endpoint: &str) -> String {
     }
 }
 
-/// The span processor: each ended, sampled span into the bounded queue, or dropped.
+/// The spans waiting for export: at most `capacity`. The export task is woken only when a
+/// batch's worth is waiting (else it looks every `export_every`): an ended span costs a
+/// push under a lock, never a task's wake-up.
 #[derive(Debug)]
 struct Queue {
-    spans: mpsc::Sender<SpanData>,
+    spans: std::sync::Mutex<Vec<SpanData>>,
+    full: tokio::sync::Notify,
+    capacity: usize,
+    batch: usize,
 }
 
-impl SpanProcessor for Queue {
+impl Queue {
+    /// Everything waiting, taken out.
+    fn take(&self) -> Vec<SpanData> {
+        std::mem::take(&mut *self.spans.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// The span processor: each ended, sampled span into the bounded queue, or dropped.
+#[derive(Debug)]
+struct Enqueue(Arc<Queue>);
+
+impl SpanProcessor for Enqueue {
     fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &Context) {}
 
     fn on_end(&self, span: SpanData) {
         if !span.span_context.is_sampled() {
             return;
         }
-        if self.spans.try_send(span).is_err() {
-            DROPPED.fetch_add(1, Ordering::Relaxed);
+        let queue = &self.0;
+        let waiting = {
+            let mut spans = queue.spans.lock().unwrap_or_else(|p| p.into_inner());
+            if spans.len() >= queue.capacity {
+                DROPPED.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            spans.push(span);
+            spans.len()
+        };
+        if waiting == queue.batch {
+            queue.full.notify_one();
         }
     }
 
@@ -257,37 +286,22 @@ impl SpanProcessor for Queue {
     }
 }
 
-/// Sends the queue's spans in batches of at most `batch_size`, each as soon as it is full or
-/// `export_every` after its first span; on `stop`, what is queued, then returns.
+/// Sends the queue's spans in batches of at most `batch_size`, whenever a batch's worth is
+/// waiting and at least every `export_every`; on `stop`, what is queued, then returns.
 async fn export_batches(
     exporter: opentelemetry_otlp::SpanExporter,
-    mut spans: mpsc::Receiver<SpanData>,
+    queue: Arc<Queue>,
     config: TracingConfig,
     stop: tokio_util::sync::CancellationToken,
 ) {
     let mut said_failed = false;
     loop {
-        let mut batch = Vec::new();
-        let first = tokio::select! {
-            span = spans.recv() => span,
-            () = stop.cancelled() => None,
+        let stopping = tokio::select! {
+            () = queue.full.notified() => false,
+            () = tokio::time::sleep(config.export_every) => false,
+            () = stop.cancelled() => true,
         };
-        let stopping = first.is_none();
-        batch.extend(first);
-        if stopping {
-            spans.close();
-            while let Ok(span) = spans.try_recv() {
-                batch.push(span);
-            }
-        } else {
-            let due = tokio::time::Instant::now() + config.export_every;
-            while batch.len() < config.batch_size {
-                match tokio::time::timeout_at(due, spans.recv()).await {
-                    Ok(Some(span)) => batch.push(span),
-                    Ok(None) | Err(_) => break,
-                }
-            }
-        }
+        let batch = queue.take();
         for chunk in chunks(batch, config.batch_size.max(1)) {
             let count = chunk.len() as u64;
             let sent = tokio::time::timeout(config.export_timeout, exporter.export(chunk)).await;
@@ -379,7 +393,7 @@ pub struct Messaging<'a> {
     /// `deliver` (a sink) or `publish` (a relay).
     pub operation: &'static str,
     /// `messaging.system`: `outbox-host` for a sink, the broker's kind for a relay.
-    pub system: &'a str,
+    pub system: &'static str,
     /// `messaging.destination.name`: the sink's name, or the broker's.
     pub destination: &'a str,
 }
@@ -441,11 +455,11 @@ impl AttemptTrace {
         Some(HttpSpan { span: tracer.build_with_context(builder, &self.cx) })
     }
 
-    /// `trace_id` and `span_id` of the attempt's span, for its log lines.
-    pub fn ids(&self) -> (String, String) {
+    /// `trace_id` and `span_id` of the attempt's span, for its log lines (hex once shown).
+    pub fn ids(&self) -> (opentelemetry::trace::TraceId, opentelemetry::trace::SpanId) {
         let span = self.cx.span();
         let sc = span.span_context();
-        (sc.trace_id().to_string(), sc.span_id().to_string())
+        (sc.trace_id(), sc.span_id())
     }
 }
 
@@ -498,7 +512,7 @@ pub fn start_attempt(messaging: Messaging<'_>, info: &AttemptInfo<'_>) -> Option
         .span_builder(format!("{} {}", messaging.operation, messaging.destination))
         .with_kind(SpanKind::Producer)
         .with_attributes([
-            KeyValue::new("messaging.system", messaging.system.to_string()),
+            KeyValue::new("messaging.system", messaging.system),
             KeyValue::new("messaging.operation.type", "send"),
             KeyValue::new("messaging.operation.name", messaging.operation),
             KeyValue::new("messaging.destination.name", messaging.destination.to_string()),

@@ -12,7 +12,7 @@ use wasmtime::component::Component;
 /// The contract's package.
 pub const PACKAGE: &str = "outbox:sink";
 /// The version of `wit/sink.wit` this host is built from.
-pub const VERSION: Version = Version { major: 0, minor: 1, patch: 2 };
+pub const VERSION: Version = Version { major: 0, minor: 1, patch: 3 };
 
 /// A plain `major.minor.patch` version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -242,6 +242,13 @@ impl bindings::outbox::sink::flow::Host for DeliveryState {
     }
 }
 
+impl bindings::outbox::sink::trace::Host for DeliveryState {
+    /// The attempt's span, from the task the delivery runs on (see `ops/traces.rs`).
+    async fn traceparent(&mut self) -> Option<String> {
+        crate::ops::traces::current().map(|attempt| attempt.traceparent().to_string())
+    }
+}
+
 impl bindings::outbox::sink::log::Host for DeliveryState {
     async fn log(&mut self, level: Level, message: String) {
         let level = match level {

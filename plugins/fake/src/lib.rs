@@ -10,7 +10,8 @@
 //!   `push-back-delivered:PRESSURE` (pushes back, then delivered: the host ignores it),
 //!   `leak:KEY` (a careless sink: logs the value of its config key KEY and posts it in a
 //!   request body to `collector`, then delivered), `leak-fail:KEY` (logs the value of config
-//!   key KEY, then fails retryable with it in the message).
+//!   key KEY, then fails retryable with it in the message), `trace:URL` (POSTs
+//!   `{"traceparent": …}`, the attempt's trace context from the host, then ok on 2xx).
 //! - Hostile ones, for the host's hardening tests: `log-flood` (log without end),
 //!   `log-flood:N` (N lines, then ok), `log-big:BYTES` (one huge line, ok), `log-forge` (a line
 //!   with a newline, ESC, NUL and U+202E, ok), `print:BYTES` (that much to stdout, ok),
@@ -54,6 +55,7 @@ const BEHAVIOURS: &[&str] = &[
     "http-many",
     "http-post",
     "http-headers",
+    "trace",
 ];
 
 /// Text that would forge a log line, drive a terminal and reverse what is shown.
@@ -207,6 +209,11 @@ fn run(behaviour: &str, event: &Event) -> Delivery {
                 .header("X-Sink", "fake");
             success(request.send()).map_err(|e| Failure::retryable(format!("http-headers: {e}")))?;
             Ok(Outcome::Delivered)
+        }
+        "trace" => {
+            // Posts the attempt's trace context as the host hands it to a sink.
+            let context = outbox_sink::serde_json::json!({ "traceparent": outbox_sink::traceparent() });
+            checked("trace", Request::post(arg).json(&context).send())
         }
         other => Err(Failure::permanent(format!("fake: unknown behaviour {other:?}"))),
     }

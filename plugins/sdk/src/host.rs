@@ -33,6 +33,17 @@ pub(crate) fn declare(key: &str, url: &str) {
     crate::bindings::outbox::sink::egress::declare(key, url);
 }
 
+#[cfg(target_family = "wasm")]
+pub(crate) fn traceparent() -> Option<String> {
+    crate::bindings::outbox::sink::trace::traceparent()
+}
+
+/// Natively there is no attempt, so no trace.
+#[cfg(not(target_family = "wasm"))]
+pub(crate) fn traceparent() -> Option<String> {
+    None
+}
+
 #[cfg(not(target_family = "wasm"))]
 pub(crate) use native::{config_get, declare, log, push_back, send};
 

@@ -9,7 +9,8 @@
 //! - [`http`]: requests over the host's `http.send`, and [`http::classify`], which turns a
 //!   reply into an outcome (2xx delivered; 408, 429 and 5xx retryable, honouring
 //!   `Retry-After`; other statuses permanent);
-//! - [`log`]: lines in the host's log (the host tags them with the sink and the event).
+//! - [`log`]: lines in the host's log (the host tags them with the sink and the event);
+//! - [`traceparent`]: the attempt's trace context, for a sink that puts it in a body.
 //!
 //! ```ignore
 //! struct Echo { url: String }
@@ -190,6 +191,13 @@ pub(crate) fn deliver<S: Sink>(event: &Event) -> Delivery {
         host::push_back((*pressure).into());
     }
     result
+}
+
+/// The W3C `traceparent` of this attempt's span while the host exports traces (WIT 0.1.3),
+/// for a sink that carries the trace in a body or a message of its own: the host already
+/// sets it on every [`http`] request. `None` when the host does not trace.
+pub fn traceparent() -> Option<String> {
+    host::traceparent()
 }
 
 /// Tells the host that the failure about to be returned concerns more than the event. A
