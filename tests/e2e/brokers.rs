@@ -292,6 +292,14 @@ mod rabbitmq {
         name
     }
 
+    /// A message's text header `name`.
+    fn header(properties: &lapin::BasicProperties, name: &str) -> Option<String> {
+        match properties.headers().as_ref()?.inner().get(name) {
+            Some(AMQPValue::LongString(s)) => Some(s.to_string()),
+            _ => None,
+        }
+    }
+
     /// Every message in `queue`: (routing key, message id, `outbox-event-id` header,
     /// delivery mode), taken off it.
     async fn drain(channel: &Channel, queue: &str) -> Vec<(String, String, String, u8)> {
@@ -299,14 +307,7 @@ mod rabbitmq {
         let take = BasicGetOptions { no_ack: true };
         while let Some(message) = channel.basic_get(queue, take).await.unwrap() {
             let properties = &message.delivery.properties;
-            let header = properties
-                .headers()
-                .as_ref()
-                .and_then(|h| match h.inner().get("outbox-event-id") {
-                    Some(AMQPValue::LongString(s)) => Some(s.to_string()),
-                    _ => None,
-                })
-                .unwrap_or_default();
+            let header = header(properties, "outbox-event-id").unwrap_or_default();
             out.push((
                 message.delivery.routing_key.to_string(),
                 properties.message_id().as_ref().map(|m| m.to_string()).unwrap_or_default(),
@@ -356,11 +357,7 @@ mod rabbitmq {
         let mut headers = Vec::new();
         let take = BasicGetOptions { no_ack: true };
         while let Some(message) = channel.basic_get(&queue, take).await.unwrap() {
-            let table = message.delivery.properties.headers().clone().unwrap_or_default();
-            let text = |name: &str| match table.inner().get(name) {
-                Some(AMQPValue::LongString(s)) => Some(s.to_string()),
-                _ => None,
-            };
+            let text = |name: &str| header(&message.delivery.properties, name);
             headers.push((text("outbox-event-id"), text("traceparent"), text("tracestate")));
         }
         assert_eq!(

@@ -22,16 +22,20 @@ per_backend!(
 
 pub(crate) const STREAM: &str = "ROOMS";
 
-/// A host's config relaying to `nats` through the default relay, one subject per room.
-pub(crate) fn relay_config(world: &World, nats: &NatsServer, create_stream: bool) -> TestConfig {
-    let relay = SinkSpec {
+/// The default relay as sink `nats`, one subject per room (`rooms.{room_id}`).
+pub(crate) fn nats_relay() -> SinkSpec {
+    SinkSpec {
         name: "nats",
         plugin: RELAY,
         allowed_hosts: Vec::new(),
         config: "destination: \"rooms.{room_id}\"".to_string(),
-    };
+    }
+}
+
+/// A host's config relaying to `nats` through the default relay, one subject per room.
+pub(crate) fn relay_config(world: &World, nats: &NatsServer, create_stream: bool) -> TestConfig {
     world
-        .setup_with("ordering: per_room\nbatch_size: 50\nconcurrency: 8", &relay)
+        .setup_with("ordering: per_room\nbatch_size: 50\nconcurrency: 8", &nats_relay())
         .set(&["sink", "broker"], "events")
         .set(&["brokers", "events", "kind"], "nats")
         .set(&["brokers", "events", "url"], &nats.url())

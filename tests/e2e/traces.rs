@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use opentelemetry::trace::{Span as _, TraceContextExt as _, Tracer as _, TracerProvider as _};
 use outbox_host::store::{Status, now_ms};
+use outbox_test_support::WEBHOOK_SINK;
 use outbox_test_support::brokers::NatsServer;
 use outbox_test_support::db::TestDb;
 use outbox_test_support::otlp::{KIND_CLIENT, KIND_PRODUCER, OtlpReceiver, STATUS_ERROR, Span};
 use outbox_test_support::webhook::{Answer, Receiver, SECRET};
-use outbox_test_support::{RELAY, WEBHOOK_SINK};
 
 use crate::binary::{free_port, signal, spawn_host, wait_exit, wait_table};
 use crate::support::{PATIENCE, SinkSpec, TestConfig, World, sink_entry};
@@ -30,12 +30,7 @@ fn traced_config(world: &World, receiver: &Receiver, nats: &NatsServer, endpoint
         allowed_hosts: vec![receiver.host_port()],
         config: format!("url: \"{}\"\nsecret: \"{SECRET}\"\n", receiver.url("events")),
     };
-    let relay = SinkSpec {
-        name: "nats",
-        plugin: RELAY,
-        allowed_hosts: Vec::new(),
-        config: "destination: \"rooms.{room_id}\"".to_string(),
-    };
+    let relay = crate::relay::nats_relay();
     world
         .setup_with("ordering: per_room\nretry_interval: 100ms", &webhook)
         .with_sinks(vec![sink_entry(&relay, "broker: events\nstart_from: beginning")])

@@ -27,17 +27,20 @@ pub async fn deliver_one(
     turn: Turn,
 ) -> (Outcome, Verdict) {
     let attempt = row.retry_count.saturating_add(1);
-    let traced = traces::start_attempt(
-        sink.messaging(),
-        &AttemptInfo {
-            trace_context: row.trace_context.as_deref(),
-            event_id: &row.event_id,
-            event_type: &row.event_type,
-            room_id: &row.room_id,
-            attempt: u32::try_from(attempt).unwrap_or(0),
-            waited_ms: clock.now_ms() - row.created_at_ms,
-        },
-    );
+    // With tracing off, an attempt reads no clock and describes nothing for it.
+    let traced = traces::enabled()
+        .then(|| {
+            let info = AttemptInfo {
+                trace_context: row.trace_context.as_deref(),
+                event_id: &row.event_id,
+                event_type: &row.event_type,
+                room_id: &row.room_id,
+                attempt: u32::try_from(attempt).unwrap_or(0),
+                waited_ms: clock.now_ms() - row.created_at_ms,
+            };
+            traces::start_attempt(sink.messaging(), &info)
+        })
+        .flatten();
     let (trace_id, span_id) = traced.as_ref().map(|t| t.trace().ids()).unzip();
     let (trace_id, span_id) = (trace_id.map(tracing::field::display), span_id.map(tracing::field::display));
     let span = tracing::info_span!(

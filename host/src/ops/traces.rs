@@ -196,27 +196,29 @@ pub fn start(config: &TracingConfig) -> anyhow::Result<Option<Exporting>> {
 }
 
 fn build_exporter(protocol: Protocol, config: &TracingConfig) -> anyhow::Result<opentelemetry_otlp::SpanExporter> {
-    use opentelemetry_otlp::WithExportConfig as _;
+    use opentelemetry_otlp::WithExportConfig;
+    /// What both transports' builders take alike: the protocol, the timeout, the endpoint.
+    fn common<B: WithExportConfig>(
+        builder: B,
+        protocol: opentelemetry_otlp::Protocol,
+        config: &TracingConfig,
+        endpoint: Option<String>,
+    ) -> B {
+        let builder = builder.with_protocol(protocol).with_timeout(config.export_timeout);
+        match endpoint {
+            Some(endpoint) => builder.with_endpoint(endpoint),
+            None => builder,
+        }
+    }
     let built = match protocol {
         Protocol::HttpProtobuf => {
-            let mut builder = opentelemetry_otlp::SpanExporter::builder()
-                .with_http()
-                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                .with_timeout(config.export_timeout);
-            if let Some(endpoint) = &config.endpoint {
-                builder = builder.with_endpoint(http_traces_url(endpoint));
-            }
-            builder.build()
+            let endpoint = config.endpoint.as_deref().map(http_traces_url);
+            let builder = opentelemetry_otlp::SpanExporter::builder().with_http();
+            common(builder, opentelemetry_otlp::Protocol::HttpBinary, config, endpoint).build()
         }
         Protocol::Grpc => {
-            let mut builder = opentelemetry_otlp::SpanExporter::builder()
-                .with_tonic()
-                .with_protocol(opentelemetry_otlp::Protocol::Grpc)
-                .with_timeout(config.export_timeout);
-            if let Some(endpoint) = &config.endpoint {
-                builder = builder.with_endpoint(endpoint.clone());
-            }
-            builder.build()
+            let builder = opentelemetry_otlp::SpanExporter::builder().with_tonic();
+            common(builder, opentelemetry_otlp::Protocol::Grpc, config, config.endpoint.clone()).build()
         }
     };
     built.map_err(|e| anyhow::anyhow!("tracing: cannot set up the OTLP exporter: {e}"))
@@ -375,11 +377,6 @@ impl Creation {
         }
         let state = sc.trace_state().header();
         Some(Creation { traceparent: format_traceparent(&sc), tracestate: (!state.is_empty()).then_some(state), cx })
-    }
-
-    /// The trace id, as hex.
-    pub fn trace_id(&self) -> String {
-        self.cx.span().span_context().trace_id().to_string()
     }
 }
 
@@ -561,7 +558,7 @@ mod tests {
     #[test]
     fn a_valid_context_reads_and_passes_on_unchanged() {
         let creation = Creation::read(Some(PARENT)).expect("valid");
-        assert_eq!(creation.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(creation.cx.span().span_context().trace_id().to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(creation.traceparent, PARENT);
         assert_eq!(creation.tracestate, None);
         let with_state = format!("{PARENT};congo=t61rcWkgMzE,rojo=00f067aa0ba902b7");
