@@ -57,6 +57,11 @@ impl Meter {
     }
 }
 
+/// The processor seconds this process (and its children) used so far.
+pub fn host_seconds() -> f64 {
+    tree_ticks(std::process::id()).unwrap_or(0) as f64 / TICKS_PER_SECOND
+}
+
 /// The server's process on this machine, from the pid file it names: MariaDB/MySQL is one
 /// process, PostgreSQL's postmaster the parent of its backends. `None` for SQLite, for a
 /// server elsewhere, or when the file cannot be read.

@@ -232,6 +232,18 @@ async fn drain_rooms(
 ) -> anyhow::Result<Drain> {
     let producer = db.open().await?;
     fill(producer.as_ref(), n, rooms).await?;
+    drain_filled(db, producer, n, workers, config, sink).await
+}
+
+/// [`drain`] of the `n` events `producer` wrote into `db`.
+async fn drain_filled(
+    db: &Db,
+    producer: Arc<dyn Store>,
+    n: usize,
+    workers: usize,
+    config: &WorkerConfig,
+    sink: Arc<dyn Deliver>,
+) -> anyhow::Result<Drain> {
     let shutdown = CancellationToken::new();
     let mut tasks = Vec::new();
     let mut all_metrics = Vec::new();

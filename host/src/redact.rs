@@ -314,13 +314,7 @@ mod tests {
     #[test]
     fn no_generated_secret_survives_in_any_form() {
         let alphabet: Vec<char> = "abcXYZ019-_.~!$&'()*+,;=:@/?#%[] ".chars().collect();
-        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = crate::text::xorshift(0x9E37_79B9_7F4A_7C15);
         for round in 0..20_000 {
             let len = 6 + (next() % 14) as usize;
             // Starts with a letter run that no other part of the URL holds.
@@ -328,7 +322,7 @@ mod tests {
             for _ in 0..len {
                 secret.push(alphabet[(next() % alphabet.len() as u64) as usize]);
             }
-            let encode = next() % 2 == 0;
+            let encode = next().is_multiple_of(2);
             let form = next() % 4;
             if form == 1 && !encode {
                 // A token alone as the user info: a raw ':' in it would make it `user:password`

@@ -88,6 +88,17 @@ pub fn json_for_terminal(json: &str) -> String {
     out
 }
 
+/// A seeded xorshift generator, for tests that fuzz with the same inputs on every run.
+#[cfg(test)]
+pub(crate) fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
