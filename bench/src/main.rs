@@ -160,7 +160,12 @@ fn events(prefix: &str, n: usize, rooms: usize) -> Vec<NewEvent> {
 }
 
 async fn fill(store: &dyn Store, n: usize, rooms: usize) -> anyhow::Result<()> {
-    for chunk in events("bench", n, rooms).chunks(5_000) {
+    insert_all(store, &events("bench", n, rooms)).await
+}
+
+/// Inserts `events` in statements of 5,000 rows.
+async fn insert_all(store: &dyn Store, events: &[outbox_host::store::NewEvent]) -> anyhow::Result<()> {
+    for chunk in events.chunks(5_000) {
         store.insert(chunk).await?;
     }
     Ok(())

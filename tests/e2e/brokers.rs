@@ -568,6 +568,35 @@ mod mqtt {
         assert_eq!(per_room, by_room(&events), "each room's events in order");
     }
 
+    /// A traced event's message carries its creation context as user properties; an
+    /// untraced one's none.
+    #[tokio::test]
+    async fn a_traced_events_message_carries_its_creation_context() {
+        let world = World::new().await;
+        let server = BrokerServer::of(Broker::Mosquitto).await;
+        let (_subscriber, received) = subscribe(&server).await;
+        let otlp = outbox_test_support::otlp::OtlpReceiver::start().await;
+        let config = relay_config(&world, "mqtt", &server.url(), "rooms/{room_id}", &[]);
+        let (traced, plain) = traced_relay(&world, config, &otlp).await;
+        assert_eq!(
+            otlp.spans().iter().find(|s| s.attr("messaging.message.id") == traced).unwrap().attr("messaging.system"),
+            "mqtt"
+        );
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while received.lock().unwrap().len() < 2 {
+            assert!(tokio::time::Instant::now() < deadline, "both messages arrive");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let received = received.lock().unwrap().clone();
+        let property = |i: usize, name: &str| received[i].1.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
+        assert_eq!(received.len(), 2);
+        assert_eq!(property(0, "outbox-event-id").as_deref(), Some(traced.as_str()));
+        assert_eq!(property(0, "traceparent").as_deref(), Some(TRACEPARENT));
+        assert_eq!(property(0, "tracestate").as_deref(), Some(TRACESTATE));
+        assert_eq!(property(1, "outbox-event-id").as_deref(), Some(plain.as_str()));
+        assert_eq!((property(1, "traceparent"), property(1, "tracestate")), (None, None));
+    }
+
     /// A broker killed and restarted: the events meanwhile are deferred with no attempt
     /// counted, and delivered (PUBACKed by the new broker) once it is back.
     #[tokio::test]

@@ -15,7 +15,7 @@ use outbox_test_support::db::TestDb;
 use outbox_test_support::otlp::{KIND_CLIENT, KIND_PRODUCER, OtlpReceiver, STATUS_ERROR, Span};
 use outbox_test_support::webhook::{Answer, Receiver, SECRET};
 
-use crate::binary::{free_port, signal, spawn_host, wait_exit, wait_table};
+use crate::binary::{free_port, signal, spawn_host, spawn_with, wait_exit, wait_table};
 use crate::support::{PATIENCE, SinkSpec, TestConfig, World, sink_entry};
 
 /// The tracestate the producer's context carries, which a relay passes on unchanged.
@@ -343,4 +343,76 @@ async fn spans_go_to_a_grpc_collector_and_a_sink_can_read_its_context() {
     traceparents.sort();
     let expected: Vec<(String, String)> = traceparents.iter().map(|t| (t.clone(), t.clone())).collect();
     assert_eq!(posted, expected, "each sink read its attempt's context, the one on its request");
+}
+
+/// The standard variables alone point the exporter: the collector's URL, its headers (a
+/// signal's own over the general one's; an API key never in the log) and the timeout. A
+/// collector's partial success counts the spans it rejected as failed.
+#[tokio::test]
+async fn the_standard_variables_set_the_collector_and_its_headers() {
+    let world = World::new().await;
+    let otlp = OtlpReceiver::start().await;
+    otlp.reject(1);
+    let port = free_port();
+    let config = world
+        .setup("", "default: ok")
+        .set(&["admin", "listen"], &format!("127.0.0.1:{port}"))
+        .set(&["tracing", "enabled"], "true")
+        .set(&["tracing", "export_every"], "50ms");
+    for i in 0..10 {
+        world.produce("RoomGiftSent", &format!("room-{i}"), Status::Pending).await;
+    }
+    let traces_url = format!("{}/v1/traces", otlp.endpoint());
+    let host = spawn_with(
+        &world,
+        &config.yaml(),
+        &[
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", traces_url.as_str()),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=s3cr3t%21key,x-tenant=rooms"),
+            ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-tenant=audio-rooms"),
+            ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "3000"),
+        ],
+    );
+    wait_table(&world, "every event delivered", |s| s.count(Status::Delivered) == 10).await;
+    // Each attempt's span and its report request's.
+    wait_spans(&otlp, "every span", |spans| spans.len() >= 20).await;
+    let base = format!("http://127.0.0.1:{port}");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let (exported, failed) = loop {
+        let exported = crate::support::metric(&base, "room_outbox_trace_spans_total{result=\"exported\"}").await;
+        let failed = crate::support::metric(&base, "room_outbox_trace_spans_total{result=\"failed\"}").await;
+        if exported + failed >= 20.0 {
+            break (exported, failed);
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the exports were not counted ({exported}, {failed})");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let requests = otlp.requests() as f64;
+    assert_eq!((exported, failed), (20.0 - requests, requests), "one span of each request rejected");
+    assert_eq!(otlp.header("api-key"), vec![Some("s3cr3t!key".to_string()); otlp.requests()]);
+    assert_eq!(otlp.header("x-tenant"), vec![Some("audio-rooms".to_string()); otlp.requests()]);
+    assert_eq!(otlp.header("content-type")[0].as_deref(), Some("application/x-protobuf"));
+    signal(&host, "TERM");
+    let output = wait_exit(host).await;
+    assert!(output.status.success());
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(log.contains("exporting traces over OTLP") && log.contains("headers=2"), "{log}");
+    assert!(!log.contains("s3cr3t"), "the API key reached the log:\n{log}");
+}
+
+/// A variable that does not read stops the host at start, naming it (and never the value).
+#[tokio::test]
+async fn a_bad_otlp_variable_refuses_start() {
+    let world = World::new().await;
+    let config = world.setup("", "default: ok").set(&["tracing", "enabled"], "true");
+    let host = spawn_with(
+        &world,
+        &config.yaml(),
+        &[("OTEL_EXPORTER_OTLP_TIMEOUT", "10s"), ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=%zzs3cr3t")],
+    );
+    let output = wait_exit(host).await;
+    assert!(!output.status.success());
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(log.contains("OTEL_EXPORTER_OTLP_TIMEOUT") && log.contains("OTEL_EXPORTER_OTLP_HEADERS"), "{log}");
+    assert!(!log.contains("s3cr3t"), "{log}");
 }

@@ -12,7 +12,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::post;
-use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use prost::Message as _;
 
@@ -55,6 +57,10 @@ impl Span {
 struct Shared {
     spans: Vec<Span>,
     requests: usize,
+    /// Each request's headers (gRPC: its ASCII metadata), names lower-case.
+    headers: Vec<HashMap<String, String>>,
+    /// Spans of each request answered as rejected (a partial success).
+    reject: i64,
 }
 
 /// The receiver.
@@ -103,6 +109,17 @@ impl OtlpReceiver {
     pub fn requests(&self) -> usize {
         self.shared.lock().unwrap().requests
     }
+
+    /// Header `name` of each request so far, in order (`None` where one lacked it).
+    pub fn header(&self, name: &str) -> Vec<Option<String>> {
+        self.shared.lock().unwrap().headers.iter().map(|h| h.get(name).cloned()).collect()
+    }
+
+    /// From now on, answers each request with a partial success rejecting `spans` of its
+    /// spans (at most as many as it held).
+    pub fn reject(&self, spans: i64) {
+        self.shared.lock().unwrap().reject = spans;
+    }
 }
 
 /// The gRPC service.
@@ -116,22 +133,43 @@ impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::Tra
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        keep(&self.shared, request.into_inner());
-        Ok(tonic::Response::new(ExportTraceServiceResponse { partial_success: None }))
+        let headers = request
+            .metadata()
+            .iter()
+            .filter_map(|entry| match entry {
+                tonic::metadata::KeyAndValueRef::Ascii(key, value) => {
+                    Some((key.as_str().to_string(), value.to_str().ok()?.to_string()))
+                }
+                tonic::metadata::KeyAndValueRef::Binary(..) => None,
+            })
+            .collect();
+        let answer = keep(&self.shared, request.into_inner(), headers);
+        Ok(tonic::Response::new(answer))
     }
 }
 
-async fn export(State(shared): State<Arc<Mutex<Shared>>>, body: axum::body::Bytes) -> axum::response::Response {
+async fn export(
+    State(shared): State<Arc<Mutex<Shared>>>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> axum::response::Response {
     let Ok(request) = ExportTraceServiceRequest::decode(body.as_ref()) else {
         return (StatusCode::BAD_REQUEST, "not an ExportTraceServiceRequest").into_response();
     };
-    keep(&shared, request);
-    let answer = ExportTraceServiceResponse { partial_success: None }.encode_to_vec();
+    let headers = headers
+        .iter()
+        .filter_map(|(name, value)| Some((name.as_str().to_string(), value.to_str().ok()?.to_string())))
+        .collect();
+    let answer = keep(&shared, request, headers).encode_to_vec();
     ([("content-type", "application/x-protobuf")], answer).into_response()
 }
 
-/// Keeps the spans of one export.
-fn keep(shared: &Mutex<Shared>, request: ExportTraceServiceRequest) {
+/// Keeps the spans of one export and its headers; the answer to send.
+fn keep(
+    shared: &Mutex<Shared>,
+    request: ExportTraceServiceRequest,
+    headers: HashMap<String, String>,
+) -> ExportTraceServiceResponse {
     let mut spans = Vec::new();
     for resource_spans in request.resource_spans {
         let resource = resource_spans.resource.map(|r| attributes(&r.attributes)).unwrap_or_default();
@@ -152,8 +190,16 @@ fn keep(shared: &Mutex<Shared>, request: ExportTraceServiceRequest) {
         }
     }
     let mut shared = shared.lock().unwrap();
+    let rejected = shared.reject.min(spans.len() as i64);
     shared.requests += 1;
+    shared.headers.push(headers);
     shared.spans.extend(spans);
+    ExportTraceServiceResponse {
+        partial_success: (rejected > 0).then(|| ExportTracePartialSuccess {
+            rejected_spans: rejected,
+            error_message: "rejected by the test".to_string(),
+        }),
+    }
 }
 
 fn attributes(list: &[opentelemetry_proto::tonic::common::v1::KeyValue]) -> HashMap<String, String> {

@@ -363,7 +363,9 @@ fn read_tracing(f: &mut Fields<'_>, notes: &mut Vec<String>) -> TracingConfig {
     let queue_size = count(f, "queue_size", defaults.queue_size);
     let batch_size = count(f, "batch_size", defaults.batch_size);
     let export_every = positive_duration(f, "export_every", defaults.export_every, notes);
-    let export_timeout = positive_duration(f, "export_timeout", defaults.export_timeout, notes);
+    let export_timeout = f
+        .has("export_timeout")
+        .then(|| positive_duration(f, "export_timeout", crate::ops::otlp::DEFAULT_TIMEOUT, notes));
     let service_name = f.take::<String>("service_name").filter(|s| !s.is_empty());
     TracingConfig { enabled, endpoint, protocol, queue_size, batch_size, export_every, export_timeout, service_name }
 }

@@ -5,6 +5,7 @@ pub mod actions;
 pub mod admin;
 pub mod health;
 pub mod metrics;
+pub mod otlp;
 pub mod page;
 pub mod report;
 pub mod traces;

@@ -11,9 +11,9 @@
 //!   HTTP import adds its `traceparent` to each request and opens a child span per request,
 //!   and a relay's records carry the creation context ([`AttemptTrace::creation_headers`]).
 //! - **Export.** Spans go into a bounded queue ([`TracingConfig::queue_size`]); a full queue
-//!   drops the span and counts it, so delivery never waits on the exporter. One task sends
-//!   batches over OTLP (HTTP/protobuf or gRPC). Nothing here runs while tracing is off: no
-//!   tracer, no span, no header.
+//!   drops the span and counts it, so delivery never waits on the exporter. One task encodes
+//!   and sends batches over OTLP (HTTP/protobuf or gRPC; [`super::otlp`]). Nothing here runs
+//!   while tracing is off: no tracer, no span, no header.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,7 +28,10 @@ use opentelemetry::trace::{
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, SpanData, SpanExporter as _, SpanProcessor};
+use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, SpanData, SpanProcessor};
+
+pub use super::otlp::Protocol;
+use super::otlp::{self, Exporter, Target};
 
 /// The longest `trace_context` read: a `traceparent` (55 characters), `;` and a `tracestate`
 /// of the 512 characters W3C asks every vendor to pass on, with room to spare.
@@ -52,8 +55,9 @@ pub struct TracingConfig {
     pub batch_size: usize,
     /// The longest wait before a batch that is not full goes out.
     pub export_every: Duration,
-    /// The longest one export request may take.
-    pub export_timeout: Duration,
+    /// The longest one export request may take (else `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT` /
+    /// `OTEL_EXPORTER_OTLP_TIMEOUT`, in ms, else 10 s).
+    pub export_timeout: Option<Duration>,
     /// `service.name` (else `OTEL_SERVICE_NAME`, else `outbox-host`).
     pub service_name: Option<String>,
 }
@@ -67,37 +71,9 @@ impl Default for TracingConfig {
             queue_size: 2048,
             batch_size: 512,
             export_every: Duration::from_secs(1),
-            export_timeout: Duration::from_secs(10),
+            export_timeout: None,
             service_name: None,
         }
-    }
-}
-
-/// How spans reach the collector.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
-    /// OTLP/HTTP with protobuf bodies, to `<endpoint>/v1/traces`.
-    HttpProtobuf,
-    /// OTLP/gRPC.
-    Grpc,
-}
-
-impl Protocol {
-    /// The protocol named by `text` as the `OTEL_EXPORTER_OTLP_PROTOCOL` values name them.
-    pub fn parse(text: &str) -> Result<Protocol, String> {
-        match text {
-            "http/protobuf" => Ok(Protocol::HttpProtobuf),
-            "grpc" => Ok(Protocol::Grpc),
-            other => Err(format!("{other:?} is not one of http/protobuf, grpc")),
-        }
-    }
-
-    fn from_env() -> Result<Option<Protocol>, String> {
-        ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"]
-            .iter()
-            .find_map(|name| std::env::var(name).ok().filter(|v| !v.is_empty()).map(|v| (name, v)))
-            .map(|(name, value)| Protocol::parse(&value).map_err(|e| format!("{name}: {e}")))
-            .transpose()
     }
 }
 
@@ -170,14 +146,17 @@ pub fn start(config: &TracingConfig) -> anyhow::Result<Option<Exporting>> {
         Some(p) => p,
         None => Protocol::from_env().map_err(anyhow::Error::msg)?.unwrap_or(Protocol::HttpProtobuf),
     };
-    let mut exporter = build_exporter(protocol, config)?;
+    let target =
+        Target::resolve(protocol, config.endpoint.as_deref(), config.export_timeout, |name| std::env::var(name).ok())
+            .map_err(|why| anyhow::anyhow!("tracing: {why}"))?;
+    let exporter =
+        Exporter::new(&target).map_err(|e| anyhow::anyhow!("tracing: cannot set up the OTLP exporter: {e}"))?;
     let service = config
         .service_name
         .clone()
         .or_else(|| std::env::var("OTEL_SERVICE_NAME").ok().filter(|s| !s.is_empty()))
         .unwrap_or_else(|| "outbox-host".to_string());
     let resource = opentelemetry_sdk::Resource::builder().with_service_name(service).build();
-    exporter.set_resource(&resource);
     let queue = Arc::new(Queue {
         spans: std::sync::Mutex::new(Vec::new()),
         full: tokio::sync::Notify::new(),
@@ -185,57 +164,20 @@ pub fn start(config: &TracingConfig) -> anyhow::Result<Option<Exporting>> {
         batch: config.batch_size.max(1),
     });
     let stop = tokio_util::sync::CancellationToken::new();
-    let task = tokio::spawn(export_batches(exporter, queue.clone(), config.clone(), stop.clone()));
+    let batches =
+        Batches { exporter, resource: resource.clone(), every: config.export_every, size: config.batch_size.max(1) };
+    let task = tokio::spawn(batches.run(queue.clone(), stop.clone()));
     let provider = SdkTracerProvider::builder().with_resource(resource).with_span_processor(Enqueue(queue)).build();
     *TRACER.write().unwrap_or_else(|p| p.into_inner()) = Some(provider.tracer("outbox-host"));
     ON.store(true, Ordering::Release);
     tracing::info!(
         protocol = ?protocol,
-        endpoint = config.endpoint.as_deref().map(crate::redact::url).as_deref().unwrap_or("(from OTEL_EXPORTER_OTLP_*, or the default)"),
+        endpoint = %crate::redact::url(&target.url),
+        headers = target.headers.len(),
         queue_size = config.queue_size,
         "exporting traces over OTLP"
     );
-    Ok(Some(Exporting { provider, stop, task, export_timeout: config.export_timeout }))
-}
-
-fn build_exporter(protocol: Protocol, config: &TracingConfig) -> anyhow::Result<opentelemetry_otlp::SpanExporter> {
-    use opentelemetry_otlp::WithExportConfig;
-    /// What both transports' builders take alike: the protocol, the timeout, the endpoint.
-    fn common<B: WithExportConfig>(
-        builder: B,
-        protocol: opentelemetry_otlp::Protocol,
-        config: &TracingConfig,
-        endpoint: Option<String>,
-    ) -> B {
-        let builder = builder.with_protocol(protocol).with_timeout(config.export_timeout);
-        match endpoint {
-            Some(endpoint) => builder.with_endpoint(endpoint),
-            None => builder,
-        }
-    }
-    let built = match protocol {
-        Protocol::HttpProtobuf => {
-            let endpoint = config.endpoint.as_deref().map(http_traces_url);
-            let builder = opentelemetry_otlp::SpanExporter::builder().with_http();
-            common(builder, opentelemetry_otlp::Protocol::HttpBinary, config, endpoint).build()
-        }
-        Protocol::Grpc => {
-            let builder = opentelemetry_otlp::SpanExporter::builder().with_tonic();
-            common(builder, opentelemetry_otlp::Protocol::Grpc, config, config.endpoint.clone()).build()
-        }
-    };
-    built.map_err(|e| anyhow::anyhow!("tracing: cannot set up the OTLP exporter: {e}"))
-}
-
-/// `tracing.endpoint` read as `OTEL_EXPORTER_OTLP_ENDPOINT` is: a collector's base URL gets
-/// `/v1/traces`; a URL with a path of its own is used as it is.
-fn http_traces_url(endpoint: &str) -> String {
-    match url::Url::parse(endpoint) {
-        Ok(url) if url.path().is_empty() || url.path() == "/" => {
-            format!("{}/v1/traces", endpoint.trim_end_matches('/'))
-        }
-        _ => endpoint.to_string(),
-    }
+    Ok(Some(Exporting { provider, stop, task, export_timeout: target.timeout }))
 }
 
 /// The spans waiting for export: at most `capacity`. The export task is woken only when a
@@ -291,60 +233,53 @@ impl SpanProcessor for Enqueue {
     }
 }
 
-/// Sends the queue's spans in batches of at most `batch_size`, whenever a batch's worth is
-/// waiting and at least every `export_every`; on `stop`, what is queued, then returns.
-async fn export_batches(
-    exporter: opentelemetry_otlp::SpanExporter,
-    queue: Arc<Queue>,
-    config: TracingConfig,
-    stop: tokio_util::sync::CancellationToken,
-) {
-    let mut said_failed = false;
-    loop {
-        let stopping = tokio::select! {
-            () = queue.full.notified() => false,
-            () = tokio::time::sleep(config.export_every) => false,
-            () = stop.cancelled() => true,
-        };
-        let batch = queue.take();
-        for chunk in chunks(batch, config.batch_size.max(1)) {
-            let count = chunk.len() as u64;
-            let sent = tokio::time::timeout(config.export_timeout, exporter.export(chunk)).await;
-            match sent {
-                Ok(Ok(())) => {
-                    EXPORTED.fetch_add(count, Ordering::Relaxed);
-                    said_failed = false;
-                }
-                failed => {
-                    FAILED.fetch_add(count, Ordering::Relaxed);
-                    if !said_failed {
-                        let why = match failed {
-                            Ok(Err(e)) => e.to_string(),
-                            _ => format!("no answer within {:?}", config.export_timeout),
-                        };
-                        // Said once per run of failures; every lost span is counted.
-                        tracing::warn!(error = %crate::text::printable(&why, 300), "could not export spans; they are dropped (counted in room_outbox_trace_spans_total)");
-                        said_failed = true;
+/// The export task's part: the exporter, and what each batch is sent with.
+struct Batches {
+    exporter: Exporter,
+    resource: opentelemetry_sdk::Resource,
+    every: Duration,
+    size: usize,
+}
+
+impl Batches {
+    /// Sends the queue's spans in batches of at most `size`, whenever a batch's worth is
+    /// waiting and at least `every`; on `stop`, what is queued, then returns.
+    async fn run(mut self, queue: Arc<Queue>, stop: tokio_util::sync::CancellationToken) {
+        let mut said_failed = false;
+        let mut buffer = Vec::new();
+        loop {
+            let stopping = tokio::select! {
+                () = queue.full.notified() => false,
+                () = tokio::time::sleep(self.every) => false,
+                () = stop.cancelled() => true,
+            };
+            let batch = queue.take();
+            for chunk in batch.chunks(self.size) {
+                let count = chunk.len() as u64;
+                buffer.clear();
+                otlp::encode(chunk, &self.resource, &mut buffer);
+                let request = bytes::Bytes::copy_from_slice(&buffer);
+                match self.exporter.export(request, count).await {
+                    Ok(rejected) => {
+                        EXPORTED.fetch_add(count - rejected, Ordering::Relaxed);
+                        FAILED.fetch_add(rejected, Ordering::Relaxed);
+                        said_failed = false;
+                    }
+                    Err(why) => {
+                        FAILED.fetch_add(count, Ordering::Relaxed);
+                        if !said_failed {
+                            // Said once per run of failures; every lost span is counted.
+                            tracing::warn!(error = %why, "could not export spans; they are dropped (counted in room_outbox_trace_spans_total)");
+                            said_failed = true;
+                        }
                     }
                 }
             }
+            if stopping {
+                return;
+            }
         }
-        if stopping {
-            return;
-        }
     }
-}
-
-fn chunks(mut batch: Vec<SpanData>, size: usize) -> Vec<Vec<SpanData>> {
-    let mut out = Vec::new();
-    while batch.len() > size {
-        let rest = batch.split_off(size);
-        out.push(std::mem::replace(&mut batch, rest));
-    }
-    if !batch.is_empty() {
-        out.push(batch);
-    }
-    out
 }
 
 /// The producer's context of one row, as checked.
@@ -700,13 +635,6 @@ mod tests {
         let upper_flags = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-02";
         assert!(canonical(upper_flags).is_none());
         assert_eq!(Creation::read(Some(upper_flags)).expect("flags 02").traceparent, format!("{}-00", &PARENT[..52]));
-    }
-
-    #[test]
-    fn an_endpoint_without_a_path_gets_the_traces_path() {
-        assert_eq!(http_traces_url("http://collector:4318"), "http://collector:4318/v1/traces");
-        assert_eq!(http_traces_url("http://collector:4318/"), "http://collector:4318/v1/traces");
-        assert_eq!(http_traces_url("https://x.example/otlp/v1/traces"), "https://x.example/otlp/v1/traces");
     }
 
     #[test]
