@@ -38,15 +38,6 @@ impl Protocol {
             other => Err(format!("{other:?} is not one of http/protobuf, grpc")),
         }
     }
-
-    /// `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`, else `OTEL_EXPORTER_OTLP_PROTOCOL`, if set.
-    pub fn from_env() -> Result<Option<Protocol>, String> {
-        ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"]
-            .iter()
-            .find_map(|name| std::env::var(name).ok().filter(|v| !v.is_empty()).map(|v| (name, v)))
-            .map(|(name, value)| Protocol::parse(&value).map_err(|e| format!("{name}: {e}")))
-            .transpose()
-    }
 }
 
 /// The longest answer body read from a collector.
@@ -69,17 +60,29 @@ pub struct Target {
 }
 
 impl Target {
-    /// The target of `protocol` given `endpoint` and `timeout` (from `tracing:`; `None`:
-    /// not set there) and the environment `env` (a variable's value by name). `Err` names
-    /// each variable that does not read.
+    /// The target given `protocol`, `endpoint` and `timeout` (from `tracing:`; `None`: not
+    /// set there) and the environment `env` (a variable's value by name). `Err` names each
+    /// variable that does not read.
     pub fn resolve(
-        protocol: Protocol,
+        protocol: Option<Protocol>,
         endpoint: Option<&str>,
         timeout: Option<Duration>,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Target, String> {
         let var = |name: &str| env(name).filter(|v| !v.trim().is_empty());
         let mut problems = Vec::new();
+        let protocol = match protocol {
+            Some(protocol) => protocol,
+            None => ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"]
+                .iter()
+                .find_map(|name| var(name).map(|value| (name, value)))
+                .map_or(Protocol::HttpProtobuf, |(name, value)| {
+                    Protocol::parse(value.trim()).unwrap_or_else(|why| {
+                        problems.push(format!("{name}: {why}"));
+                        Protocol::HttpProtobuf
+                    })
+                }),
+        };
         let url = match (endpoint, var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), var("OTEL_EXPORTER_OTLP_ENDPOINT")) {
             (Some(endpoint), ..) if protocol == Protocol::HttpProtobuf => http_traces_url(endpoint),
             (Some(endpoint), ..) => endpoint.to_string(),
@@ -150,7 +153,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `tracing.endpoint` for HTTP: a collector's base URL gets `/v1/traces`; a URL with a path
 /// of its own is used as it is.
-pub fn http_traces_url(endpoint: &str) -> String {
+fn http_traces_url(endpoint: &str) -> String {
     match url::Url::parse(endpoint) {
         Ok(url) if url.path().is_empty() || url.path() == "/" => {
             format!("{}/v1/traces", endpoint.trim_end_matches('/'))
@@ -223,10 +226,7 @@ impl Exporter {
                     headers.insert(reqwest::header::HeaderName::from_bytes(key.as_bytes())?, value.parse()?);
                 }
                 headers.insert(reqwest::header::CONTENT_TYPE, "application/x-protobuf".parse()?);
-                let client = reqwest::Client::builder()
-                    .redirect(reqwest::redirect::Policy::none())
-                    .timeout(target.timeout)
-                    .build()?;
+                let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build()?;
                 Transport::Http { client, url: target.url.clone(), headers }
             }
             Protocol::Grpc => {
@@ -236,7 +236,6 @@ impl Exporter {
                 }
                 let channel = tonic::transport::Endpoint::from_shared(target.url.clone())?
                     .connect_timeout(target.timeout)
-                    .timeout(target.timeout)
                     .connect_lazy();
                 Transport::Grpc { client: tonic::client::Grpc::new(channel), metadata }
             }
@@ -816,7 +815,7 @@ mod tests {
     fn the_endpoint_comes_from_the_config_then_the_signal_then_the_base() {
         let http = Protocol::HttpProtobuf;
         let resolve = |protocol, endpoint, vars: &[(&str, &str)]| {
-            Target::resolve(protocol, endpoint, None, env(vars)).map(|t| t.url)
+            Target::resolve(Some(protocol), endpoint, None, env(vars)).map(|t| t.url)
         };
         assert_eq!(resolve(http, None, &[]).unwrap(), "http://localhost:4318/v1/traces");
         assert_eq!(resolve(Protocol::Grpc, None, &[]).unwrap(), "http://localhost:4317");
@@ -839,7 +838,7 @@ mod tests {
     #[test]
     fn headers_are_read_as_the_variables_write_them() {
         let target = Target::resolve(
-            Protocol::HttpProtobuf,
+            None,
             None,
             None,
             env(&[
@@ -858,8 +857,8 @@ mod tests {
             ("api-key=%zzsecret", "\"api-key\" is not a sendable"),
             ("api-key=a%0Asecret", "\"api-key\" is not a sendable"),
         ] {
-            let why =
-                Target::resolve(Protocol::Grpc, None, None, env(&[("OTEL_EXPORTER_OTLP_HEADERS", list)])).unwrap_err();
+            let why = Target::resolve(Some(Protocol::Grpc), None, None, env(&[("OTEL_EXPORTER_OTLP_HEADERS", list)]))
+                .unwrap_err();
             assert!(why.contains("OTEL_EXPORTER_OTLP_HEADERS") && why.contains(said), "{list}: {why}");
             assert!(!why.contains("secret"), "a value is never shown: {why}");
         }
@@ -868,7 +867,7 @@ mod tests {
     #[test]
     fn the_timeout_comes_from_the_config_then_the_variables() {
         let timeout = |config, vars: &[(&str, &str)]| {
-            Target::resolve(Protocol::HttpProtobuf, None, config, env(vars)).map(|t| t.timeout)
+            Target::resolve(Some(Protocol::HttpProtobuf), None, config, env(vars)).map(|t| t.timeout)
         };
         assert_eq!(timeout(None, &[]), Ok(DEFAULT_TIMEOUT));
         let general = ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500");
@@ -880,12 +879,17 @@ mod tests {
         assert!(why.contains("OTEL_EXPORTER_OTLP_TIMEOUT") && why.contains("milliseconds"), "{why}");
         // Every problem is named at once.
         let why = Target::resolve(
-            Protocol::HttpProtobuf,
             None,
             None,
-            env(&[("OTEL_EXPORTER_OTLP_TIMEOUT", "0"), ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")]),
+            None,
+            env(&[
+                ("OTEL_EXPORTER_OTLP_TIMEOUT", "0"),
+                ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+            ]),
         )
         .unwrap_err();
         assert!(why.contains("OTEL_EXPORTER_OTLP_TIMEOUT") && why.contains("gzip"), "{why}");
+        assert!(why.contains("OTEL_EXPORTER_OTLP_PROTOCOL: \"http/json\""), "{why}");
     }
 }

@@ -142,13 +142,10 @@ pub fn start(config: &TracingConfig) -> anyhow::Result<Option<Exporting>> {
     if enabled() {
         anyhow::bail!("tracing was started twice in one process");
     }
-    let protocol = match config.protocol {
-        Some(p) => p,
-        None => Protocol::from_env().map_err(anyhow::Error::msg)?.unwrap_or(Protocol::HttpProtobuf),
-    };
-    let target =
-        Target::resolve(protocol, config.endpoint.as_deref(), config.export_timeout, |name| std::env::var(name).ok())
-            .map_err(|why| anyhow::anyhow!("tracing: {why}"))?;
+    let target = Target::resolve(config.protocol, config.endpoint.as_deref(), config.export_timeout, |name| {
+        std::env::var(name).ok()
+    })
+    .map_err(|why| anyhow::anyhow!("tracing: {why}"))?;
     let exporter =
         Exporter::new(&target).map_err(|e| anyhow::anyhow!("tracing: cannot set up the OTLP exporter: {e}"))?;
     let service = config
@@ -171,7 +168,7 @@ pub fn start(config: &TracingConfig) -> anyhow::Result<Option<Exporting>> {
     *TRACER.write().unwrap_or_else(|p| p.into_inner()) = Some(provider.tracer("outbox-host"));
     ON.store(true, Ordering::Release);
     tracing::info!(
-        protocol = ?protocol,
+        protocol = ?target.protocol,
         endpoint = %crate::redact::url(&target.url),
         headers = target.headers.len(),
         queue_size = config.queue_size,
@@ -246,7 +243,8 @@ impl Batches {
     /// waiting and at least `every`; on `stop`, what is queued, then returns.
     async fn run(mut self, queue: Arc<Queue>, stop: tokio_util::sync::CancellationToken) {
         let mut said_failed = false;
-        let mut buffer = Vec::new();
+        // The last request's size: the next one's first guess.
+        let mut last = 0;
         loop {
             let stopping = tokio::select! {
                 () = queue.full.notified() => false,
@@ -256,9 +254,10 @@ impl Batches {
             let batch = queue.take();
             for chunk in batch.chunks(self.size) {
                 let count = chunk.len() as u64;
-                buffer.clear();
-                otlp::encode(chunk, &self.resource, &mut buffer);
-                let request = bytes::Bytes::copy_from_slice(&buffer);
+                let mut request = Vec::with_capacity(last);
+                otlp::encode(chunk, &self.resource, &mut request);
+                last = request.len();
+                let request = bytes::Bytes::from(request);
                 match self.exporter.export(request, count).await {
                     Ok(rejected) => {
                         EXPORTED.fetch_add(count - rejected, Ordering::Relaxed);
