@@ -120,6 +120,14 @@ impl Inspection for Counting {
         self.count();
         self.inner.recent_failures(limit).await
     }
+    async fn neighbours(&self, row: &Row) -> Result<[Option<Row>; 2], StoreError> {
+        self.count();
+        self.inner.neighbours(row).await
+    }
+    async fn search(&self, search: &outbox_host::store::Search) -> Result<outbox_host::store::Found, StoreError> {
+        self.count();
+        self.inner.search(search).await
+    }
     async fn count_failed(&self, filter: &RetryFilter) -> Result<i64, StoreError> {
         self.count();
         self.inner.count_failed(filter).await
@@ -166,6 +174,18 @@ impl SinkRegistry for Counting {
     ) -> Result<Step, StoreError> {
         self.count();
         self.inner.replay(filter, now, after, limit).await
+    }
+
+    async fn discard(
+        &self,
+        filter: &ReplayFilter,
+        reason: &str,
+        now_ms: i64,
+        after: Option<KeyValue>,
+        limit: u32,
+    ) -> Result<Step, StoreError> {
+        self.count();
+        self.inner.discard(filter, reason, now_ms, after, limit).await
     }
 }
 

@@ -130,7 +130,7 @@ async fn cross_site_and_tokenless_requests_change_nothing() {
         fields.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         fields
     };
-    let page = client.get(format!("{base}/")).send().await.unwrap();
+    let page = client.get(format!("{base}/sinks/fake")).send().await.unwrap();
     assert_eq!(page.headers()["x-frame-options"], "DENY");
     let csp = page.headers()["content-security-policy"].to_str().unwrap().to_string();
     assert!(csp.contains("frame-ancestors 'none'") && csp.contains("default-src 'none'"), "{csp}");
@@ -166,6 +166,24 @@ async fn cross_site_and_tokenless_requests_change_nothing() {
         ),
         ("replay without bearer", client.post(format!("{base}/api/sinks/fake/replay?from=1970-01-01"))),
         ("reload without bearer", client.post(format!("{base}/api/sinks/fake/reload"))),
+        ("bulk without bearer", client.post(format!("{base}/api/events/bulk?action=retry&status=failed&confirm=1"))),
+        (
+            "bulk form from another site",
+            client.post(format!("{base}/events/bulk")).header("origin", "http://evil.example").form(&form(&[
+                ("csrf", &csrf),
+                ("action", "retry"),
+                ("status", "failed"),
+                ("confirm", "1"),
+            ])),
+        ),
+        (
+            "bulk form without the form token",
+            client.post(format!("{base}/events/bulk")).form(&form(&[
+                ("action", "retry"),
+                ("status", "failed"),
+                ("confirm", "1"),
+            ])),
+        ),
     ];
     for (what, request) in cases {
         let response = request.send().await.unwrap();
@@ -204,9 +222,14 @@ async fn without_a_token_the_listener_is_read_only() {
     let response = client.post(format!("{base}/api/retry?all=true")).send().await.unwrap();
     assert_eq!(response.status(), 403);
     assert!(response.text().await.unwrap().contains("set admin.token"));
-    let html = client.get(format!("{base}/")).send().await.unwrap().text().await.unwrap();
-    assert!(html.contains("Retrying from this page is off"), "{html}");
+    let html = client.get(format!("{base}/sinks/fake")).send().await.unwrap().text().await.unwrap();
+    assert!(html.contains("Retrying and replaying from this page are off"), "{html}");
     assert!(!html.contains("<button"), "{html}");
+    let search = client.get(format!("{base}/events?status=failed")).send().await.unwrap().text().await.unwrap();
+    assert!(search.contains("data-count=\"1\"") && !search.contains("id=\"bulk\""), "no bulk form: {search}");
+    let bulk =
+        client.post(format!("{base}/api/events/bulk?action=retry&status=failed&confirm=1")).send().await.unwrap();
+    assert_eq!(bulk.status(), 403);
     assert_eq!(world.row(&failed).await.status, Status::Failed);
     host.stop().await;
 }
@@ -221,7 +244,15 @@ async fn cross_site_reads_are_refused_except_probes_and_scrapes() {
     let client = reqwest::Client::new();
     let read =
         |path: &str, site: &'static str| client.get(format!("{base}{path}")).header("sec-fetch-site", site).send();
-    for path in ["/", "/api/status", &format!("/api/events/{failed}")] {
+    for path in [
+        "/",
+        "/api/status",
+        &format!("/api/events/{failed}"),
+        "/sinks/fake",
+        "/events?status=failed",
+        &format!("/events/{failed}"),
+        "/api/events?status=failed",
+    ] {
         let refused = read(path, "cross-site").await.unwrap();
         assert_eq!(refused.status(), 403, "{path}");
         assert_eq!(refused.text().await.unwrap(), "cross-site request refused\n");

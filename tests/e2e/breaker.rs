@@ -82,8 +82,17 @@ async fn an_app_rate_limit_costs_a_few_attempts_no_retry_count_and_keeps_room_or
     let status: serde_json::Value = serde_json::from_str(&get(&format!("{base}/api/status")).await.1).unwrap();
     assert!(["open", "half_open"].contains(&status["breaker"]["state"].as_str().unwrap()), "{status}");
     assert!(status["breaker"]["reason"].as_str().unwrap().contains("throttled"), "{status}");
-    let page = get(&format!("{base}/")).await.1;
-    assert!(page.contains("id=\"breaker\""), "the page shows the breaker: {page}");
+    let page = get(&format!("{base}/sinks/tencent-im")).await.1;
+    assert!(
+        page.contains("id=\"breaker\" data-state=\"open\"") || page.contains("data-state=\"half_open\""),
+        "the sink's page shows the breaker: {page}"
+    );
+    let overview = get(&format!("{base}/")).await.1;
+    assert!(
+        overview.contains("<tr data-sink=\"tencent-im\" data-state=\"open\"")
+            || overview.contains("data-state=\"half_open\""),
+        "the overview shows the sink's state: {overview}"
+    );
 
     let ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
     host.wait_status(&world, &ids, Status::Delivered).await;

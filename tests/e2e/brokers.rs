@@ -171,7 +171,7 @@ mod redis_streams {
         let payload: serde_json::Value = serde_json::from_slice(&entry.get::<Vec<u8>>("payload").unwrap()).unwrap();
         assert_eq!(payload["event_id"], events[0].event_id.as_str(), "the payload is the event as JSON: {payload}");
 
-        let everything = ReplayFilter { from_ms: 0, to_ms: None, event_type: None, room_id: None };
+        let everything = ReplayFilter { from_ms: 0, to_ms: None, event_type: None, room_id: None, event_id: None };
         let replayed = outbox_host::ops::replay(world.producer.clone(), "relay", &everything).await.unwrap();
         assert_eq!(replayed, events.len() as u64);
         host.wait_status(&world, &ids(&events), Status::Delivered).await;

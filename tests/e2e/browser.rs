@@ -1,5 +1,7 @@
-//! The status page in a real headless Chromium (Debian's), with JavaScript turned off: it
-//! shows the counts and the chart, and its retry buttons work.
+//! The operator console in a real headless Chromium (Debian's), with JavaScript turned off:
+//! the overview, a sink's page with its counts, chart and working retry buttons, an event's
+//! story, and the replay form. Each test keeps screenshots of the pages it asserts on, under
+//! `target/tmp/console-screenshots/` (the test artifacts).
 
 use outbox_host::store::Status;
 use outbox_test_support::webdriver::{Browser, CHROMEDRIVER};
@@ -20,6 +22,20 @@ async fn evil_site(target: &str) -> String {
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     format!("http://localhost:{port}/")
+}
+
+/// Where a screenshot named `name` is kept.
+fn artifact(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots").join(format!("{name}.png"))
+}
+
+/// Takes a screenshot of what the browser shows into [`artifact`] `name`, and checks that
+/// it is a PNG of the page (not an empty picture).
+async fn keep_screenshot(browser: &Browser, name: &str) {
+    let path = artifact(name);
+    browser.screenshot(&path).await.unwrap();
+    let png = std::fs::read(&path).unwrap();
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 10_000, "{}: {} bytes", path.display(), png.len());
 }
 
 /// Chromium is installed by `make test` (`scripts/ensure-chromium.sh`): a missing one fails
@@ -55,6 +71,12 @@ async fn the_status_page_shows_counts_and_its_retry_buttons_work() {
 
     let browser = Browser::start_without_javascript().await.expect("headless chromium starts");
     browser.open(&format!("{base}/")).await.unwrap();
+    assert_eq!(browser.text("tr[data-sink=fake] td[data-status=failed]").await.unwrap(), "2");
+    assert_eq!(browser.text("tr[data-sink=fake] td.state").await.unwrap(), "delivering");
+    keep_screenshot(&browser, "overview").await;
+    browser.click("tr[data-sink=fake] a").await.unwrap();
+    assert_eq!(browser.wait_text("#sink").await.unwrap(), "fake");
+    assert!(browser.url().await.unwrap().ends_with("/sinks/fake"));
     assert_eq!(browser.text("td[data-status=failed]").await.unwrap(), "2");
     assert_eq!(browser.text("td[data-status=delivered]").await.unwrap(), "1");
     assert_eq!(browser.text("td[data-status=pending]").await.unwrap(), "0");
@@ -62,6 +84,16 @@ async fn the_status_page_shows_counts_and_its_retry_buttons_work() {
     assert!(browser.text("#errors").await.unwrap().contains("fake: scripted permanent failure"));
     // Permanent failures are the destination answering: the sink's breaker stays closed.
     assert_eq!(browser.text("#breaker").await.unwrap(), "Circuit breaker closed: delivering");
+    keep_screenshot(&browser, "sink").await;
+
+    // An event's story, from its link among the failures.
+    browser.click(&format!("tr[data-event-id='{first}'] a")).await.unwrap();
+    assert_eq!(browser.wait_text("#event-id").await.unwrap(), first);
+    assert_eq!(browser.text("#states tr[data-sink=fake] td.status").await.unwrap(), "failed");
+    assert!(browser.text("#states tr[data-sink=fake]").await.unwrap().contains("fake: scripted permanent failure"));
+    assert!(browser.text("#envelope").await.unwrap().contains("\"room_id\": \"room-bad-1\""));
+    assert_eq!(browser.text("#previous").await.unwrap(), "previous none");
+    keep_screenshot(&browser, "event").await;
 
     // A page on another site posting the same form, even with the right admin token,
     // is refused, and nothing moves.
@@ -74,7 +106,7 @@ async fn the_status_page_shows_counts_and_its_retry_buttons_work() {
     assert_eq!(world.collector.attempts_of(&first).len(), 1);
 
     // Without the token typed in, the page's own form is refused too.
-    browser.open(&format!("{base}/")).await.unwrap();
+    browser.open(&format!("{base}/sinks/fake")).await.unwrap();
     browser.type_into("#token", "not-the-token-at-all").await.unwrap();
     browser.click(&format!("tr[data-event-id='{first}'] button.retry-event")).await.unwrap();
     let wrong = browser.wait_text_containing("body", "the admin token is missing or wrong").await.unwrap();
@@ -82,17 +114,17 @@ async fn the_status_page_shows_counts_and_its_retry_buttons_work() {
     assert_eq!(world.row(&first).await.status, Status::Failed);
 
     // The per-event button: that event goes back to pending and is attempted again.
-    browser.open(&format!("{base}/")).await.unwrap();
+    browser.open(&format!("{base}/sinks/fake")).await.unwrap();
     browser.type_into("#token", TOKEN).await.unwrap();
     browser.click(&format!("tr[data-event-id='{first}'] button.retry-event")).await.unwrap();
     assert_eq!(browser.wait_text("#flash").await.unwrap(), "Moved 1 failed event(s) back to pending.");
-    assert!(browser.url().await.unwrap().ends_with("/?moved=1"));
+    assert!(browser.url().await.unwrap().ends_with("/sinks/fake?moved=1"));
     host.wait_for("the first event's second attempt", || async { world.collector.attempts_of(&first).len() == 2 })
         .await;
     host.wait_status(&world, &[&first], Status::Failed).await;
 
     // The error group's button moves every failed event with that error.
-    browser.open(&format!("{base}/")).await.unwrap();
+    browser.open(&format!("{base}/sinks/fake")).await.unwrap();
     browser.type_into("#token", TOKEN).await.unwrap();
     browser.click("#errors button").await.unwrap();
     assert_eq!(browser.wait_text("#flash").await.unwrap(), "Moved 2 failed event(s) back to pending.");
@@ -100,12 +132,35 @@ async fn the_status_page_shows_counts_and_its_retry_buttons_work() {
         world.collector.attempts_of(&second).len() == 2 && world.collector.attempts_of(&first).len() == 3
     })
     .await;
+    host.wait_status(&world, &[&first, &second], Status::Failed).await;
+
+    // Search from the sink's page, then act on every event found: the count first, then
+    // the confirmed action, back on the sink's page.
+    browser.open(&format!("{base}/sinks/fake")).await.unwrap();
+    browser.click("#search-failures").await.unwrap();
+    assert_eq!(browser.wait_text("#found").await.unwrap(), "2 event(s) on this page, newest first.");
+    assert_eq!(browser.find_all("#results tr[data-event-id]").await.unwrap().len(), 2);
+    assert!(browser.text(&format!("#results tr[data-event-id='{second}']")).await.unwrap().contains("failed"));
+    keep_screenshot(&browser, "search").await;
+    browser.type_into("#bulk input[name=token]", TOKEN).await.unwrap();
+    browser.click("#bulk-button").await.unwrap();
+    let asked = browser.wait_text("#matching").await.unwrap();
+    assert_eq!(asked, "2 event(s) match: move the failed ones among them back to pending.");
+    assert_eq!(world.collector.attempts_of(&first).len(), 3, "counting moved nothing");
+    browser.type_into("#confirm input[name=token]", TOKEN).await.unwrap();
+    browser.click("#confirm-button").await.unwrap();
+    assert_eq!(browser.wait_text("#flash").await.unwrap(), "Moved 2 failed event(s) back to pending.");
+    assert!(browser.url().await.unwrap().ends_with("/sinks/fake?bulk=retry&changed=2"));
+    host.wait_for("third and fourth attempts after the bulk retry", || async {
+        world.collector.attempts_of(&second).len() == 3 && world.collector.attempts_of(&first).len() == 4
+    })
+    .await;
     drop(browser);
     host.stop().await;
 }
 
-/// The page lists every sink with its counts, and its replay form delivers a range again to
-/// the chosen sink only.
+/// The overview lists every sink with its counts, and a sink's replay form delivers a range
+/// again to that sink only.
 #[tokio::test]
 async fn the_status_page_lists_every_sink_and_its_replay_button_works() {
     if !browser_available() {
@@ -140,11 +195,13 @@ async fn the_status_page_lists_every_sink_and_its_replay_button_works() {
     .await;
     assert_eq!(browser.text("tr[data-sink=fake] td[data-status=delivered]").await.unwrap(), "3");
 
-    browser.type_into("#replay select[name=sink]", "audit").await.unwrap();
+    browser.click("tr[data-sink=audit] a").await.unwrap();
+    assert_eq!(browser.wait_text("#sink").await.unwrap(), "audit");
     browser.type_into("#replay input[name=from]", "1970-01-01").await.unwrap();
     browser.type_into("#replay input[name=token]", TOKEN).await.unwrap();
     browser.click("#replay-button").await.unwrap();
     assert_eq!(browser.wait_text("#flash").await.unwrap(), "Replaying 3 event(s) to sink audit.");
+    assert_eq!(browser.text("#sink").await.unwrap(), "audit", "back on audit's page");
     host.wait_for("audit to receive every event again", || async { ids.iter().all(|id| seen_by(&audit, id) == 2) })
         .await;
     for id in &ids {

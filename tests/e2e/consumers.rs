@@ -406,7 +406,7 @@ async fn the_operator_sees_a_consumers_own_state(world: World) {
     let retried = consumer.get(&room1[1].event_id).await.unwrap().unwrap();
     assert_eq!((retried.status, retried.retry_count), (Status::Pending, 0));
     assert_eq!(store.get(&room1[1].event_id).await.unwrap().unwrap().status, Status::Pending, "first sink untouched");
-    let everything = ReplayFilter { from_ms: 0, to_ms: None, event_type: None, room_id: None };
+    let everything = ReplayFilter { from_ms: 0, to_ms: None, event_type: None, room_id: None, event_id: None };
     assert_eq!(consumer.count_replayable(&everything).await.unwrap(), 2, "the two settled deliveries");
     assert_eq!(consumer.replay(&everything, now, None, 100).await.unwrap().rows, 2);
     assert_eq!(status(room1[0].event_id.clone()).await, Status::Pending);

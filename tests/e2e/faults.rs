@@ -381,6 +381,12 @@ impl Inspection for Faulty {
     async fn recent_failures(&self, limit: u32) -> Result<Vec<Row>, StoreError> {
         self.inner.recent_failures(limit).await
     }
+    async fn neighbours(&self, row: &Row) -> Result<[Option<Row>; 2], StoreError> {
+        self.inner.neighbours(row).await
+    }
+    async fn search(&self, search: &outbox_host::store::Search) -> Result<outbox_host::store::Found, StoreError> {
+        self.inner.search(search).await
+    }
     async fn count_failed(&self, filter: &RetryFilter) -> Result<i64, StoreError> {
         self.inner.count_failed(filter).await
     }
@@ -421,6 +427,17 @@ impl SinkRegistry for Faulty {
         limit: u32,
     ) -> Result<CopyStep, StoreError> {
         self.inner.replay(filter, now_ms, after, limit).await
+    }
+
+    async fn discard(
+        &self,
+        filter: &ReplayFilter,
+        reason: &str,
+        now_ms: i64,
+        after: Option<KeyValue>,
+        limit: u32,
+    ) -> Result<CopyStep, StoreError> {
+        self.inner.discard(filter, reason, now_ms, after, limit).await
     }
 }
 

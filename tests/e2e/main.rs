@@ -11,6 +11,7 @@ mod browser;
 mod claims;
 mod confinement;
 mod conformance;
+mod console;
 mod consumers;
 mod edges;
 mod egress;

@@ -101,7 +101,7 @@ async fn every_event_lands_once_in_the_stream_in_room_order_and_a_replay_adds_no
 
     // Delivered again (a replay, as after a crash between the ack and the outcome's write):
     // the stream deduplicates by Nats-Msg-Id.
-    let everything = ReplayFilter { from_ms: 0, to_ms: None, event_type: None, room_id: None };
+    let everything = ReplayFilter { from_ms: 0, to_ms: None, event_type: None, room_id: None, event_id: None };
     let replayed = outbox_host::ops::replay(world.producer.clone(), "nats", &everything).await.unwrap();
     assert_eq!(replayed, events.len() as u64);
     host.wait_status(&world, &ids, Status::Delivered).await;

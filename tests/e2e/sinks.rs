@@ -370,8 +370,10 @@ async fn a_replayed_range_reaches_that_sink_only(world: World) {
     assert!(owner["in_flight"].as_i64().is_some_and(|n| n >= 0), "{api}");
     assert!(owner["owner"].as_str().unwrap().starts_with("test-node-"), "{api}");
     let page = reqwest::get(format!("{base}/")).await.unwrap().text().await.unwrap();
-    assert!(page.contains("<tr data-sink=\"audit\">") && page.contains("id=\"replay\""), "{page}");
+    assert!(page.contains("<tr data-sink=\"audit\" data-state=\"delivering\">"), "{page}");
     assert_eq!(page.matches(": 64 (0-63), ").count(), 2, "{page}");
+    let audit = reqwest::get(format!("{base}/sinks/audit")).await.unwrap().text().await.unwrap();
+    assert!(audit.contains("id=\"replay\"") && audit.contains(": 64 (0-63), "), "{audit}");
     host.stop().await;
 }
 

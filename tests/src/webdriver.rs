@@ -1,5 +1,5 @@
 //! Debian's headless Chromium driven through `chromedriver` with `fantoccini`: open a page,
-//! find elements, read text, type, click.
+//! find elements, read text, type, click, take a screenshot.
 
 use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command, Stdio};
@@ -151,6 +151,17 @@ impl Browser {
     /// The page's source as the browser has it.
     pub async fn source(&self) -> Result<String, String> {
         self.client.source().await.map_err(text)
+    }
+
+    /// A PNG of the whole page as the browser shows it now (the window widened and
+    /// lengthened to fit it), written to `path`, its folder made.
+    pub async fn screenshot(&self, path: &std::path::Path) -> Result<(), String> {
+        self.client.set_window_size(1400, 1800).await.map_err(text)?;
+        let png = self.client.screenshot().await.map_err(text)?;
+        if let Some(folder) = path.parent() {
+            std::fs::create_dir_all(folder).map_err(text)?;
+        }
+        std::fs::write(path, png).map_err(|e| format!("writing {}: {e}", path.display()))
     }
 
     /// The URL the browser shows now.

@@ -251,11 +251,10 @@ impl Host {
             draining: Default::default(),
             table: self.config.table.clone(),
             node_id: self.config.node_id.clone(),
-            sink: self.config.sinks.first().map(|s| s.name().to_string()).unwrap_or_default(),
             guard: admin::Guard::new(&self.config.admin),
             reloader: self.reloader.clone(),
             unready_after_db_failures: self.config.admin.unready_after_db_failures,
-            view: Default::default(),
+            views: Default::default(),
         });
         let admin_stop = CancellationToken::new();
         let admin = self.admin.map(|listener| {

@@ -192,6 +192,10 @@ struct Families {
     brokers: Mutex<std::collections::BTreeMap<String, BrokerReport>>,
     /// The sinks paused as misconfigured, with why (readiness names them).
     misconfigured: Mutex<std::collections::BTreeMap<String, String>>,
+    /// Each of this host's sinks' circuit breakers, by sink (the console shows them).
+    breakers: Mutex<std::collections::BTreeMap<String, BreakerReport>>,
+    /// The brokers each relay of this host publishes to, by sink.
+    relays: Mutex<std::collections::BTreeMap<String, std::collections::BTreeSet<String>>>,
     /// The `event_type` label values in use: at most [`MAX_EVENT_TYPES`], the rest `other`.
     event_types: std::sync::RwLock<std::collections::HashSet<String>>,
 }
@@ -202,7 +206,6 @@ pub struct Metrics {
     sink: String,
     shared: std::sync::Arc<Families>,
     delivered_total: AtomicU64,
-    breaker: Mutex<BreakerReport>,
 }
 
 impl Families {
@@ -382,6 +385,12 @@ impl BrokerMetrics {
     }
 }
 
+/// A lock whose holder panicked is still read: what it guards is a report, whole at every
+/// write.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The sink's circuit breaker as the status page and `/api/status` show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BreakerReport {
@@ -430,6 +439,8 @@ impl Metrics {
             broker_up: Family::default(),
             brokers: Mutex::default(),
             misconfigured: Mutex::default(),
+            breakers: Mutex::default(),
+            relays: Mutex::default(),
             event_types: Default::default(),
         };
         shared.register();
@@ -445,17 +456,13 @@ impl Metrics {
     }
 
     fn view(shared: std::sync::Arc<Families>, sink: &str) -> Metrics {
-        let m = Metrics {
-            sink: sink.to_string(),
-            shared,
-            delivered_total: AtomicU64::new(0),
-            breaker: Mutex::new(BreakerReport {
-                state: SinkState::Closed,
-                since_ms: 0,
-                reason: String::new(),
-                next_probe_at_ms: None,
-            }),
-        };
+        let m = Metrics { sink: sink.to_string(), shared, delivered_total: AtomicU64::new(0) };
+        lock(&m.shared.breakers).entry(m.sink.clone()).or_insert(BreakerReport {
+            state: SinkState::Closed,
+            since_ms: 0,
+            reason: String::new(),
+            next_probe_at_ms: None,
+        });
         // Series that should read 0 rather than be missing before anything happens.
         let f = &m.shared;
         for limit in SINK_LIMITS {
@@ -513,6 +520,7 @@ impl Metrics {
             up: f.broker_up.get_or_create(&label).clone(),
             shared: self.shared.clone(),
         };
+        lock(&f.relays).entry(self.sink.clone()).or_default().insert(broker.to_string());
         let known = f.brokers.lock().unwrap_or_else(|p| p.into_inner()).contains_key(broker);
         if !known {
             series.reached(Ok(()));
@@ -648,9 +656,9 @@ impl Metrics {
             SinkState::HalfOpen => {}
         }
         drop(paused);
-        let mut report = self.breaker.lock().unwrap_or_else(|p| p.into_inner());
-        *report =
+        let report =
             BreakerReport { state, since_ms: crate::clock::now_ms(), reason: reason.to_string(), next_probe_at_ms };
+        lock(&self.shared.breakers).insert(self.sink.clone(), report);
     }
 
     /// Every sink of this host paused as misconfigured, by name, with why.
@@ -659,9 +667,22 @@ impl Metrics {
         paused.iter().map(|(sink, why)| (sink.clone(), why.clone())).collect()
     }
 
-    /// The circuit breaker, for the page and the API.
+    /// This sink's circuit breaker, for the console and the API.
     pub fn breaker(&self) -> BreakerReport {
-        self.breaker.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.breaker_of(&self.sink).expect("a view's sink has a breaker from its start")
+    }
+
+    /// The circuit breaker of this host's sink `sink`; `None` when this host does not
+    /// deliver it.
+    pub fn breaker_of(&self, sink: &str) -> Option<BreakerReport> {
+        lock(&self.shared.breakers).get(sink).cloned()
+    }
+
+    /// The brokers this host's relay `sink` publishes to, with their connection state.
+    pub fn brokers_of(&self, sink: &str) -> Vec<(String, BrokerReport)> {
+        let names = lock(&self.shared.relays).get(sink).cloned().unwrap_or_default();
+        let brokers = lock(&self.shared.brokers);
+        names.into_iter().filter_map(|name| brokers.get(&name).map(|b| (name, b.clone()))).collect()
     }
 
     /// A database operation failed: counted, and remembered for readiness and the page.

@@ -3,16 +3,17 @@
 
 pub mod actions;
 pub mod admin;
+pub mod console;
 pub mod health;
 pub mod metrics;
 pub mod otlp;
-pub mod page;
 pub mod report;
 pub mod traces;
 
 pub use actions::{
-    PURGE_BATCH, REPLAY_STEP, ReplayError, SinkSummary, count_replay, describe, describe_everywhere, purge, replay,
-    replay_filter, retry, retry_filter, sink_state, sink_summaries,
+    BULK_MAX, Bulk, PURGE_BATCH, REPLAY_STEP, ReplayError, SEARCH_PAGE, SearchRequest, SinkSummary, Story, bulk,
+    bulk_selection, count_replay, describe, describe_everywhere, purge, replay, replay_filter, retry, retry_filter,
+    search, search_request, sink_state, sink_summaries, sink_summary, states_everywhere, story,
 };
 
 use std::sync::Arc;

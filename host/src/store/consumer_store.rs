@@ -18,8 +18,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 
-use super::consumers::{Exception, Finished, Position, SETTLE_MS, SKIP_SLOTS, Settle, Settled};
+use super::consumers::{Exception, Finished, Judged, Position, SETTLE_MS, SKIP_SLOTS, Settle, Settled};
 use super::schema::TableInfo;
+use super::search::{Cursor, Found, MAX_PAGE, SCAN_ROWS, Search};
 use super::sql::{Dialect, SqlStore, for_every_dialect};
 use super::{
     Backend, Claimed, Claims, Consumers, Fence, Heartbeat, Held, Holding, Inspection, KeyValue, Mark, Migrated, Minute,
@@ -257,42 +258,98 @@ for_consumers!(impl {
         self.outbox.partition_total(&self.sink.table).await
     }
 
-    /// The row `event_id` as this sink sees it: the outbox's row with the sink's state.
-    async fn row_for_sink(&self, mut row: Row) -> Result<Option<Row>, StoreError> {
-        if row.created_at_ms < self.sink.start_from_ms {
-            return Ok(None);
-        }
-        row.worker_id = None;
-        row.lock_until_ms = 0;
-        match self.outbox.exception_state(&self.sink.name, &row.event_id).await? {
-            Some(state) => {
-                row.status = state.status;
-                row.retry_count = state.retry_count;
-                row.next_retry_at_ms = state.next_retry_at_ms;
-                row.last_error = state.last_error;
-                row.updated_at_ms = state.updated_at_ms;
-                row.plugin_digest = state.plugin_digest;
-                row.delivered_at_ms = (state.status == Status::Delivered).then_some(state.updated_at_ms);
+    /// The row as this sink sees it: the outbox's row with the sink's state (`None`: created
+    /// before its start).
+    async fn row_for_sink(&self, row: Row) -> Result<Option<Row>, StoreError> {
+        Ok(self.rows_for_sink(vec![row]).await?.pop().flatten())
+    }
+
+    /// [`Self::row_for_sink`] of every row, in a few statements whatever their number.
+    async fn rows_for_sink(&self, rows: Vec<Row>) -> Result<Vec<Option<Row>>, StoreError> {
+        let start = self.sink.start_from_ms;
+        let ids: Vec<String> = rows.iter().filter(|r| r.created_at_ms >= start).map(|r| r.event_id.clone()).collect();
+        let total = self.total().await?.max(1);
+        let mut judged = self.outbox.judged(&self.sink, total, &ids.iter().collect::<Vec<_>>()).await?;
+        let for_sink = |mut row: Row| {
+            if row.created_at_ms < start {
+                return None;
             }
-            None => {
-                let total = self.total().await?.max(1);
-                let placed = self.outbox.placed(&row.event_id, total).await?;
-                let passed = match placed {
-                    Some((part, created_at_ms, key)) => {
-                        let positions = self.outbox.positions_of(&self.sink, &[part]).await?;
-                        positions.first().is_some_and(|p| p.passed(created_at_ms, &key))
+            row.worker_id = None;
+            row.lock_until_ms = 0;
+            match judged.remove(&row.event_id) {
+                Some(Judged::Excepted(state)) => {
+                    row.status = state.status;
+                    row.retry_count = state.retry_count;
+                    row.next_retry_at_ms = state.next_retry_at_ms;
+                    row.last_error = state.last_error;
+                    row.updated_at_ms = state.updated_at_ms;
+                    row.plugin_digest = state.plugin_digest;
+                    row.delivered_at_ms = (state.status == Status::Delivered).then_some(state.updated_at_ms);
+                }
+                passed => {
+                    let passed = matches!(passed, Some(Judged::Passed(true)));
+                    row.status = if passed { Status::Delivered } else { Status::Pending };
+                    row.retry_count = 0;
+                    row.next_retry_at_ms = 0;
+                    row.last_error = None;
+                    row.plugin_digest = None;
+                    row.delivered_at_ms = None;
+                }
+            }
+            Some(row)
+        };
+        Ok(rows.into_iter().map(for_sink).collect())
+    }
+
+    /// A search of this sink's events (see `search.rs`).
+    async fn search_for_sink(&self, search: &Search) -> Result<Found, StoreError> {
+        let limit = search.limit.clamp(1, MAX_PAGE);
+        let wanted = |row: &Row| search.statuses.is_empty() || search.statuses.contains(&row.status);
+        let excepted_only =
+            !search.statuses.is_empty() && search.statuses.iter().all(|s| matches!(s, Status::Retryable | Status::Failed));
+        if excepted_only {
+            let mut found =
+                self.outbox.search_exceptions(&self.sink.name, search, search.cursor.as_ref(), limit + 1).await?;
+            let more = found.len() > limit as usize;
+            found.truncate(limit as usize);
+            let next = more
+                .then(|| found.last().map(|(id, at)| Cursor { created_at_ms: *at, key: KeyValue::Text(id.clone()) }))
+                .flatten();
+            let mut rows = Vec::with_capacity(found.len());
+            for (event_id, _) in &found {
+                // Its state may have moved since: shown only while it still matches.
+                if let Some(row) = self.get(event_id).await?.filter(wanted) {
+                    rows.push(row);
+                }
+            }
+            return Ok(Found { scanned: found.len() as u64, rows, next });
+        }
+        let mut found = Found::default();
+        let mut cursor = search.cursor.clone();
+        loop {
+            let batch = (limit * 2).clamp(100, 500).min(SCAN_ROWS - found.scanned as u32);
+            let rows = self.outbox.search_rows(search, false, cursor.as_ref(), batch).await?;
+            let exhausted = rows.len() < batch as usize;
+            found.scanned += rows.len() as u64;
+            let cursors: Vec<Cursor> = rows.iter().map(|r| self.outbox.cursor_of(r)).collect();
+            for (row, at) in self.rows_for_sink(rows).await?.into_iter().zip(cursors) {
+                cursor = Some(at);
+                if let Some(row) = row.filter(wanted) {
+                    found.rows.push(row);
+                    if found.rows.len() == limit as usize {
+                        found.next = cursor;
+                        return Ok(found);
                     }
-                    None => false,
-                };
-                row.status = if passed { Status::Delivered } else { Status::Pending };
-                row.retry_count = 0;
-                row.next_retry_at_ms = 0;
-                row.last_error = None;
-                row.plugin_digest = None;
-                row.delivered_at_ms = None;
+                }
+            }
+            if exhausted {
+                return Ok(found);
+            }
+            if found.scanned >= u64::from(SCAN_ROWS) {
+                found.next = cursor;
+                return Ok(found);
             }
         }
-        Ok(Some(row))
     }
 });
 
@@ -429,6 +486,21 @@ for_consumers!(
             Ok(rows)
         }
 
+        async fn neighbours(&self, row: &Row) -> Result<[Option<Row>; 2], StoreError> {
+            let [before, after] = self.outbox.neighbours(row).await?;
+            let mine = |found: Option<Row>| async move {
+                match found {
+                    Some(row) => self.row_for_sink(row).await,
+                    None => Ok(None),
+                }
+            };
+            Ok([mine(before).await?, mine(after).await?])
+        }
+
+        async fn search(&self, search: &Search) -> Result<Found, StoreError> {
+            self.search_for_sink(search).await
+        }
+
         async fn count_failed(&self, filter: &RetryFilter) -> Result<i64, StoreError> {
             self.outbox.count_failed_exceptions(&self.sink.name, filter).await
         }
@@ -489,6 +561,18 @@ for_consumers!(
         ) -> Result<Step, StoreError> {
             let total = self.total().await?;
             self.outbox.consumer_replay_step(&self.sink, total, filter, (now_ms, true), after, limit).await
+        }
+
+        async fn discard(
+            &self,
+            filter: &ReplayFilter,
+            reason: &str,
+            now_ms: i64,
+            after: Option<KeyValue>,
+            limit: u32,
+        ) -> Result<Step, StoreError> {
+            let total = self.total().await?;
+            self.outbox.consumer_discard_step(&self.sink, total, filter, (reason, now_ms), after, limit).await
         }
     }
 );

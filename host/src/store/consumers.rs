@@ -937,15 +937,92 @@ for_every_dialect!(impl {
         Ok(D::int(&sqlx::query(&sql).bind(lease_key.to_string()).fetch_one(&self.pool).await?, 0)? as u32)
     }
 
-    /// The partition of the row `event_id` over `total` partitions, its creation time and key.
-    pub(super) async fn placed(&self, event_id: &str, total: u32) -> Result<Option<(u32, i64, KeyValue)>, StoreError> {
+    /// What `sink`'s exceptions and positions say of the events `event_ids`, by event id
+    /// (an event the outbox no longer has is left out): three statements, whatever their
+    /// number.
+    pub(super) async fn judged(
+        &self,
+        sink: &RegisteredSink,
+        total: u32,
+        event_ids: &[&String],
+    ) -> Result<HashMap<String, Judged>, StoreError> {
         let mut conn = self.pool.acquire().await?;
-        let id = event_id.to_string();
-        let rows = self.rows_by_event_id(&mut conn, total, &[&id]).await?;
-        let Some(r) = rows.first() else { return Ok(None) };
-        Ok(Some((self.part_of(r, total)?, D::int(r, 6)?, self.sort_key(r)?)))
+        let rows = self.rows_by_event_id(&mut conn, total, event_ids).await?;
+        let placed = rows
+            .iter()
+            .map(|r| Ok((D::text(r, 2)?, self.part_of(r, total)?, D::int(r, 6)?, self.sort_key(r)?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        let mut parts: Vec<u32> = placed.iter().map(|p| p.1).collect();
+        parts.sort_unstable();
+        parts.dedup();
+        let positions = self.positions_on(&mut conn, sink, &parts).await?;
+        let mut exceptions = HashMap::new();
+        for chunk in event_ids.chunks(500) {
+            let sql = format!(
+                "SELECT event_id, {STATE_COLUMNS} FROM {}_exceptions WHERE sink = {} AND event_id IN ({})",
+                self.table,
+                D::param(1),
+                super::sql::params::<D>(2, chunk.len())
+            );
+            let mut q = sqlx::query(&sql).bind(sink.name.clone());
+            for id in chunk {
+                q = q.bind((*id).clone());
+            }
+            for r in q.fetch_all(&mut *conn).await? {
+                exceptions.insert(D::text(&r, 0)?, Self::decode_state(&r, 1)?);
+            }
+        }
+        Ok(placed
+            .into_iter()
+            .map(|(id, part, created_at_ms, key)| {
+                let judged = match exceptions.remove(&id) {
+                    Some(state) => Judged::Excepted(state),
+                    None => Judged::Passed(positions.get(&part).is_some_and(|p| p.passed(created_at_ms, &key))),
+                };
+                (id, judged)
+            })
+            .collect())
+    }
+
+    /// `sink`'s events among its exceptions in any of `search`'s statuses and matching the
+    /// rest of it, newest first, at most `limit`, older than `cursor`: `(event id, created)`.
+    pub(super) async fn search_exceptions(
+        &self,
+        sink: &str,
+        search: &super::search::Search,
+        cursor: Option<&super::search::Cursor>,
+        limit: u32,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        let (mut filter, mut binds) = super::search::conditions::<D>(search, 2);
+        if let Some(cursor) = cursor {
+            let (sql, values) = super::search::before::<D>(cursor, "event_id", binds.len() + 2);
+            filter.push_str(&sql);
+            binds.extend(values);
+        }
+        let sql = format!(
+            "SELECT event_id, created_at_ms FROM {}_exceptions WHERE sink = {} AND status IN ({}){filter} \
+             ORDER BY created_at_ms DESC, event_id DESC LIMIT {limit}",
+            self.table,
+            D::param(1),
+            super::search::status_list(&search.statuses),
+        );
+        let mut q = sqlx::query(&sql).bind(sink.to_string());
+        for value in &binds {
+            q = bind_key::<D>(q, value);
+        }
+        let rows = q.fetch_all(&self.pool).await?;
+        rows.iter().map(|r| Ok((D::text(r, 0)?, D::int(r, 1)?))).collect()
     }
 });
+
+/// What a sink's exceptions and positions say of one event.
+#[derive(Debug, Clone)]
+pub(super) enum Judged {
+    /// It has an exception.
+    Excepted(ExceptionState),
+    /// It has none: finished if its partition's position has passed it, else waiting.
+    Passed(bool),
+}
 
 for_every_dialect!(impl {
     /// One step of replaying to `sink` the events `filter` selects: of up to `limit` rows
@@ -957,6 +1034,38 @@ for_every_dialect!(impl {
         sink: &RegisteredSink,
         total: u32,
         filter: &super::ReplayFilter,
+        (now_ms, write): (i64, bool),
+        after: Option<KeyValue>,
+        limit: u32,
+    ) -> Result<super::Step, StoreError> {
+        self.consumer_move_step(sink, total, filter, None, (now_ms, write), after, limit).await
+    }
+
+    /// One step of an operator's discard for `sink` of the events `filter` selects: of up to
+    /// `limit` rows after `after` in key order, those waiting for it (past its position with
+    /// no exception, or a `pending` or `retryable` one) become `failed` exceptions with
+    /// `reason` as their last error.
+    pub(super) async fn consumer_discard_step(
+        &self,
+        sink: &RegisteredSink,
+        total: u32,
+        filter: &super::ReplayFilter,
+        (reason, now_ms): (&str, i64),
+        after: Option<KeyValue>,
+        limit: u32,
+    ) -> Result<super::Step, StoreError> {
+        self.consumer_move_step(sink, total, filter, Some(reason), (now_ms, true), after, limit).await
+    }
+
+    /// [`Self::consumer_replay_step`] (`discard` `None`) or
+    /// [`Self::consumer_discard_step`] (`discard` the reason).
+    #[allow(clippy::too_many_arguments)]
+    async fn consumer_move_step(
+        &self,
+        sink: &RegisteredSink,
+        total: u32,
+        filter: &super::ReplayFilter,
+        discard: Option<&str>,
         (now_ms, write): (i64, bool),
         after: Option<KeyValue>,
         limit: u32,
@@ -993,12 +1102,13 @@ for_every_dialect!(impl {
             } else {
                 partition_of(&D::text(r, 1)?, &D::text(r, 4)?, total)
             };
-            let state = self.exception_state(&sink.name, &event_id).await?.map(|s| s.status);
-            let finished = match state {
+            let state = self.exception_state(&sink.name, &event_id).await?;
+            let finished = match state.as_ref().map(|s| s.status) {
                 Some(status) => matches!(status, Status::Delivered | Status::Failed),
                 None => positions.get(&partition).is_some_and(|p| p.passed(created_at_ms, &self.key_of(r).unwrap_or(KeyValue::Int(0)))),
             };
-            if !finished {
+            // A replay moves what is finished; a discard what still waits.
+            if finished == discard.is_some() {
                 continue;
             }
             rows += 1;
@@ -1010,13 +1120,17 @@ for_every_dialect!(impl {
                     event_type: D::text(r, 3)?,
                     fence: Fence { partition, epoch: 0 },
                     created_at_ms,
-                    status: Status::Pending,
-                    counted: 0,
+                    status: if discard.is_some() { Status::Failed } else { Status::Pending },
+                    // A replay starts the event's count again; a discard keeps it.
+                    counted: match discard {
+                        Some(_) => state.as_ref().map_or(0, |s| s.retry_count),
+                        None => 0,
+                    },
                     next_retry_at_ms: 0,
-                    last_error: None,
+                    last_error: discard.map(|why| crate::text::clip_chars(why, 512).into_owned()),
                     plugin_digest: None,
                 };
-                // Over whatever it had: a replay starts the event's count again.
+                // Over whatever it had.
                 let sql = format!(
                     "DELETE FROM {}_exceptions WHERE sink = {} AND event_id = {}",
                     self.table,

@@ -9,6 +9,7 @@ pub mod partitions;
 mod postgres;
 mod runner;
 pub mod schema;
+pub mod search;
 pub mod sinks;
 mod sql;
 mod sql_store;
@@ -21,6 +22,7 @@ pub use consumers::{Exception, Finished, Position, SETTLE_MS, Settle, Settled};
 pub use mysql::MysqlStore;
 pub use partitions::{Fence, Heartbeat, Holding, OwnedRead, OwnerView, Page, Waiting};
 pub use postgres::PostgresStore;
+pub use search::{Cursor, Found, Search};
 pub use sinks::{KeyValue, RegisteredSink, Step};
 pub use sql::{Dialect, SqlStore};
 pub use sqlite::SqliteStore;
@@ -505,6 +507,13 @@ pub trait Inspection: Send + Sync + 'static {
     /// The most recently updated `failed` and `retryable` rows, newest first.
     async fn recent_failures(&self, limit: u32) -> Result<Vec<Row>, StoreError>;
 
+    /// The event of `row`'s room just before it and just after it, in the order the room's
+    /// events are delivered (`created_at_ms`, then the key), each in this store's state.
+    async fn neighbours(&self, row: &Row) -> Result<[Option<Row>; 2], StoreError>;
+
+    /// A page of the events `search` selects, newest first, each in this store's state.
+    async fn search(&self, search: &Search) -> Result<Found, StoreError>;
+
     /// How many `failed` rows `filter` selects.
     async fn count_failed(&self, filter: &RetryFilter) -> Result<i64, StoreError>;
 
@@ -551,6 +560,20 @@ pub trait SinkRegistry: Send + Sync + 'static {
     async fn replay(
         &self,
         filter: &ReplayFilter,
+        now_ms: i64,
+        after: Option<KeyValue>,
+        limit: u32,
+    ) -> Result<Step, StoreError>;
+
+    /// One bounded step of an operator's discard: of the events `filter` selects that wait in
+    /// this store's state (`pending`, `retryable`), up to `limit` after `after` in key order
+    /// become `failed` with `reason` as their last error, and are not attempted again (an
+    /// attempt already under way may still finish, and its outcome is written). Events in
+    /// flight on a claim (`delivering`) and finished ones are left alone.
+    async fn discard(
+        &self,
+        filter: &ReplayFilter,
+        reason: &str,
         now_ms: i64,
         after: Option<KeyValue>,
         limit: u32,
@@ -656,6 +679,8 @@ pub struct ReplayFilter {
     pub event_type: Option<String>,
     /// Only this room.
     pub room_id: Option<String>,
+    /// Only this event (an operator's bulk action, one event at a time).
+    pub event_id: Option<String>,
 }
 
 impl ReplayFilter {
@@ -666,7 +691,9 @@ impl ReplayFilter {
         let mut sql =
             format!(" AND {prefix}created_at_ms >= {} AND {prefix}created_at_ms < {}", param(first), param(first + 1));
         let mut values = Vec::new();
-        for (column, value) in [("event_type", &self.event_type), ("room_id", &self.room_id)] {
+        for (column, value) in
+            [("event_type", &self.event_type), ("room_id", &self.room_id), ("event_id", &self.event_id)]
+        {
             if let Some(value) = value {
                 sql.push_str(&format!(" AND {prefix}{column} = {}", param(first + 2 + values.len())));
                 values.push(value.clone());

@@ -310,6 +310,8 @@ pub(super) struct SharedStatements {
     pub(super) last_minute: String,
     pub(super) history: String,
     pub(super) recent_failures: String,
+    /// A room's event just before a row, and just after it, in delivery order.
+    pub(super) neighbours: [String; 2],
     pub(super) purge_pick: String,
     pub(super) purge_delete: ByCount,
     pub(super) has_pending: String,
@@ -365,6 +367,14 @@ impl SharedStatements {
                 "SELECT {row_columns} FROM {t} WHERE status IN ('failed', 'retryable') \
                  ORDER BY updated_at_ms DESC, {key} DESC LIMIT {p1}"
             ),
+            neighbours: [("<", "DESC"), (">", "ASC")].map(|(beyond, order)| {
+                format!(
+                    "SELECT {row_columns} FROM {t} WHERE room_id = {p1} AND (created_at_ms {beyond} {p2} \
+                     OR (created_at_ms = {} AND {key} {beyond} {})) ORDER BY created_at_ms {order}, {key} {order} LIMIT 1",
+                    D::param(3),
+                    D::param(4)
+                )
+            }),
             // Pick the ids first, then delete them: one bounded statement each, and the same
             // in every dialect (MySQL cannot delete from a subquery on its table).
             // A row delivered by its producer's own publish may never have had updated_at_ms

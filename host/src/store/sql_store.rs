@@ -207,6 +207,25 @@ for_every_dialect!(
             Ok(rows.iter().map(decode_row::<D>).collect::<Result<_, _>>()?)
         }
 
+        async fn neighbours(&self, row: &Row) -> Result<[Option<Row>; 2], StoreError> {
+            let key = if self.profile.key.is_text() {
+                super::KeyValue::Text(row.event_id.clone())
+            } else {
+                super::KeyValue::Int(row.id)
+            };
+            let mut found = [None, None];
+            for (sql, slot) in self.sql.neighbours.iter().zip(&mut found) {
+                let q = sqlx::query(sql).bind(row.room_id.clone()).bind(row.created_at_ms).bind(row.created_at_ms);
+                let next = super::sinks::bind_key::<D>(q, &key).fetch_optional(&self.pool).await?;
+                *slot = next.as_ref().map(decode_row::<D>).transpose()?;
+            }
+            Ok(found)
+        }
+
+        async fn search(&self, search: &super::Search) -> Result<super::Found, StoreError> {
+            self.search_outbox(search).await
+        }
+
         async fn count_failed(&self, filter: &RetryFilter) -> Result<i64, StoreError> {
             let (filter, value) = failed_filter::<D>(filter, 1);
             let sql = format!("SELECT COUNT(*) FROM {}{filter}", self.table);
@@ -349,6 +368,52 @@ for_every_dialect!(
                 params::<D>(2, keys.len())
             );
             let mut q = sqlx::query(&update).bind(now_ms);
+            for k in &keys {
+                q = super::sinks::bind_key::<D>(q, k);
+            }
+            let rows = D::rows_affected(&q.execute(&self.pool).await?);
+            Ok(super::Step { rows, next: if keys.len() < limit as usize { None } else { keys.last().cloned() } })
+        }
+
+        async fn discard(
+            &self,
+            filter: &super::ReplayFilter,
+            reason: &str,
+            now_ms: i64,
+            after: Option<super::KeyValue>,
+            limit: u32,
+        ) -> Result<super::Step, StoreError> {
+            let key = self.profile.key.column();
+            let (conditions, values) = filter.conditions("", D::param, 1);
+            let next = 3 + values.len();
+            let pick = format!(
+                "SELECT {key} FROM {} WHERE status IN ('pending', 'retryable'){conditions} AND {key} > {} ORDER BY {key} LIMIT {}",
+                self.table,
+                D::param(next),
+                D::param(next + 1)
+            );
+            let mut q = sqlx::query(&pick).bind(filter.from_ms).bind(filter.to_ms.unwrap_or(i64::MAX));
+            for value in values {
+                q = q.bind(value);
+            }
+            let after = after.unwrap_or(super::KeyValue::first(self.profile.key));
+            let picked = super::sinks::bind_key::<D>(q, &after).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+            let keys = picked.iter().map(|r| self.key_of(r)).collect::<Result<Vec<_>, _>>()?;
+            if keys.is_empty() {
+                return Ok(super::Step { rows: 0, next: None });
+            }
+            let _writing = self.writing().await;
+            let update = format!(
+                "UPDATE {} SET status = 'failed', last_error = {}, updated_at_ms = {}, worker_id = {}, lock_until_ms = 0, \
+                 next_retry_at_ms = 0 WHERE status IN ('pending', 'retryable') AND {key} IN ({})",
+                self.table,
+                D::param(1),
+                D::param(2),
+                self.profile.no_worker,
+                params::<D>(3, keys.len())
+            );
+            let reason = crate::text::clip_chars(reason, self.profile.last_error_chars).into_owned();
+            let mut q = sqlx::query(&update).bind(reason).bind(now_ms);
             for k in &keys {
                 q = super::sinks::bind_key::<D>(q, k);
             }

@@ -80,6 +80,15 @@ impl Guard {
         self.token.is_some()
     }
 
+    /// Who made a change, for the log: the first 8 hex digits of the admin token's SHA-256
+    /// (`token:1a2b3c4d`), which names the token without showing it; `None` without a token.
+    pub fn token_id(&self) -> Option<String> {
+        use sha2::Digest as _;
+        let token = self.token.as_deref()?;
+        let digest = sha2::Sha256::digest(token.as_bytes());
+        Some(format!("token:{}", crate::clock::hex(&digest[..4])))
+    }
+
     /// The token the page's form must send back.
     pub fn form_token(&self) -> String {
         self.form_token.clone()
