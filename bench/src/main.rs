@@ -8,6 +8,7 @@ mod failover;
 mod floor;
 mod idle;
 mod relay;
+mod search;
 mod sinks;
 mod traces;
 
@@ -76,6 +77,9 @@ struct Args {
     /// Brokers of the relay's floor-and-drain pairs (nats, redis, rabbitmq).
     #[arg(long, value_delimiter = ',', default_value = "nats,redis,rabbitmq")]
     relay_brokers: Vec<String>,
+    /// Rows of the table the console's searches are timed on (`--only search`).
+    #[arg(long, default_value_t = 1_000_000)]
+    search_rows: usize,
     /// Sink calls for the per-call cost.
     #[arg(long, default_value_t = 10_000)]
     calls: usize,
@@ -93,8 +97,9 @@ struct Args {
     concurrency: Option<u32>,
     /// Only the relay's figures (`--only relay`), only what several sinks cost (`--only
     /// sinks`), only the main drains with, on PostgreSQL, the floors they are measured
-    /// against (`--only drains`), or only the drain with tracing off and on (`--only
-    /// tracing`).
+    /// against (`--only drains`), only the drain with tracing off and on (`--only
+    /// tracing`), or only the console's searches on a table of `--search-rows` (`--only
+    /// search`).
     #[arg(long)]
     only: Option<String>,
     /// Where to write the JSON results.
@@ -934,6 +939,10 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             traces::tracing_cost(&mut r, *backend, setup).await?;
             continue;
         }
+        if args.only.as_deref() == Some("search") {
+            search::search_timings(&mut r, *backend, &args).await?;
+            continue;
+        }
         if *backend != Backend::Mysql && args.only.as_deref() != Some("drains") {
             relays(&mut r, *backend, setup, cache.path()).await?;
         }
@@ -950,6 +959,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         room_order(&mut r, *backend, setup).await?;
         traces::tracing_cost(&mut r, *backend, setup).await?;
         several_sinks(&mut r, *backend, &args, cache.path()).await?;
+        search::search_timings(&mut r, *backend, &args).await?;
         latencies(&mut r, *backend, &args, &wasm).await?;
         failover_and_idle(&mut r, *backend, &wasm).await?;
         if *backend == Backend::Postgres {

@@ -9,7 +9,27 @@ use crate::support::{Running, World, fake_sink_to, per_backend, sink_entry};
 per_backend!(
     each_sink_has_its_own_page_and_the_overview_speaks_for_every_sink,
     bulk_actions_count_first_then_act_on_one_sink_and_are_logged,
+    migrate_builds_the_indexes_the_searches_read_by,
 );
+
+/// `migrate` (here the world's) builds the indexes the console's searches read by, on one
+/// sink's table too; migrating again builds nothing more and succeeds.
+async fn migrate_builds_the_indexes_the_searches_read_by(world: World) {
+    let names = || async {
+        let info = world.producer.describe().await.unwrap().expect("the table");
+        info.indexes.into_iter().map(|i| i.name).collect::<Vec<_>>()
+    };
+    let built = names().await;
+    let mut wanted = vec!["room_outbox_room_idx", "room_outbox_type_idx", "room_outbox_consumer_idx"];
+    if world.producer.backend() == outbox_host::store::Backend::Postgres {
+        wanted.push("room_outbox_failed_idx");
+    }
+    for index in wanted {
+        assert!(built.iter().any(|n| n == index), "{index} not in {built:?}");
+    }
+    world.producer.migrate().await.unwrap();
+    assert_eq!(names().await.len(), built.len(), "migrating again adds nothing");
+}
 
 const TOKEN: &str = "console-test-token-0123456789";
 

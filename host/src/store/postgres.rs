@@ -245,6 +245,11 @@ impl Dialect for PostgresDialect {
         format!("DROP INDEX CONCURRENTLY IF EXISTS {index}")
     }
 
+    /// Partial: the claim index covers the claimable statuses only, and failed rows are few.
+    fn failed_index_online(table: &str, name: &str, columns: &str) -> Option<String> {
+        Some(format!("CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {table} ({columns}) WHERE status = 'failed'"))
+    }
+
     /// An expression index over the unfinished rows, built `CONCURRENTLY`, after dropping
     /// the table's partition indexes of other counts and an invalid one of this count.
     async fn build_partition_index(

@@ -285,11 +285,9 @@ for_every_dialect!(impl {
         let total = D::int(&sqlx::query(&made).fetch_one(&mut *conn).await?, 0)?;
         let total = if total > 0 { total as u32 } else { super::partitions::DEFAULT_PARTITIONS };
         D::build_partition_index(self, &mut *conn, total).await?;
-        // The consumers' index, where the table has sinks beside the first (an invalid one,
-        // from a build cut short, is made again).
-        if self.has_other_sinks(&mut *conn).await? {
-            self.build_consumer_index(&mut *conn).await?;
-        }
+        // The console's search indexes, the consumers' among them (an invalid one, from a
+        // build cut short, is made again).
+        self.build_search_indexes(&mut *conn).await?;
         Ok(super::Migrated { created })
     }
 
@@ -368,13 +366,6 @@ for_every_dialect!(impl {
         }
         self.indexed_partitions.store(total, std::sync::atomic::Ordering::Relaxed);
         Ok(true)
-    }
-
-    /// Whether the outbox's registry lists a sink beside the first.
-    async fn has_other_sinks(&self, conn: &mut <D::Db as Database>::Connection) -> Result<bool, StoreError> {
-        let t = &self.table;
-        let sql = format!("SELECT COUNT(*) FROM {t}_sinks WHERE sink_table <> '{t}'");
-        Ok(D::int(&sqlx::query(&sql).fetch_one(&mut *conn).await?, 0)? > 0)
     }
 
     /// What holds locks on the table now, for the log: each session's id, age and state.

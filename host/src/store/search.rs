@@ -118,16 +118,28 @@ pub(super) fn conditions<D: Dialect>(search: &Search, first: usize) -> (String, 
     (sql, binds)
 }
 
-/// ` AND (created_at_ms, key) < cursor`, its placeholders numbered from `first`.
+/// ` AND (created_at_ms, key) < cursor`, its placeholders numbered from `first`. The
+/// first term repeats what the rest says so that an index walk starts at the cursor: an `OR`
+/// alone bounds no range of an index.
 pub(super) fn before<D: Dialect>(cursor: &Cursor, key: &str, first: usize) -> (String, Vec<KeyValue>) {
     let sql = format!(
-        " AND (created_at_ms < {} OR (created_at_ms = {} AND {key} < {}))",
+        " AND created_at_ms <= {} AND (created_at_ms < {} OR (created_at_ms = {} AND {key} < {}))",
         D::param(first),
         D::param(first + 1),
-        D::param(first + 2)
+        D::param(first + 2),
+        D::param(first + 3)
     );
     let at = KeyValue::Int(cursor.created_at_ms);
-    (sql, vec![at.clone(), at, cursor.key.clone()])
+    (sql, vec![at.clone(), at.clone(), at, cursor.key.clone()])
+}
+
+/// ` AND status IN (…)` for `statuses`. With `delivered` among them (most of a table) the
+/// rows are best read in the time order and filtered: the status is then written as a
+/// residual condition ([`Dialect::residual`]), which SQLite's planner would otherwise serve
+/// by its claim index, sorting every delivered row (860 ms on a million rows).
+pub(super) fn status_condition<D: Dialect>(statuses: &[Status]) -> String {
+    let list = format!("status IN ({})", status_list(statuses));
+    if statuses.contains(&Status::Delivered) { format!(" AND {}", D::residual(&list)) } else { format!(" AND {list}") }
 }
 
 for_every_dialect!(impl {
@@ -143,7 +155,7 @@ for_every_dialect!(impl {
         let key = self.profile.key.column();
         let (mut filter, mut binds) = conditions::<D>(search, 1);
         if by_status && !search.statuses.is_empty() {
-            filter.push_str(&format!(" AND status IN ({})", status_list(&search.statuses)));
+            filter.push_str(&status_condition::<D>(&search.statuses));
         }
         if let Some(cursor) = cursor {
             let (sql, values) = before::<D>(cursor, key, binds.len() + 1);

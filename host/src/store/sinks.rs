@@ -198,39 +198,78 @@ for_every_dialect!(impl {
     }
 
     /// The index the sinks after the first read the outbox by, `(created_at_ms, key)`, made
-    /// (under the migration lock, see `SqlStore::holding_migration_lock`) when the first
-    /// other sink is registered: a table with one sink has none, and its producer's inserts
-    /// do not pay for it. Online: on PostgreSQL built `CONCURRENTLY` (a build cut short
-    /// leaves an invalid index that `IF NOT EXISTS` would keep: it is dropped and built
-    /// again), on MySQL in place. The fan-out's partial index of an earlier version goes:
-    /// every new row would enter it, since nothing copies rows any more.
+    /// (under the migration lock, see `SqlStore::holding_migration_lock`) by `migrate` and
+    /// when a sink after the first is registered; the console's searches read by it too.
+    /// Online: on PostgreSQL built `CONCURRENTLY` (a build cut short leaves an invalid index
+    /// that `IF NOT EXISTS` would keep: it is dropped and built again), on MySQL in place.
+    /// The fan-out's partial index of an earlier version goes: every new row would enter
+    /// it, since nothing copies rows any more.
     pub(super) async fn build_consumer_index(
         &self,
         conn: &mut <D::Db as Database>::Connection,
     ) -> Result<(), StoreError> {
         let t = &self.table;
-        let key = self.profile.key.column();
-        let name = format!("{t}_consumer_idx");
-        let built = self.indexes_named(conn, &name).await?;
-        if !built.contains(&1) {
-            if built.contains(&0) {
-                tracing::warn!(table = %t, "the consumers' index is invalid (a build was cut short): building it again");
-                Executor::execute(&mut *conn, D::drop_index_online(t, &name).as_str())
-                    .await
-                    .map_err(|e| StoreError::Migration(format!("dropping the invalid {name}: {e}")))?;
-            }
-            // Every SQLite index ends in the row id already, and names no `rowid` column.
-            let columns = if key == "rowid" { "created_at_ms".to_string() } else { format!("created_at_ms, {key}") };
-            Executor::execute(&mut *conn, D::create_index_online(t, &name, &columns).as_str())
-                .await
-                .map_err(|e| StoreError::Migration(format!("creating {name}: {e}")))?;
-        }
+        let create = D::create_index_online(t, &format!("{t}_consumer_idx"), &self.after_created(""));
+        self.ensure_index(conn, "consumer_idx", &create).await?;
         let fanout = format!("{t}_fanout_idx");
         if !self.indexes_named(conn, &fanout).await?.is_empty() {
             Executor::execute(&mut *conn, D::drop_index_online(t, &fanout).as_str())
                 .await
                 .map_err(|e| StoreError::Migration(format!("dropping {fanout}, which this version no longer uses: {e}")))?;
         }
+        Ok(())
+    }
+
+    /// The indexes the console's searches read by (databases.md, "What the console
+    /// reads"), each built online by `migrate` where it is missing: a room's events and a
+    /// type's, newest first (`(room_id, created_at_ms, key)`, `(event_type, …)`), and on
+    /// PostgreSQL the failed rows. The time order is the consumers' index.
+    pub(super) async fn build_search_indexes(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+    ) -> Result<(), StoreError> {
+        let t = &self.table;
+        self.build_consumer_index(conn).await?;
+        for (suffix, lead) in [("room_idx", "room_id, "), ("type_idx", "event_type, ")] {
+            let create = D::create_index_online(t, &format!("{t}_{suffix}"), &self.after_created(lead));
+            self.ensure_index(conn, suffix, &create).await?;
+        }
+        if let Some(create) = D::failed_index_online(t, &format!("{t}_failed_idx"), &self.after_created("")) {
+            self.ensure_index(conn, "failed_idx", &create).await?;
+        }
+        Ok(())
+    }
+
+    /// `lead` then `created_at_ms, key`: every SQLite index ends in the row id already, and
+    /// names no `rowid` column in it.
+    fn after_created(&self, lead: &str) -> String {
+        match self.profile.key.column() {
+            "rowid" => format!("{lead}created_at_ms"),
+            key => format!("{lead}created_at_ms, {key}"),
+        }
+    }
+
+    /// Runs `create` unless `<table>_<suffix>` is there and valid; an invalid one (a build
+    /// cut short) is dropped first.
+    async fn ensure_index(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+        suffix: &str,
+        create: &str,
+    ) -> Result<(), StoreError> {
+        let t = &self.table;
+        let name = format!("{t}_{suffix}");
+        let built = self.indexes_named(conn, &name).await?;
+        if built.contains(&1) {
+            return Ok(());
+        }
+        if built.contains(&0) {
+            tracing::warn!(table = %t, index = %name, "an index is invalid (a build was cut short): building it again");
+            Executor::execute(&mut *conn, D::drop_index_online(t, &name).as_str())
+                .await
+                .map_err(|e| StoreError::Migration(format!("dropping the invalid {name}: {e}")))?;
+        }
+        Executor::execute(&mut *conn, create).await.map_err(|e| StoreError::Migration(format!("creating {name}: {e}")))?;
         Ok(())
     }
 

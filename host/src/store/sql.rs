@@ -118,6 +118,20 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// `CONCURRENTLY`, MySQL in place); run only where no valid one of that name exists.
     fn create_index_online(table: &str, name: &str, columns: &str) -> String;
 
+    /// `condition` kept out of the choice of an index: applied to the rows an index on the
+    /// query's other terms (or its order) gives. As it is, by default.
+    fn residual(condition: &str) -> String {
+        condition.to_string()
+    }
+
+    /// The index the console's search of `failed` rows reads by, `(columns)` over the failed
+    /// rows alone, built online; `None` where the claim index already leads with `status`
+    /// and serves it (SQLite, MySQL).
+    fn failed_index_online(table: &str, name: &str, columns: &str) -> Option<String> {
+        let _ = (table, name, columns);
+        None
+    }
+
     /// Drops `index` of `table` without blocking writers; run only where it exists.
     fn drop_index_online(table: &str, index: &str) -> String;
 

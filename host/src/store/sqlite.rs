@@ -178,6 +178,11 @@ impl Dialect for SqliteDialect {
         format!("CREATE INDEX IF NOT EXISTS {name} ON {table} ({columns})")
     }
 
+    /// A unary `+` on the column: SQLite then uses no index for the term.
+    fn residual(condition: &str) -> String {
+        format!("+{condition}")
+    }
+
     fn drop_index_online(_table: &str, index: &str) -> String {
         format!("DROP INDEX IF EXISTS {index}")
     }
