@@ -273,6 +273,33 @@ for_every_dialect!(impl {
         Ok(())
     }
 
+    /// The keys of up to `limit` rows in `statuses` (SQL literals) that `filter` selects,
+    /// after `after` in key order: what one step of a replay or a discard moves.
+    pub(super) async fn pick_for_step(
+        &self,
+        statuses: &str,
+        filter: &super::ReplayFilter,
+        after: Option<KeyValue>,
+        limit: u32,
+    ) -> Result<Vec<KeyValue>, StoreError> {
+        let key = self.profile.key.column();
+        let (conditions, values) = filter.conditions("", D::param, 1);
+        let next = 3 + values.len();
+        let pick = format!(
+            "SELECT {key} FROM {} WHERE status IN ({statuses}){conditions} AND {key} > {} ORDER BY {key} LIMIT {}",
+            self.table,
+            D::param(next),
+            D::param(next + 1)
+        );
+        let mut q = sqlx::query(&pick).bind(filter.from_ms).bind(filter.to_ms.unwrap_or(i64::MAX));
+        for value in values {
+            q = q.bind(value);
+        }
+        let after = after.unwrap_or(KeyValue::first(self.profile.key));
+        let picked = bind_key::<D>(q, &after).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        Ok(picked.iter().map(|r| self.key_of(r)).collect::<Result<Vec<_>, _>>()?)
+    }
+
     /// The key in column 0 of `row`.
     pub(super) fn key_of(&self, row: &<D::Db as Database>::Row) -> Result<KeyValue, sqlx::Error> {
         if self.profile.key.is_text() { D::text(row, 0).map(KeyValue::Text) } else { D::int(row, 0).map(KeyValue::Int) }

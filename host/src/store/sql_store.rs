@@ -343,21 +343,7 @@ for_every_dialect!(
             limit: u32,
         ) -> Result<super::Step, StoreError> {
             let key = self.profile.key.column();
-            let (conditions, values) = filter.conditions("", D::param, 1);
-            let next = 3 + values.len();
-            let pick = format!(
-                "SELECT {key} FROM {} WHERE status IN ('delivered', 'failed'){conditions} AND {key} > {} ORDER BY {key} LIMIT {}",
-                self.table,
-                D::param(next),
-                D::param(next + 1)
-            );
-            let mut q = sqlx::query(&pick).bind(filter.from_ms).bind(filter.to_ms.unwrap_or(i64::MAX));
-            for value in values {
-                q = q.bind(value);
-            }
-            let after = after.unwrap_or(super::KeyValue::first(self.profile.key));
-            let picked = super::sinks::bind_key::<D>(q, &after).bind(i64::from(limit)).fetch_all(&self.pool).await?;
-            let keys = picked.iter().map(|r| self.key_of(r)).collect::<Result<Vec<_>, _>>()?;
+            let keys = self.pick_for_step("'delivered', 'failed'", filter, after, limit).await?;
             if keys.is_empty() {
                 return Ok(super::Step { rows: 0, next: None });
             }
@@ -384,21 +370,7 @@ for_every_dialect!(
             limit: u32,
         ) -> Result<super::Step, StoreError> {
             let key = self.profile.key.column();
-            let (conditions, values) = filter.conditions("", D::param, 1);
-            let next = 3 + values.len();
-            let pick = format!(
-                "SELECT {key} FROM {} WHERE status IN ('pending', 'retryable'){conditions} AND {key} > {} ORDER BY {key} LIMIT {}",
-                self.table,
-                D::param(next),
-                D::param(next + 1)
-            );
-            let mut q = sqlx::query(&pick).bind(filter.from_ms).bind(filter.to_ms.unwrap_or(i64::MAX));
-            for value in values {
-                q = q.bind(value);
-            }
-            let after = after.unwrap_or(super::KeyValue::first(self.profile.key));
-            let picked = super::sinks::bind_key::<D>(q, &after).bind(i64::from(limit)).fetch_all(&self.pool).await?;
-            let keys = picked.iter().map(|r| self.key_of(r)).collect::<Result<Vec<_>, _>>()?;
+            let keys = self.pick_for_step("'pending', 'retryable'", filter, after, limit).await?;
             if keys.is_empty() {
                 return Ok(super::Step { rows: 0, next: None });
             }

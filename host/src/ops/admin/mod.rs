@@ -287,7 +287,7 @@ fn not_found(what: String) -> Response {
     let body = format!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>not found</title></head><body>\
          <p id=\"not-found\">{}</p><p><a href=\"/\">overview</a></p></body></html>",
-        crate::text::printable(&what, 2_000).replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+        console::show(&what)
     );
     (StatusCode::NOT_FOUND, Html(body)).into_response()
 }

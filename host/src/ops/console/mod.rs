@@ -90,7 +90,7 @@ impl SinkLine<'_> {
 
 /// Text from the table or a sink shown on a page: control and reordering characters made
 /// visible, at most 2,000 bytes, then HTML-escaped.
-fn show(text: &str) -> String {
+pub(crate) fn show(text: &str) -> String {
     esc(&crate::text::printable(text, 2_000))
 }
 
