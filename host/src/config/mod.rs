@@ -236,7 +236,7 @@ impl Config {
 /// lists the same (a test checks).
 pub fn known_keys() -> std::collections::BTreeSet<String> {
     read::recording(|| {
-        let every_section = "sink: {breaker: {}}\nsinks: [{breaker: {}}]\nbrokers: {NAME: {}}\n";
+        let every_section = "sink: {breaker: {}}\nsinks: [{breaker: {}, rate_limit: {}}]\nbrokers: {NAME: {}}\n";
         let _ = Config::from_yaml(every_section, std::iter::empty(), &|_| None);
     })
 }
@@ -597,6 +597,7 @@ fn read_worker(
         probe_interval,
         // From the `sink:` section, set by `read_config`.
         rate_limit: None,
+        room_rate_limit: None,
         breaker: BreakerSettings::default(),
         ordering,
         failed_blocks_room,
@@ -792,13 +793,31 @@ fn read_sink(f: &mut Fields<'_>, notes: &mut Vec<String>, global: &WorkerConfig,
         max_request_bytes: size(f, "max_request_bytes", defaults.max_request_bytes, 0, 256 << 20),
     };
     let config = SinkSettings(f.string_map("config"));
-    let rate_limit = read_rate_limit(f);
+    let (rate_limit, room_rate_limit) = if f.is_section("rate_limit") {
+        if f.take::<serde_yaml_ng::Value>("rate_burst").is_some() {
+            f.problem("rate_burst", "with rate_limit as a section, its burst is rate_limit.burst");
+        }
+        f.section("rate_limit", |f| (read_rate(f, "per_sink", "burst"), read_rate(f, "per_room", "per_room_burst")))
+    } else {
+        (read_rate(f, "rate_limit", "rate_burst"), None)
+    };
     let breaker =
         if f.has("breaker") { f.section("breaker", |f| read_breaker(f, notes)) } else { BreakerSettings::default() };
     let start_from = read_start_from(f);
     let watch_plugin = f.take::<bool>("watch_plugin").unwrap_or(true);
     let broker = f.take::<String>("broker").filter(|b| !b.is_empty());
-    let worker = WorkerConfig { rate_limit, breaker, ..read_delivery_overrides(f, notes, global, lease_explicit) };
+    let worker = WorkerConfig {
+        rate_limit,
+        room_rate_limit,
+        breaker,
+        ..read_delivery_overrides(f, notes, global, lease_explicit)
+    };
+    if worker.room_rate_limit.is_some() && worker.ordering == RoomOrdering::None {
+        f.problem(
+            "rate_limit.per_room",
+            "needs ordering: per_room (the default): under ordering: none a held room's rows would go back to the claim that takes them again first",
+        );
+    }
     let sandbox = PluginConfig {
         name,
         plugin,
@@ -953,13 +972,15 @@ fn read_breaker(f: &mut Fields<'_>, notes: &mut Vec<String>) -> BreakerSettings 
     BreakerSettings { failures, cool_down, max_cool_down }
 }
 
-/// `rate_limit: 200/s` (also `/m`, `/h`) and `rate_burst` (default: a tenth of a second's
-/// worth, at least 1).
-fn read_rate_limit(f: &mut Fields<'_>) -> Option<RateLimit> {
-    let burst = f.take::<u32>("rate_burst");
-    let Some(text) = f.take::<String>("rate_limit") else {
+/// A rate at `key` such as `200/s` (also `/m`, `/h`), with its burst at `burst_key`
+/// (default: a tenth of a second's worth, at least 1): `rate_limit` and `rate_burst` on a
+/// sink, or inside `rate_limit:` as a section `per_sink` and `burst`, `per_room` and
+/// `per_room_burst`.
+fn read_rate(f: &mut Fields<'_>, key: &str, burst_key: &str) -> Option<RateLimit> {
+    let burst = f.take::<u32>(burst_key);
+    let Some(text) = f.take::<String>(key) else {
         if burst.is_some() {
-            f.problem("rate_burst", "has no effect without rate_limit");
+            f.problem(burst_key, format!("has no effect without {key}"));
         }
         return None;
     };
@@ -973,13 +994,13 @@ fn read_rate_limit(f: &mut Fields<'_>) -> Option<RateLimit> {
     let per_second = match parsed {
         Some((n, seconds)) if n > 0.0 && n.is_finite() => n / seconds,
         _ => {
-            f.problem("rate_limit", format!("{text:?} is not a rate such as \"200/s\", \"600/m\" or \"1000/h\""));
+            f.problem(key, format!("{text:?} is not a rate such as \"200/s\", \"600/m\" or \"1000/h\""));
             return None;
         }
     };
     let burst = match burst {
         Some(0) => {
-            f.problem("rate_burst", "must be at least 1");
+            f.problem(burst_key, "must be at least 1");
             1
         }
         Some(n) => n,

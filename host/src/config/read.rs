@@ -86,6 +86,11 @@ impl<'p> Fields<'p> {
         self.map.contains_key(key)
     }
 
+    /// Whether `key` holds a mapping (a nested section) rather than a value.
+    pub fn is_section(&self, key: &str) -> bool {
+        matches!(self.map.get(key), Some(Value::Mapping(_)))
+    }
+
     /// Removes and deserializes `key`; a missing key or an explicit null is `None`.
     pub fn take<T: DeserializeOwned>(&mut self, key: &str) -> Option<T> {
         note_read(&self.key_path(key));

@@ -90,6 +90,28 @@ fn a_rate_limit_reads_per_second_minute_or_hour_with_a_burst() {
 }
 
 #[test]
+fn a_rate_limit_section_sets_a_rate_per_sink_and_per_room() {
+    let worker = |extra: &str| parse(&format!("{SINK}{extra}")).unwrap().sinks[0].worker.clone();
+    let w = worker("  rate_limit:\n    per_room: 10/s\n    per_room_burst: 2\n");
+    assert_eq!((w.rate_limit, w.room_rate_limit), (None, Some(RateLimit { per_second: 10.0, burst: 2 })));
+    let w = worker("  rate_limit:\n    per_sink: 200/s\n    burst: 5\n    per_room: 600/m\n");
+    assert_eq!(
+        (w.rate_limit, w.room_rate_limit),
+        (Some(RateLimit { per_second: 200.0, burst: 5 }), Some(RateLimit { per_second: 10.0, burst: 1 }))
+    );
+    assert_eq!(worker("  rate_limit: 200/s\n").room_rate_limit, None, "a rate alone is the sink's");
+    let p = problems(&format!(
+        "{SINK}  rate_burst: 3\n  rate_limit:\n    per_room: 10\n    per_room_burst: 0\n    per_rooms: 5/s\n"
+    ));
+    for key in ["sink.rate_burst:", "sink.rate_limit.per_room:", "sink.rate_limit.per_rooms"] {
+        assert!(p.iter().any(|m| m.starts_with(key)), "{key} named: {p:?}");
+    }
+    let p = problems(&format!("outbox_worker:\n  ordering: none\n{SINK}  rate_limit:\n    per_room: 10/s\n"));
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(p[0].starts_with("sink.rate_limit.per_room: needs ordering: per_room"), "{p:?}");
+}
+
+#[test]
 fn unknown_keys_are_errors_at_every_level() {
     let p = problems(
         "outbox_workr:\n  enabled: true\noutbox_worker:\n  batchsize: 5\nsink:\n  name: a\n  plugin: a.wasm\n  alowed_hosts: []\n",
@@ -455,13 +477,18 @@ fn documented_keys() -> BTreeSet<String> {
 #[test]
 fn the_configuration_doc_names_every_key() {
     // A `sinks[]` entry reads the keys of `sink:`: compared as `sink.` keys. Sections
-    // (`admin`, `sink.breaker`) are not keys.
+    // (`admin`, `sink.breaker`) are not keys; `sink.rate_limit` is a key (`200/s`) or a
+    // section (`per_room: 10/s`).
     let normal = |keys: BTreeSet<String>| -> BTreeSet<String> {
         keys.into_iter().map(|k| k.replacen("sinks[].", "sink.", 1)).collect()
     };
     let all = normal(known_keys());
-    let read: BTreeSet<String> =
-        all.iter().filter(|k| !all.iter().any(|other| other.starts_with(&format!("{k}.")))).cloned().collect();
+    let either = ["sink.rate_limit"];
+    let read: BTreeSet<String> = all
+        .iter()
+        .filter(|k| either.contains(&k.as_str()) || !all.iter().any(|other| other.starts_with(&format!("{k}."))))
+        .cloned()
+        .collect();
     let documented = normal(documented_keys());
     let missing: Vec<&String> = read.difference(&documented).collect();
     assert!(missing.is_empty(), "keys the parser reads that docs/configuration.md does not list: {missing:?}");

@@ -2,9 +2,19 @@
 //! across claims, one at a time (or up to the sink's room pipeline): its next event becomes
 //! ready only when fewer than that are in flight. Rooms take turns in the order they became
 //! ready, so one busy room never holds up the others.
+//!
+//! Under `rate_limit.per_room`, a room's next event also waits for a token of the room's
+//! own bucket: the room is *held* until then, out of line, and no other room waits for it.
+//! A held room keeps at most about a second's worth of its rows here ([`RoomLimits::cap`]);
+//! the rest go back to be read again, so that a flooding room cannot fill the buffer and
+//! with it the reads every other room needs.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::{Duration, Instant};
 
+use super::rate::TokenBucket;
+use super::settings::RateLimit;
+use crate::ops::metrics::HeldRoom;
 use crate::sandbox::Turn;
 use crate::store::Claimed;
 
@@ -26,6 +36,24 @@ pub struct Buffer {
     /// Deliveries of one room in flight at most.
     depth: u32,
     len: usize,
+    limits: Option<RoomLimits>,
+}
+
+/// `rate_limit.per_room`: each room's bucket while it has rows here or is not yet full again.
+struct RoomLimits {
+    limit: RateLimit,
+    buckets: HashMap<RoomKey, TokenBucket>,
+    /// Rooms whose next row waits for a token, and when it comes.
+    held: HashMap<RoomKey, Instant>,
+    /// When buckets no longer needed were last dropped.
+    pruned: Instant,
+}
+
+impl RoomLimits {
+    /// A room's rows kept here at most: a second's worth, or its burst if larger.
+    fn cap(&self) -> usize {
+        (self.limit.per_second.ceil() as usize).max(self.limit.burst as usize).clamp(1, 1_000)
+    }
 }
 
 impl Default for Buffer {
@@ -44,15 +72,94 @@ impl Buffer {
             busy: HashMap::new(),
             depth: depth.max(1),
             len: 0,
+            limits: None,
         }
     }
 
-    /// Puts the room in line if it has rows and room for another delivery.
+    /// This buffer with each room's deliveries limited to `limit` (`rate_limit.per_room`).
+    pub fn with_room_limit(mut self, limit: Option<RateLimit>) -> Buffer {
+        self.limits = limit.map(|limit| RoomLimits {
+            limit,
+            buckets: HashMap::new(),
+            held: HashMap::new(),
+            pruned: Instant::now(),
+        });
+        self
+    }
+
+    /// Puts the room in line if it has rows and room for another delivery, and under a
+    /// per-room limit a token; without a token it is held until the token comes.
     fn line_up(&mut self, room: &RoomKey) {
+        self.line_up_at(room, Instant::now());
+    }
+
+    /// [`Buffer::line_up`] as of `now`.
+    fn line_up_at(&mut self, room: &RoomKey, now: Instant) {
         let free = self.busy.get(room).copied().unwrap_or(0) < self.depth;
-        if free && self.queued.contains_key(room) && self.waiting.insert(room.clone()) {
-            self.ready.push_back(room.clone());
+        if !free || !self.queued.contains_key(room) || self.waiting.contains(room) {
+            return;
         }
+        if let Some(limits) = &mut self.limits {
+            if limits.held.contains_key(room) {
+                return;
+            }
+            let limit = limits.limit;
+            let bucket = limits.buckets.entry(room.clone()).or_insert_with(|| TokenBucket::new(limit, now));
+            if let Some(at) = bucket.ready(now) {
+                limits.held.insert(room.clone(), at);
+                return;
+            }
+        }
+        self.waiting.insert(room.clone());
+        self.ready.push_back(room.clone());
+    }
+
+    /// Lines up the held rooms whose token has come by `now`; drops, once a second, the
+    /// buckets of rooms with nothing here that have filled up again.
+    pub fn wake_held(&mut self, now: Instant) {
+        let Some(limits) = &mut self.limits else { return };
+        let due: Vec<RoomKey> = limits.held.iter().filter(|(_, at)| **at <= now).map(|(r, _)| r.clone()).collect();
+        for room in &due {
+            limits.held.remove(room);
+        }
+        if now.saturating_duration_since(limits.pruned) >= Duration::from_secs(1) {
+            limits.pruned = now;
+            let (queued, busy) = (&self.queued, &self.busy);
+            limits
+                .buckets
+                .retain(|room, bucket| queued.contains_key(room) || busy.contains_key(room) || !bucket.full(now));
+        }
+        for room in &due {
+            self.line_up_at(room, now);
+        }
+    }
+
+    /// When the first held room's token comes.
+    pub fn next_token(&self) -> Option<Instant> {
+        self.limits.as_ref()?.held.values().min().copied()
+    }
+
+    /// How many rooms their rate limit holds now.
+    pub fn held_count(&self) -> usize {
+        self.limits.as_ref().map_or(0, |l| l.held.len())
+    }
+
+    /// The rooms held by their rate limit now, most rows waiting first.
+    pub fn held_rooms(&self) -> Vec<HeldRoom> {
+        let Some(limits) = &self.limits else { return Vec::new() };
+        let mut held: Vec<HeldRoom> = limits
+            .held
+            .keys()
+            .map(|(app_code, room_id)| HeldRoom {
+                app_code: app_code.clone(),
+                room_id: room_id.clone(),
+                queued: self.queued.get(&(app_code.clone(), room_id.clone())).map_or(0, VecDeque::len),
+            })
+            .collect();
+        held.sort_by(|a, b| {
+            b.queued.cmp(&a.queued).then_with(|| (&a.app_code, &a.room_id).cmp(&(&b.app_code, &b.room_id)))
+        });
+        held
     }
 
     /// Rows waiting to start.
@@ -60,14 +167,24 @@ impl Buffer {
         self.len
     }
 
-    /// Queues newly claimed rows (in claim order) behind their rooms' earlier ones.
-    pub fn push(&mut self, rows: Vec<Claimed>) {
+    /// Queues newly claimed rows (in claim order) behind their rooms' earlier ones. Returns
+    /// those past a rate-limited room's cap, to hand back: each room's are its last ones.
+    #[must_use = "rows past a room's cap are to be handed back"]
+    pub fn push(&mut self, rows: Vec<Claimed>) -> Vec<Claimed> {
+        let cap = self.limits.as_ref().map_or(usize::MAX, RoomLimits::cap);
+        let mut over = Vec::new();
         for row in rows {
             let room = room_of(&row);
-            self.queued.entry(room.clone()).or_default().push_back(row);
+            let queue = self.queued.entry(room.clone()).or_default();
+            if queue.len() >= cap {
+                over.push(row);
+                continue;
+            }
+            queue.push_back(row);
             self.len += 1;
             self.line_up(&room);
         }
+        over
     }
 
     /// Whether some room's next row may start now.
@@ -84,6 +201,10 @@ impl Buffer {
         let row = queue.pop_front().expect("a ready room has rows");
         if queue.is_empty() {
             self.queued.remove(&room);
+        }
+        if let Some(bucket) = self.limits.as_mut().and_then(|l| l.buckets.get_mut(&room)) {
+            // The token `line_up` found.
+            bucket.take();
         }
         *self.busy.entry(room.clone()).or_default() += 1;
         self.len -= 1;
@@ -111,6 +232,9 @@ impl Buffer {
         if self.waiting.remove(room) {
             self.ready.retain(|r| r != room);
         }
+        if let Some(limits) = &mut self.limits {
+            limits.held.remove(room);
+        }
         rows
     }
 
@@ -118,6 +242,9 @@ impl Buffer {
     pub fn drain(&mut self) -> Vec<Claimed> {
         self.ready.clear();
         self.waiting.clear();
+        if let Some(limits) = &mut self.limits {
+            limits.held.clear();
+        }
         self.len = 0;
         let mut rows: Vec<Claimed> = self.queued.drain().flat_map(|(_, q)| q).collect();
         rows.sort_by_key(|r| (r.created_at_ms, r.id));
@@ -176,6 +303,7 @@ impl<T> InOrder<T> {
 mod tests {
     use super::*;
     use crate::store::Lease;
+    use std::time::{Duration, Instant};
 
     fn row(id: i64, room: &str) -> Claimed {
         Claimed {
@@ -196,12 +324,12 @@ mod tests {
     #[test]
     fn a_rooms_events_start_one_at_a_time_in_claim_order_across_claims() {
         let mut b = Buffer::default();
-        b.push(vec![row(1, "a"), row(2, "b"), row(3, "a")]);
+        assert!(b.push(vec![row(1, "a"), row(2, "b"), row(3, "a")]).is_empty());
         let first = b.start_next().unwrap();
         let second = b.start_next().unwrap();
         assert_eq!((first.id, second.id), (1, 2));
         assert!(b.start_next().is_none(), "room a's second event started while its first is in flight");
-        b.push(vec![row(4, "a"), row(5, "c")]);
+        assert!(b.push(vec![row(4, "a"), row(5, "c")]).is_empty());
         assert_eq!(b.start_next().unwrap().id, 5, "another room goes ahead");
         b.done(&room_of(&first));
         assert_eq!(b.start_next().unwrap().id, 3);
@@ -226,7 +354,7 @@ mod tests {
     #[test]
     fn a_pipelined_room_has_up_to_its_depth_in_flight_in_order() {
         let mut b = Buffer::new(2);
-        b.push(vec![row(1, "a"), row(2, "a"), row(3, "a"), row(4, "b")]);
+        assert!(b.push(vec![row(1, "a"), row(2, "a"), row(3, "a"), row(4, "b")]).is_empty());
         let started: Vec<i64> = std::iter::from_fn(|| b.start_next()).map(|r| r.id).collect();
         assert_eq!(started, vec![1, 4, 2], "two of room a, in order, and room b");
         b.done(&("app".to_string(), "a".to_string()));
@@ -239,7 +367,7 @@ mod tests {
         let mut b = Buffer::default();
         let mut other_app = row(2, "a");
         other_app.app_code = "other".into();
-        b.push(vec![row(1, "a"), other_app]);
+        assert!(b.push(vec![row(1, "a"), other_app]).is_empty());
         assert_eq!(b.start_next().unwrap().id, 1);
         assert_eq!(b.start_next().unwrap().id, 2, "same room id, other app: not held up");
     }
@@ -247,7 +375,7 @@ mod tests {
     #[test]
     fn a_rooms_unstarted_rows_can_be_taken_and_other_rooms_go_on() {
         let mut b = Buffer::default();
-        b.push(vec![row(1, "a"), row(2, "a"), row(3, "b"), row(4, "a")]);
+        assert!(b.push(vec![row(1, "a"), row(2, "a"), row(3, "b"), row(4, "a")]).is_empty());
         let first = b.start_next().unwrap();
         assert_eq!(first.id, 1);
         let taken: Vec<i64> = b.take_room(&room_of(&first)).iter().map(|r| r.id).collect();
@@ -259,9 +387,32 @@ mod tests {
     }
 
     #[test]
+    fn a_room_past_its_rate_waits_for_its_token_and_no_other_room_waits() {
+        let limit = RateLimit { per_second: 10.0, burst: 1 };
+        let mut b = Buffer::default().with_room_limit(Some(limit));
+        let over = b.push((1..=15).map(|i| row(i, "hot")).chain([row(16, "b"), row(17, "c")]).collect());
+        let over: Vec<i64> = over.iter().map(|r| r.id).collect();
+        assert_eq!(over, (11..=15).collect::<Vec<_>>(), "a second's worth kept, the room's last rows handed back");
+        let first = b.start_next().unwrap();
+        assert_eq!(first.id, 1, "the burst");
+        b.done(&room_of(&first));
+        let started: Vec<i64> = std::iter::from_fn(|| b.start_next()).map(|r| r.id).collect();
+        assert_eq!(started, vec![16, 17], "the hot room is held; the others go on");
+        assert_eq!(b.held_rooms().iter().map(|h| (h.room_id.as_str(), h.queued)).collect::<Vec<_>>(), [("hot", 9)]);
+        let token = b.next_token().expect("held until its next token");
+        assert!(token <= Instant::now() + Duration::from_millis(100), "a token per 100 ms");
+        b.wake_held(Instant::now());
+        assert!(b.start_next().is_none(), "not before its token");
+        // A millisecond past it: the bucket's arithmetic is in floating point.
+        b.wake_held(token + Duration::from_millis(1));
+        assert_eq!(b.start_next().map(|r| r.id), Some(2), "then its next row, in order");
+        assert_eq!(b.held_count(), 0);
+    }
+
+    #[test]
     fn drain_returns_every_unstarted_row_in_claim_order() {
         let mut b = Buffer::default();
-        b.push(vec![row(1, "a"), row(2, "a"), row(3, "b"), row(4, "a")]);
+        assert!(b.push(vec![row(1, "a"), row(2, "a"), row(3, "b"), row(4, "a")]).is_empty());
         let started = b.start_next().unwrap();
         assert_eq!(started.id, 1);
         let ids: Vec<i64> = b.drain().iter().map(|r| r.id).collect();

@@ -211,7 +211,8 @@ impl Worker {
         };
         let claimer = tokio::spawn(self.clone().claim_ahead(outstanding.clone(), claims, gate_rx, shutdown.clone()));
         // A sink that keeps order across deliveries in flight may have several of a room's.
-        let mut buffer = Buffer::new(self.sink.get().room_pipeline());
+        let mut buffer = Buffer::new(self.sink.get().room_pipeline()).with_room_limit(self.config.room_rate_limit);
+        let mut held_shown = (std::time::Instant::now(), 0);
         let mut acks = InOrder::default();
         let mut running: JoinSet<(RoomKey, Pending)> = JoinSet::new();
         let mut claiming = true;
@@ -228,6 +229,10 @@ impl Worker {
                 outstanding.freed(unstarted.len());
                 self.release(&unstarted).await;
             }
+            buffer.wake_held(std::time::Instant::now());
+            if self.config.room_rate_limit.is_some() {
+                self.show_held_rooms(&buffer, &mut held_shown);
+            }
             if !shutdown.is_cancelled() {
                 next_token = self
                     .start_ready(&mut buffer, (&mut running, &mut acks), &outstanding, bucket.as_mut(), &mut breaker)
@@ -237,10 +242,12 @@ impl Worker {
                 break;
             }
             let token_wait = sleep_until_or_never(next_token);
+            let room_token_wait = sleep_until_or_never(buffer.next_token());
             let probe_wait = sleep_until_or_never(breaker.reopens_at());
             let seen_back = seen_back(breaker.unavailable_since().map(|since| (self.sink.get(), since)));
             tokio::select! {
                 () = token_wait => {}
+                () = room_token_wait => {}
                 () = probe_wait => {}
                 () = seen_back => {
                     if let Some(moved) = breaker.seen_back(std::time::Instant::now()) {
@@ -248,7 +255,12 @@ impl Worker {
                     }
                 }
                 rows = claimed.recv(), if claiming => match rows {
-                    Some((seq, rows)) => buffer.push(self.admit(seq, rows, &outstanding)),
+                    Some((seq, rows)) => {
+                        // A rate-limited room's rows past its cap: read again later.
+                        let over = buffer.push(self.admit(seq, rows, &outstanding));
+                        outstanding.freed(over.len());
+                        self.release(&over).await;
+                    }
                     None => claiming = false,
                 },
                 Some(done) = running.join_next() => {
@@ -460,6 +472,16 @@ impl Worker {
         let (rows, dropped) = tracker.admit(seq, rows);
         outstanding.freed(dropped);
         rows
+    }
+
+    /// Tells the console which rooms wait for their rate limit: when their number changes,
+    /// else at most every quarter second.
+    fn show_held_rooms(&self, buffer: &Buffer, (at, shown): &mut (std::time::Instant, usize)) {
+        let count = buffer.held_count();
+        if count != *shown || at.elapsed() >= Duration::from_millis(250) {
+            (*at, *shown) = (std::time::Instant::now(), count);
+            self.metrics.rooms_held(buffer.held_rooms());
+        }
     }
 
     /// Rows per claim: `batch_size`, or under a rate limit no more than a quarter of a

@@ -38,6 +38,12 @@ impl TokenBucket {
         Some(now + wait)
     }
 
+    /// Whether the bucket has filled up again by `now` (a fresh one would be the same).
+    pub fn full(&mut self, now: Instant) -> bool {
+        let _ = self.ready(now);
+        self.tokens >= self.burst
+    }
+
     /// Takes the token [`TokenBucket::ready`] said is there.
     pub fn take(&mut self) {
         self.tokens -= 1.0;

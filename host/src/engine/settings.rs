@@ -164,6 +164,9 @@ pub struct WorkerConfig {
     pub partition_lease: Duration,
     /// The sink's `rate_limit` (set from the `sink:` section): none by default.
     pub rate_limit: Option<RateLimit>,
+    /// The sink's `rate_limit.per_room`: each room's deliveries this host starts, at most
+    /// (under `ordering: per_room`, which a room's partition gives to one host at a time).
+    pub room_rate_limit: Option<RateLimit>,
     /// The sink's circuit breaker (set from `sink.breaker`).
     pub breaker: super::breaker::BreakerSettings,
     /// After shutdown begins and in-flight deliveries have finished, how long the host keeps
@@ -219,6 +222,7 @@ impl Default for WorkerConfig {
             retry_strategy: RetryStrategy::FixedInterval,
             max_retry_interval: DEFAULT_MAX_RETRY_INTERVAL,
             rate_limit: None,
+            room_rate_limit: None,
             breaker: super::breaker::BreakerSettings::default(),
             ordering: RoomOrdering::PerRoom,
             failed_blocks_room: false,

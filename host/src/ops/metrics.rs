@@ -20,6 +20,21 @@ use prometheus_client::registry::Registry;
 use crate::ops::health::DbHealth;
 use crate::store::{Stats, Status};
 
+/// Rooms held by their rate limit that the console lists per sink, at most.
+const MAX_HELD_SHOWN: usize = 50;
+
+/// A room whose next event waits for its rate limit (`rate_limit.per_room`), as the console
+/// shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeldRoom {
+    /// The room's app.
+    pub app_code: String,
+    /// The room.
+    pub room_id: String,
+    /// Its rows waiting on this host.
+    pub queued: usize,
+}
+
 /// Where a sink's circuit breaker is: the engine keeps it, the metrics and the page show it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SinkState {
@@ -194,6 +209,9 @@ struct Families {
     misconfigured: Mutex<std::collections::BTreeMap<String, String>>,
     /// Each of this host's sinks' circuit breakers, by sink (the console shows them).
     breakers: Mutex<std::collections::BTreeMap<String, BreakerReport>>,
+    /// The rooms each sink holds back by `rate_limit.per_room` now (at most [`MAX_HELD_SHOWN`]).
+    rooms_held: Mutex<std::collections::BTreeMap<String, Vec<HeldRoom>>>,
+    rooms_held_gauge: Family<SinkLabel, Gauge>,
     /// The brokers each relay of this host publishes to, by sink.
     relays: Mutex<std::collections::BTreeMap<String, std::collections::BTreeSet<String>>>,
     /// The `event_type` label values in use: at most [`MAX_EVENT_TYPES`], the rest `other`.
@@ -264,6 +282,11 @@ impl Families {
             "room_outbox_sink_state",
             "The sink's circuit breaker: 0 closed, 1 half-open (probing), 2 open (paused), 3 misconfigured (paused)",
             self.sink_state.clone(),
+        );
+        r.register(
+            "room_outbox_rooms_held",
+            "Rooms whose next event waits for their rate limit (rate_limit.per_room) on this host",
+            self.rooms_held_gauge.clone(),
         );
         r.register(
             "room_outbox_sink_state_transitions",
@@ -440,6 +463,8 @@ impl Metrics {
             brokers: Mutex::default(),
             misconfigured: Mutex::default(),
             breakers: Mutex::default(),
+            rooms_held: Mutex::default(),
+            rooms_held_gauge: Family::default(),
             relays: Mutex::default(),
             event_types: Default::default(),
         };
@@ -659,6 +684,18 @@ impl Metrics {
         let report =
             BreakerReport { state, since_ms: crate::clock::now_ms(), reason: reason.to_string(), next_probe_at_ms };
         lock(&self.shared.breakers).insert(self.sink.clone(), report);
+    }
+
+    /// The rooms this sink holds back by their rate limit now, most rows waiting first.
+    pub fn rooms_held(&self, mut held: Vec<HeldRoom>) {
+        self.shared.rooms_held_gauge.get_or_create(&self.sink_label()).set(held.len() as i64);
+        held.truncate(MAX_HELD_SHOWN);
+        lock(&self.shared.rooms_held).insert(self.sink.clone(), held);
+    }
+
+    /// The rooms this host's sink `sink` holds back by their rate limit (see [`Metrics::rooms_held`]).
+    pub fn rooms_held_of(&self, sink: &str) -> Vec<HeldRoom> {
+        lock(&self.shared.rooms_held).get(sink).cloned().unwrap_or_default()
     }
 
     /// Every sink of this host paused as misconfigured, by name, with why.

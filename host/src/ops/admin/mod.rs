@@ -304,6 +304,7 @@ async fn sink_page(State(s): State<Arc<AdminState>>, Path(name): Path<String>, Q
         history: &view.history,
         failures: &view.failures,
         form_token: s.guard.mutations_allowed().then(|| s.guard.form_token()),
+        held_rooms: s.metrics.rooms_held_of(&name),
     };
     Html(console::sink::render(&frame(&s, flash.as_deref()), &page)).into_response()
 }

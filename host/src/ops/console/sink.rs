@@ -6,6 +6,7 @@
 use std::fmt::Write as _;
 
 use super::{Frame, SinkLine, age, esc, event_link, foot, show, top};
+use crate::ops::metrics::HeldRoom;
 use crate::store::{Minute, Row, Status};
 
 /// What a sink's page shows beyond the frame.
@@ -18,6 +19,8 @@ pub struct SinkPage<'a> {
     pub failures: &'a [Row],
     /// The form token when acting from the page is possible (`admin.token` is set).
     pub form_token: Option<String>,
+    /// The rooms this host holds back by their rate limit now (`rate_limit.per_room`).
+    pub held_rooms: Vec<HeldRoom>,
 }
 
 /// Renders a sink's page.
@@ -39,6 +42,7 @@ pub fn render(f: &Frame<'_>, p: &SinkPage<'_>) -> String {
         h.push_str(&super::misconfigured(name, why));
     }
     rows(&mut h, p, f.now_ms);
+    held_rooms(&mut h, p);
     h.push_str("<section><h2>Last hour</h2>");
     h.push_str(&chart(p.history, f.now_ms));
     h.push_str("</section>");
@@ -75,6 +79,31 @@ pub fn render(f: &Frame<'_>, p: &SinkPage<'_>) -> String {
     }
     foot(&mut h);
     h
+}
+
+/// The rooms waiting for their rate limit on this host, each with its rows waiting and a
+/// search of its events; nothing when none is.
+fn held_rooms(h: &mut String, p: &SinkPage<'_>) {
+    if p.held_rooms.is_empty() {
+        return;
+    }
+    h.push_str(
+        "<section><h2>Rooms held by their rate limit</h2><p class=\"note\">Each room's next event waits for its \
+         <code>rate_limit.per_room</code> on this host; other rooms go on.</p>\
+         <table id=\"held-rooms\"><tr><th>app</th><th>room</th><th>waiting here</th></tr>",
+    );
+    let sink = super::percent_encode(&p.line.summary.name);
+    for room in &p.held_rooms {
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td><a href=\"/events?sink={sink}&amp;room={}\">{}</a></td><td>{}</td></tr>",
+            show(&room.app_code),
+            super::percent_encode(&room.room_id),
+            show(&room.room_id),
+            room.queued
+        );
+    }
+    h.push_str("</table></section>");
 }
 
 /// The counts per status, unknown statuses, the oldest waiting event and the rate.
@@ -228,11 +257,34 @@ mod tests {
     fn page(summary: &SinkSummary, failures: &[Row], form_token: Option<&str>) -> String {
         let frame = Frame { table: "room_outbox", node_id: "n", now_ms: 0, flash: None, db_failure: None };
         let line = SinkLine { summary, breaker: None, brokers: Vec::new(), misconfigured: None };
-        render(&frame, &SinkPage { line, history: &[], failures, form_token: form_token.map(str::to_string) })
+        render(
+            &frame,
+            &SinkPage {
+                line,
+                history: &[],
+                failures,
+                form_token: form_token.map(str::to_string),
+                held_rooms: Vec::new(),
+            },
+        )
     }
 
     fn summary(stats: Stats) -> SinkSummary {
         SinkSummary { name: "s".into(), table: "room_outbox".into(), stats, owners: Vec::new() }
+    }
+
+    #[test]
+    fn held_rooms_are_listed_escaped_with_a_search_of_each() {
+        let summary = summary(Stats::default());
+        let frame = Frame { table: "room_outbox", node_id: "n", now_ms: 0, flash: None, db_failure: None };
+        let line = SinkLine { summary: &summary, breaker: None, brokers: Vec::new(), misconfigured: None };
+        let held = vec![HeldRoom { app_code: "app".into(), room_id: "<b>r&1".into(), queued: 7 }];
+        let html = render(&frame, &SinkPage { line, history: &[], failures: &[], form_token: None, held_rooms: held });
+        assert!(
+            html.contains("<td><a href=\"/events?sink=s&amp;room=%3Cb%3Er%261\">&lt;b&gt;r&amp;1</a></td><td>7</td>"),
+            "{html}"
+        );
+        assert!(!page(&summary, &[], None).contains("held-rooms"), "no section when no room is held");
     }
 
     #[test]
