@@ -679,3 +679,39 @@ async fn through_a_second_sink(world: &World, events: &[NewEvent]) -> (Arc<dyn S
     assert_eq!(delivered(b_state.as_ref()).await, n);
     (outbox, b_state)
 }
+
+/// A `enqueue` on a database without the table, while a transaction elsewhere in the same
+/// database holds a snapshot (a busy database, or CI's other tests): the table's indexes,
+/// built online after it is made, wait for that transaction past the lock timeout, and the
+/// migration is tried again, now finding the table there. The call made the table all the
+/// same, so the second sink is registered from its beginning, as when the first try goes
+/// through (CI saw it registered from "now" twice before this was kept across tries).
+#[tokio::test]
+async fn postgres_a_table_made_by_a_migration_tried_again_still_counts_as_made() {
+    use sqlx::Connection as _;
+    let Some(db) = crate::support::TestDb::postgres().await else { return };
+    let world = World::on(db).await;
+    for table in ["room_outbox_sinks", "room_outbox_migrations", "room_outbox"] {
+        world.db.execute(&format!("DROP TABLE {table}")).await.unwrap();
+    }
+    let b = Collector::start().await;
+    let setup = world.setup("", "").with_sinks(vec![sink_entry(&fake_sink_to("b", &b, ""), "start_from: now")]);
+    crate::binary::write_config(&world, &setup.yaml());
+    let elsewhere = crate::support::TestDb::postgres().await.expect("the same server");
+    let mut open = sqlx::PgConnection::connect(&elsewhere.url).await.unwrap();
+    sqlx::raw_sql("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1").execute(&mut open).await.unwrap();
+    let enqueue =
+        crate::binary::run_cli_beside(&world, &["enqueue", "-t", "RoomHeatChanged", "-r", "room-1", "-n", "5"]);
+    let end_it_later = async {
+        tokio::time::sleep(Duration::from_millis(3_500)).await;
+        sqlx::raw_sql("COMMIT").execute(&mut open).await.unwrap();
+    };
+    let (out, ()) = tokio::join!(enqueue, end_it_later);
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("waiting for a lock to change the table's schema"), "the migration was tried again: {log}");
+    let outbox = outbox_host::store::open(&world.db_url(), 2, "room_outbox").await.unwrap();
+    let (b_sink, _) = state_of(&outbox, "b").await;
+    assert_eq!(b_sink.start_from_ms, 0, "registered from the table's beginning");
+    outbox.close().await;
+}

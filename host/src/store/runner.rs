@@ -56,8 +56,12 @@ for_every_dialect!(impl {
     /// then tried again, saying what holds the table, for up to [`DDL_PATIENCE`].
     pub(super) async fn holding_migration_lock(&self, job: Job) -> Result<super::Migrated, StoreError> {
         let started = std::time::Instant::now();
+        // Whether a try found no table and made it: a try cut short after that (an index
+        // built online waits past the lock timeout for a transaction anywhere in the
+        // database) leaves the table there, and the next try must still say it was made here.
+        let mut made = false;
         loop {
-            let done = self.locked_once(job).await;
+            let done = self.locked_once(job, &mut made).await;
             match done {
                 Err(e) if is_lock_timeout(&e) && started.elapsed() < DDL_PATIENCE => {
                     let holders = self.lock_holders().await.unwrap_or_else(|e| format!("(could not tell: {e})"));
@@ -75,7 +79,7 @@ for_every_dialect!(impl {
     }
 
     /// One try of [`Self::holding_migration_lock`].
-    async fn locked_once(&self, job: Job) -> Result<super::Migrated, StoreError> {
+    async fn locked_once(&self, job: Job, made: &mut bool) -> Result<super::Migrated, StoreError> {
         let lock = D::migration_lock(&self.table);
         let mut conn = self.pool.acquire().await?;
         if !self.take_lock(&mut conn, &lock).await? {
@@ -87,7 +91,7 @@ for_every_dialect!(impl {
                 Executor::execute(&mut *conn, limit.as_str()).await?;
             }
             match job {
-                Job::Migrate => self.apply_migrations(&mut conn).await,
+                Job::Migrate => self.apply_migrations(&mut conn, made).await,
                 Job::ConsumerIndex => self.build_consumer_index(&mut conn).await.map(|()| super::Migrated::default()),
                 Job::PartitionIndex(total) => {
                     D::build_partition_index(self, &mut conn, total).await.map(|()| super::Migrated::default())
@@ -185,10 +189,12 @@ for_every_dialect!(impl {
     /// The migrations not recorded yet, applied on `conn` (which holds the migration lock).
     /// A table that is already there is adopted: room-service's own, or one a development
     /// version of the host made (its bookkeeping has no checksums). Then the routines are
-    /// installed where their checksum differs.
+    /// installed where their checksum differs. `made_here`: an earlier try of this call made
+    /// the table (set when this one does).
     pub(super) async fn apply_migrations(
         &self,
         conn: &mut <D::Db as Database>::Connection,
+        made_here: &mut bool,
     ) -> Result<super::Migrated, StoreError> {
         let t = &self.table;
         let review = self.review(None).await?;
@@ -205,6 +211,7 @@ for_every_dialect!(impl {
             return Err(StoreError::Migration(changed));
         }
         let created = review.is_none();
+        *made_here |= created;
         let key = review.as_ref().map_or(Key::Id, |r| r.profile.key);
         if let Some(review) = &review {
             self.add(&mut *conn, review).await?;
@@ -288,7 +295,7 @@ for_every_dialect!(impl {
         // The console's search indexes, the consumers' among them (an invalid one, from a
         // build cut short, is made again).
         self.build_search_indexes(&mut *conn).await?;
-        Ok(super::Migrated { created })
+        Ok(super::Migrated { created: *made_here })
     }
 
     /// Drops what earlier versions made and this one no longer uses, online like the
