@@ -90,11 +90,11 @@ impl Buffer {
     /// Puts the room in line if it has rows and room for another delivery, and under a
     /// per-room limit a token; without a token it is held until the token comes.
     fn line_up(&mut self, room: &RoomKey) {
-        self.line_up_at(room, Instant::now());
+        self.line_up_at(room, None);
     }
 
-    /// [`Buffer::line_up`] as of `now`.
-    fn line_up_at(&mut self, room: &RoomKey, now: Instant) {
+    /// [`Buffer::line_up`] as of `now` (`None`: the clock, read only under a per-room limit).
+    fn line_up_at(&mut self, room: &RoomKey, now: Option<Instant>) {
         let free = self.busy.get(room).copied().unwrap_or(0) < self.depth;
         if !free || !self.queued.contains_key(room) || self.waiting.contains(room) {
             return;
@@ -103,7 +103,7 @@ impl Buffer {
             if limits.held.contains_key(room) {
                 return;
             }
-            let limit = limits.limit;
+            let (limit, now) = (limits.limit, now.unwrap_or_else(Instant::now));
             let bucket = limits.buckets.entry(room.clone()).or_insert_with(|| TokenBucket::new(limit, now));
             if let Some(at) = bucket.ready(now) {
                 limits.held.insert(room.clone(), at);
@@ -130,7 +130,7 @@ impl Buffer {
                 .retain(|room, bucket| queued.contains_key(room) || busy.contains_key(room) || !bucket.full(now));
         }
         for room in &due {
-            self.line_up_at(room, now);
+            self.line_up_at(room, Some(now));
         }
     }
 
@@ -150,10 +150,10 @@ impl Buffer {
         let mut held: Vec<HeldRoom> = limits
             .held
             .keys()
-            .map(|(app_code, room_id)| HeldRoom {
-                app_code: app_code.clone(),
-                room_id: room_id.clone(),
-                queued: self.queued.get(&(app_code.clone(), room_id.clone())).map_or(0, VecDeque::len),
+            .map(|room| HeldRoom {
+                app_code: room.0.clone(),
+                room_id: room.1.clone(),
+                queued: self.queued.get(room).map_or(0, VecDeque::len),
             })
             .collect();
         held.sort_by(|a, b| {
