@@ -45,13 +45,15 @@ run: plugins build ## Start the host on SQLite with the fake sink, after enqueue
 	@echo "--- delivering; Ctrl-C drains and stops (run 'make run' again or '$(BIN) $(DEMO) enqueue ...' for more)"
 	$(BIN) $(DEMO) run
 
-test: toolchain ## Run the whole test suite (starts PostgreSQL and MariaDB, installs Chromium and faketime, when needed)
+test: toolchain ## Run the whole test suite (starts PostgreSQL and MariaDB, installs Chromium, faketime and tansu, a Kafka-protocol broker, when needed)
 	scripts/ensure-chromium.sh
 	scripts/ensure-faketime.sh
+	scripts/ensure-kafka.sh >/dev/null
 	CARGO_TARGET_DIR=$(WASM_TARGET_DIR) cargo test --manifest-path plugins/Cargo.toml
 	source scripts/test-databases.sh && cargo test --workspace
 
 bench: plugins ## Benchmark on release builds: SQLite, plus PostgreSQL and MariaDB when reachable (BENCH_ARGS=--help)
+	scripts/ensure-kafka.sh >/dev/null
 	cargo build --release -p outbox-host -p outbox-bench
 	{ source scripts/test-databases.sh || true; } && $(TARGET_DIR)/release/outbox-bench --json target/bench/latest.json $(BENCH_ARGS)
 

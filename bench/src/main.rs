@@ -70,12 +70,12 @@ struct Args {
     /// Rounds of each relay's floor and drains (each figure is the rounds' median).
     #[arg(long, default_value_t = 3)]
     relay_rounds: usize,
-    /// Producer rates for the relay's insert-to-ack latency runs (into JetStream), events
-    /// per second.
+    /// Producer rates for the relay's insert-to-ack latency runs (into JetStream and
+    /// Kafka), events per second.
     #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
     relay_rates: Vec<u32>,
-    /// Brokers of the relay's floor-and-drain pairs (nats, redis, rabbitmq).
-    #[arg(long, value_delimiter = ',', default_value = "nats,redis,rabbitmq")]
+    /// Brokers of the relay's floor-and-drain pairs (nats, redis, rabbitmq, kafka).
+    #[arg(long, value_delimiter = ',', default_value = "nats,redis,rabbitmq,kafka")]
     relay_brokers: Vec<String>,
     /// Rows of the table the console's searches are timed on (`--only search`).
     #[arg(long, default_value_t = 1_000_000)]
@@ -749,14 +749,15 @@ async fn latencies(r: &mut Report, backend: Backend, args: &Args, wasm: &Arc<dyn
 }
 
 /// The relay into each broker: its floor, the drain through the WebAssembly and the native
-/// mapping, and (into JetStream) insert-to-ack latency.
+/// mapping, and (into JetStream and Kafka) insert-to-ack latency.
 async fn relays(r: &mut Report, backend: Backend, setup: Setup<'_>, cache: &Path) -> anyhow::Result<()> {
     let (table, results, name) = (&mut r.table, &mut r.results, db::name(backend));
     let Setup { args, config, .. } = setup;
     let n = args.relay_events;
     for broker in &args.relay_brokers {
         let kind = BrokerKind::parse(broker).with_context(|| format!("--relay-brokers: no broker kind {broker}"))?;
-        let rates: &[u32] = if kind == BrokerKind::Nats { &args.relay_rates } else { &[] };
+        let latency_too = matches!(kind, BrokerKind::Nats | BrokerKind::Kafka);
+        let rates: &[u32] = if latency_too { &args.relay_rates } else { &[] };
         let rounds = args.relay_rounds.max(1);
         eprintln!("{name}: relay into {broker}, {n} events, {rounds} round(s) …");
         let relay = relay::run(kind, backend, (n, rounds), rates, args.seconds, config, cache).await?;

@@ -1,5 +1,5 @@
-//! What relaying costs, per broker (a `nats-server -js` or a `redis-server` of the run's own,
-//! an exchange of the machine's RabbitMQ): the broker's own floor (this process publishing
+//! What relaying costs, per broker (a `nats-server -js`, a `redis-server` or a tansu (Kafka)
+//! of the run's own, an exchange of the machine's RabbitMQ): the broker's own floor (this process publishing
 //! the same records with the host's publisher, acks awaited with as many in flight as the
 //! host's concurrency), the host draining the table into it through the default relay
 //! (`plugins/relay`, WebAssembly) and through the same mapping written natively, the two
@@ -21,6 +21,8 @@ use serde_json::{Value, json};
 use crate::db::Db;
 
 const STREAM: &str = "BENCH";
+const KAFKA_TOPIC: &str = "rooms";
+const KAFKA_PARTITIONS: u32 = 4;
 
 /// The most events the mapping-alone figure routes (enough for a steady µs per event).
 pub const MAPPING_EVENTS: usize = 20_000;
@@ -109,7 +111,13 @@ impl Deliver for NativeRelay {
 pub enum Target {
     Nats(BrokerServer),
     Redis(BrokerServer),
-    Rabbitmq { connection: lapin::Connection, exchange: String, queue: String },
+    /// A tansu with topic `rooms` of 4 partitions, which the host creates.
+    Kafka(BrokerServer),
+    Rabbitmq {
+        connection: lapin::Connection,
+        exchange: String,
+        queue: String,
+    },
 }
 
 /// The machine's RabbitMQ.
@@ -139,7 +147,8 @@ impl Target {
                     .await?;
                 Target::Rabbitmq { connection, exchange, queue }
             }
-            BrokerKind::Mqtt => anyhow::bail!("the benchmark relays to nats, redis and rabbitmq"),
+            BrokerKind::Kafka => Target::Kafka(BrokerServer::of(Broker::Kafka).await),
+            BrokerKind::Mqtt => anyhow::bail!("the benchmark relays to nats, redis, rabbitmq and kafka"),
         })
     }
 
@@ -147,6 +156,7 @@ impl Target {
         match self {
             Target::Nats(_) => BrokerKind::Nats,
             Target::Redis(_) => BrokerKind::Redis,
+            Target::Kafka(_) => BrokerKind::Kafka,
             Target::Rabbitmq { .. } => BrokerKind::Rabbitmq,
         }
     }
@@ -154,15 +164,17 @@ impl Target {
     fn url(&self) -> String {
         match self {
             Target::Nats(server) | Target::Redis(server) => server.url(),
+            Target::Kafka(server) => format!("kafka://{}", server.address()),
             Target::Rabbitmq { .. } => RABBITMQ.into(),
         }
     }
 
-    /// The destination template of the relay: a subject or routing key per room, or on
-    /// Redis a stream per room.
+    /// The destination template of the relay: a subject or routing key per room, on Redis
+    /// a stream per room, on Kafka one topic (the room is the key).
     pub fn destination(&self) -> &'static str {
         match self {
             Target::Redis(_) => "rooms:{room_id}",
+            Target::Kafka(_) => KAFKA_TOPIC,
             _ => "rooms.{room_id}",
         }
     }
@@ -177,6 +189,12 @@ impl Target {
                 broker.subjects = vec!["rooms.>".into()];
             }
             Target::Redis(_) => broker.allowed_destinations = vec!["rooms:*".into()],
+            Target::Kafka(server) => {
+                broker.bootstrap = vec![server.address()];
+                broker.topic = KAFKA_TOPIC.into();
+                broker.create_topic = true;
+                broker.partitions = KAFKA_PARTITIONS;
+            }
             Target::Rabbitmq { exchange, .. } => broker.exchange = exchange.clone(),
         }
         broker
@@ -188,6 +206,12 @@ impl Target {
             Target::Nats(_) => format!(", stream: {STREAM}, create_stream: true, subjects: [\"rooms.>\"]"),
             Target::Redis(_) => ", allowed_destinations: [\"rooms:*\"]".to_string(),
             Target::Rabbitmq { exchange, .. } => format!(", exchange: {exchange}"),
+            Target::Kafka(server) => {
+                return format!(
+                    "{{ kind: kafka, bootstrap: [\"{}\"], topic: {KAFKA_TOPIC}, create_topic: true, partitions: {KAFKA_PARTITIONS} }}",
+                    server.address()
+                );
+            }
         };
         format!("{{ kind: {}, url: \"{}\"{extra} }}", self.kind().name(), self.url())
     }
@@ -208,6 +232,9 @@ impl Target {
                 .invoke_async(&mut connection)
                 .await?;
                 Ok(count)
+            }
+            Target::Kafka(server) => {
+                Ok(outbox_test_support::brokers::kafka_record_count(&server.address(), KAFKA_TOPIC).await)
             }
             Target::Rabbitmq { connection, queue, .. } => {
                 let passive =

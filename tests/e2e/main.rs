@@ -19,6 +19,7 @@ mod faults;
 mod flow;
 mod handover;
 mod hostile;
+mod kafka;
 mod leases;
 mod operations;
 mod order;

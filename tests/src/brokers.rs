@@ -1,6 +1,7 @@
-//! Brokers of a test's own: a `nats-server -js`, a `redis-server` or a `mosquitto`, on a
-//! free loopback port (NATS with its store in a temporary directory); killed when dropped,
-//! and restartable on the same port and store (a broker restart).
+//! Brokers of a test's own: a `nats-server -js`, a `redis-server`, a `mosquitto` or a
+//! `tansu` (Kafka), on a free loopback port (NATS and tansu with their store in a temporary
+//! directory); killed when dropped, and restartable on the same port and store (a broker
+//! restart).
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -15,6 +16,20 @@ pub enum Broker {
     /// Debian's `mosquitto`, keeping persistent sessions in its store across a clean
     /// restart.
     Mosquitto,
+    /// tansu, a Kafka-protocol broker, keeping its topics in a SQLite file of the store;
+    /// installed by `scripts/ensure-kafka.sh` (`make test` runs it).
+    Kafka,
+}
+
+/// Where `scripts/ensure-kafka.sh` installs tansu.
+pub fn tansu() -> std::path::PathBuf {
+    let root = match std::env::var_os("TANSU_ROOT") {
+        Some(root) => std::path::PathBuf::from(root),
+        None => {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache/tansu")
+        }
+    };
+    root.join("bin/tansu")
 }
 
 impl Broker {
@@ -23,6 +38,7 @@ impl Broker {
             Broker::Nats => "nats-server",
             Broker::Redis => "redis-server",
             Broker::Mosquitto => "mosquitto",
+            Broker::Kafka => "tansu",
         }
     }
 
@@ -31,6 +47,7 @@ impl Broker {
             Broker::Nats => "nats",
             Broker::Redis => "redis",
             Broker::Mosquitto => "mqtt",
+            Broker::Kafka => "tcp",
         }
     }
 }
@@ -63,6 +80,11 @@ impl BrokerServer {
     /// `<scheme>://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("{}://127.0.0.1:{}", self.broker.scheme(), self.port)
+    }
+
+    /// `127.0.0.1:<port>`: a Kafka client's bootstrap server.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
     }
 
     /// Sends it `kill -<signal>` (`STOP` freezes it with its connections open, `CONT`
@@ -103,6 +125,19 @@ impl BrokerServer {
                 std::fs::write(&config, text).expect("writing mosquitto.conf");
                 command.arg("-c").arg(config)
             }
+            Broker::Kafka => {
+                let tansu = tansu();
+                assert!(
+                    tansu.exists(),
+                    "{} is missing: scripts/ensure-kafka.sh installs it (make test runs it)",
+                    tansu.display()
+                );
+                command = Command::new(tansu);
+                let listener = format!("tcp://127.0.0.1:{port}");
+                command.args(["broker", "--listener-url", &listener, "--advertised-listener-url", &listener]);
+                // tansu reads the file's path relative to its working directory.
+                command.args(["--storage-engine", "sqlite://tansu.db"]).current_dir(self.store.path())
+            }
         };
         let program = self.broker.program();
         let child = command
@@ -125,4 +160,127 @@ impl Drop for BrokerServer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// One record read back from a Kafka topic.
+#[derive(Debug, Clone)]
+pub struct KafkaRecord {
+    /// The partition it is in.
+    pub partition: i32,
+    /// Its offset there.
+    pub offset: i64,
+    /// Its key, as text.
+    pub key: Option<String>,
+    /// Its headers, as text, in order.
+    pub headers: Vec<(String, String)>,
+    /// Its value.
+    pub payload: Vec<u8>,
+}
+
+impl KafkaRecord {
+    /// The value of header `name`, if it has one.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// Every record of `topic` on the Kafka cluster at `address`, read from the beginning of
+/// each partition up to its end by a consumer of its own (no group, nothing committed), in
+/// partition and offset order.
+pub async fn kafka_records(address: &str, topic: &str) -> Vec<KafkaRecord> {
+    let (address, topic) = (address.to_string(), topic.to_string());
+    tokio::task::spawn_blocking(move || read_topic(&address, &topic)).await.expect("the Kafka reader")
+}
+
+/// How many records `topic` holds on the Kafka cluster at `address`, by its partitions'
+/// watermarks (without reading them).
+pub async fn kafka_record_count(address: &str, topic: &str) -> u64 {
+    use rdkafka::consumer::{BaseConsumer, Consumer as _};
+    let (address, topic) = (address.to_string(), topic.to_string());
+    let count = tokio::task::spawn_blocking(move || {
+        let patience = Duration::from_secs(30);
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &address)
+            .set("group.id", format!("outbox-test-counter-{}", std::process::id()))
+            .create()
+            .expect("a Kafka consumer");
+        let metadata = consumer.fetch_metadata(Some(&topic), patience).expect("the topic's metadata");
+        let partitions = metadata.topics().iter().find(|t| t.name() == topic).map(|t| t.partitions().len());
+        (0..partitions.unwrap_or(0) as i32)
+            .map(|p| consumer.fetch_watermarks(&topic, p, patience).expect("a partition's watermarks"))
+            .map(|(low, high)| (high - low) as u64)
+            .sum()
+    });
+    count.await.expect("the Kafka counter")
+}
+
+fn read_topic(address: &str, topic: &str) -> Vec<KafkaRecord> {
+    use rdkafka::Message as _;
+    use rdkafka::consumer::{BaseConsumer, Consumer as _};
+    use rdkafka::message::Headers as _;
+    let patience = Duration::from_secs(30);
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", address)
+        .set("group.id", format!("outbox-test-reader-{}", std::process::id()))
+        .set("enable.auto.commit", "false")
+        .set("allow.auto.create.topics", "false")
+        // The end of a partition is where the consumer is told so: offsets may skip (a
+        // control record, an aborted batch), so the last offset can be below the high mark.
+        .set("enable.partition.eof", "true")
+        .create()
+        .expect("a Kafka consumer");
+    let metadata = consumer.fetch_metadata(Some(topic), patience).expect("the topic's metadata");
+    let partitions = metadata.topics().iter().find(|t| t.name() == topic).map(|t| t.partitions().len()).unwrap_or(0);
+    assert!(partitions > 0, "topic {topic} has no partitions");
+    let mut ends = std::collections::HashMap::new();
+    let mut assignment = rdkafka::TopicPartitionList::new();
+    for partition in 0..partitions as i32 {
+        let (low, high) = consumer.fetch_watermarks(topic, partition, patience).expect("a partition's watermarks");
+        if high > low {
+            ends.insert(partition, high);
+            assignment.add_partition_offset(topic, partition, rdkafka::Offset::Offset(low)).unwrap();
+        }
+    }
+    let mut records = Vec::new();
+    if ends.is_empty() {
+        return records;
+    }
+    consumer.assign(&assignment).expect("assigning the partitions");
+    // tansu's SQLite storage answers a fetch of 20,000 records in about a minute.
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    let mut last = std::collections::HashMap::new();
+    while !ends.is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the topic was not read to its end: high marks {ends:?}, last offsets read {last:?}"
+        );
+        let Some(message) = consumer.poll(Duration::from_millis(500)) else { continue };
+        let message = match message {
+            Ok(message) => message,
+            Err(rdkafka::error::KafkaError::PartitionEOF(partition)) => {
+                ends.remove(&partition);
+                continue;
+            }
+            Err(e) => panic!("reading {topic}: {e}"),
+        };
+        let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+        let headers = message
+            .headers()
+            .map(|h| h.iter().map(|h| (h.key.to_string(), h.value.map(text).unwrap_or_default())).collect())
+            .unwrap_or_default();
+        let (partition, offset) = (message.partition(), message.offset());
+        records.push(KafkaRecord {
+            partition,
+            offset,
+            key: message.key().map(text),
+            headers,
+            payload: message.payload().unwrap_or_default().to_vec(),
+        });
+        if ends.get(&partition).is_some_and(|end| offset + 1 >= *end) {
+            ends.remove(&partition);
+        }
+        last.insert(partition, offset);
+    }
+    records.sort_by_key(|r| (r.partition, r.offset));
+    records
 }

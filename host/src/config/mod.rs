@@ -836,8 +836,9 @@ fn read_sink(f: &mut Fields<'_>, notes: &mut Vec<String>, global: &WorkerConfig,
 /// One entry of `brokers:`: `kind`, `url`, `room_pipeline` (default 8), credentials (`token`
 /// for NATS, or `user` and `password`), and the keys of its kind: NATS `stream`, `create_stream` (default false) and
 /// `subjects` (required to create the stream); Redis `dedup_window` (default 24h) and
-/// `max_len`; RabbitMQ `exchange` (default: the default exchange). A key of another kind
-/// is refused, naming the kind it belongs to.
+/// `max_len`; RabbitMQ `exchange` (default: the default exchange); Kafka `bootstrap` in place
+/// of `url`, `topic`, `create_topic`, `partitions`, `tls`, `ca_file` and `sasl_mechanism`. A
+/// key of another kind is refused, naming the kind it belongs to.
 fn read_broker(name: &str, f: &mut Fields<'_>) -> crate::relay::settings::BrokerConfig {
     use crate::relay::settings::{BrokerConfig, BrokerKind, MAX_ROOM_PIPELINE};
     if !is_name(name, 64) {
@@ -853,11 +854,21 @@ fn read_broker(name: &str, f: &mut Fields<'_>) -> crate::relay::settings::Broker
             BrokerKind::Nats
         }
     };
-    let mut broker = BrokerConfig::new(name, kind, &f.take::<String>("url").unwrap_or_default());
-    let schemes = kind.schemes();
-    if !schemes.iter().any(|scheme| broker.url.starts_with(&format!("{scheme}://"))) {
-        let forms: Vec<String> = schemes.iter().map(|s| format!("{s}://host:port")).collect();
-        f.problem("url", format!("is required: {}", forms.join(" or ")));
+    let mut broker = BrokerConfig::new(name, kind, "");
+    if kind == BrokerKind::Kafka {
+        if f.has("url") {
+            f.problem("url", "is not a key of kafka brokers: they take bootstrap: [\"host:port\", …]");
+        }
+        let _ = f.take::<String>("url");
+        broker.bootstrap = read_bootstrap(f);
+        broker.url = format!("kafka://{}", broker.bootstrap.join(","));
+    } else {
+        broker.url = f.take::<String>("url").unwrap_or_default();
+        let schemes = kind.schemes();
+        if !schemes.iter().any(|scheme| broker.url.starts_with(&format!("{scheme}://"))) {
+            let forms: Vec<String> = schemes.iter().map(|s| format!("{s}://host:port")).collect();
+            f.problem("url", format!("is required: {}", forms.join(" or ")));
+        }
     }
     match f.take::<i64>("room_pipeline") {
         None => {}
@@ -877,6 +888,9 @@ fn read_broker(name: &str, f: &mut Fields<'_>) -> crate::relay::settings::Broker
         only(f, key, BrokerKind::Redis);
     }
     only(f, "exchange", BrokerKind::Rabbitmq);
+    for key in ["bootstrap", "topic", "create_topic", "partitions", "tls", "ca_file", "sasl_mechanism"] {
+        only(f, key, BrokerKind::Kafka);
+    }
     broker.stream = f.take::<String>("stream").unwrap_or_default();
     if kind == BrokerKind::Nats && !is_name(&broker.stream, 64) {
         f.problem("stream", "is required: the JetStream stream's name (letters, digits, '.', '_' or '-')");
@@ -908,8 +922,68 @@ fn read_broker(name: &str, f: &mut Fields<'_>) -> crate::relay::settings::Broker
     if broker.user.is_some() != broker.password.is_some() {
         f.problem("user", "and password go together");
     }
+    read_kafka_keys(f, &mut broker);
     broker.allowed_destinations = read_allowed_destinations(f, &broker);
     broker
+}
+
+/// Kafka's `bootstrap`: one or more `host:port`, nothing else (no scheme, no credentials).
+fn read_bootstrap(f: &mut Fields<'_>) -> Vec<String> {
+    const FORM: &str = "is required: a list of the cluster's host:port, e.g. [\"127.0.0.1:9092\"]";
+    let servers = f.take::<Vec<String>>("bootstrap").unwrap_or_default();
+    if servers.is_empty() {
+        f.problem("bootstrap", FORM);
+    }
+    for server in &servers {
+        let fine = server.rsplit_once(':').is_some_and(|(host, port)| {
+            !host.is_empty()
+                && host.len() <= 253
+                && host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '[' | ']' | ':'))
+                && port.parse::<u16>().is_ok_and(|p| p > 0)
+        });
+        if !fine {
+            let shown = crate::text::printable(server, 80);
+            f.problem("bootstrap", format!("{shown:?} is not host:port"));
+        }
+    }
+    servers
+}
+
+/// A Kafka broker's own keys: `topic` (required), `create_topic`, `partitions`, `tls`,
+/// `ca_file`, `sasl_mechanism` (read after `user` and `password`, which it goes with).
+fn read_kafka_keys(f: &mut Fields<'_>, broker: &mut crate::relay::settings::BrokerConfig) {
+    use crate::relay::settings::{BrokerKind, MAX_PARTITIONS, SASL_MECHANISMS};
+    broker.topic = f.take::<String>("topic").unwrap_or_default();
+    if broker.kind == BrokerKind::Kafka {
+        if let Some(why) = crate::relay::confine::topic_problem(&broker.topic) {
+            f.problem("topic", format!("is required: the topic records go to by default ({why})"));
+        } else if broker.topic.starts_with("__") {
+            f.problem("topic", "names one of the cluster's own topics (__…), which a relay never reaches");
+        }
+    }
+    broker.create_topic = f.take::<bool>("create_topic").unwrap_or(false);
+    match f.take::<i64>("partitions") {
+        None => {}
+        Some(n) if (1..=i64::from(MAX_PARTITIONS)).contains(&n) => broker.partitions = n as u32,
+        Some(n) => f.problem("partitions", format!("{n} is not between 1 and {MAX_PARTITIONS}")),
+    }
+    broker.tls = f.take::<bool>("tls").unwrap_or(false);
+    broker.ca_file = f.take::<String>("ca_file").map(std::path::PathBuf::from);
+    if let Some(path) = &broker.ca_file {
+        if !broker.tls {
+            f.problem("ca_file", "is for tls: true");
+        } else if let Err(e) = std::fs::metadata(path) {
+            f.problem("ca_file", format!("{}: {e}", path.display()));
+        }
+    }
+    if let Some(mechanism) = f.take::<String>("sasl_mechanism") {
+        if !SASL_MECHANISMS.contains(&mechanism.as_str()) {
+            f.problem("sasl_mechanism", format!("{mechanism:?} is not one of {}", SASL_MECHANISMS.join(", ")));
+        } else if broker.user.is_none() {
+            f.problem("sasl_mechanism", "is for user and password, which are not set");
+        }
+        broker.sasl_mechanism = mechanism;
+    }
 }
 
 /// `allowed_destinations`: patterns in the broker's own syntax, none on its control plane.

@@ -512,10 +512,10 @@ fn the_readmes_fifteen_line_config_is_accepted() {
 #[test]
 fn brokers_are_checked_and_a_relay_names_one_that_exists() {
     let yaml = "sink:\n  name: to-nats\n  plugin: relay.wasm\n  broker: missing\n\
-                brokers:\n  events:\n    kind: kafka\n    stream: ROOMS\n    create_stream: true\n    user: u\n";
+                brokers:\n  events:\n    kind: pulsar\n    stream: ROOMS\n    create_stream: true\n    user: u\n";
     let problems = problems(yaml);
     for expected in [
-        "brokers.events.kind: \"kafka\" is not one of nats",
+        "brokers.events.kind: \"pulsar\" is not one of nats, redis, rabbitmq, mqtt, kafka",
         "brokers.events.url: is required",
         "brokers.events.subjects: is required with create_stream: true",
         "brokers.events.user: and password go together",
@@ -559,6 +559,46 @@ fn a_brokers_keys_are_those_of_its_kind() {
 }
 
 #[test]
+fn a_kafka_broker_takes_bootstrap_servers_a_topic_and_its_security_settings() {
+    let yaml = "sink: {name: to-kafka, plugin: relay.wasm, broker: events}\n\
+                brokers:\n  events: {kind: kafka, url: \"kafka://127.0.0.1:9092\", bootstrap: [\"127.0.0.1\", \"a@b:9092\"], \
+                topic: \"__consumer_offsets\", partitions: 0, ca_file: /nowhere.pem, sasl_mechanism: GSSAPI, exchange: x}\n\
+                \x20 other: {kind: kafka, topic: \"rooms events\", sasl_mechanism: PLAIN}\n\
+                \x20 nats: {kind: nats, url: \"nats://127.0.0.1:4222\", stream: S, topic: rooms, bootstrap: [\"h:1\"]}\n";
+    let problems = problems(yaml);
+    for expected in [
+        "brokers.events.url: is not a key of kafka brokers: they take bootstrap: [\"host:port\", …]",
+        "brokers.events.bootstrap: \"127.0.0.1\" is not host:port",
+        "brokers.events.bootstrap: \"a@b:9092\" is not host:port",
+        "brokers.events.topic: names one of the cluster's own topics",
+        "brokers.events.partitions: 0 is not between 1 and 10000",
+        "brokers.events.ca_file: is for tls: true",
+        "brokers.events.sasl_mechanism: \"GSSAPI\" is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512",
+        "brokers.events.exchange: is a key of kind rabbitmq brokers, not kafka",
+        "brokers.other.bootstrap: is required: a list of the cluster's host:port",
+        "brokers.other.topic: is required: the topic records go to by default (is not a topic name: letters, digits",
+        "brokers.other.sasl_mechanism: is for user and password, which are not set",
+        "brokers.nats.topic: is a key of kind kafka brokers, not nats",
+        "brokers.nats.bootstrap: is a key of kind kafka brokers, not nats",
+    ] {
+        assert!(problems.iter().any(|p| p.starts_with(expected)), "no {expected:?} in {problems:?}");
+    }
+    let fine = "sink: {name: to-kafka, plugin: relay.wasm, broker: events}\n\
+                brokers:\n  events: {kind: kafka, bootstrap: [\"k1.example:9092\", \"10.0.0.2:9093\"], topic: room-events, \
+                create_topic: true, partitions: 12, tls: true, user: relay, password: \"${KAFKA_PASSWORD}\", \
+                sasl_mechanism: SCRAM-SHA-512}\n";
+    let env = |v: &str| (v == "KAFKA_PASSWORD").then(|| "s3cret-pw".to_string());
+    let config = Config::from_yaml(fine, std::iter::empty(), &env).unwrap();
+    let kafka = &config.brokers[0];
+    assert_eq!(kafka.url, "kafka://k1.example:9092,10.0.0.2:9093");
+    assert_eq!((kafka.topic.as_str(), kafka.create_topic, kafka.partitions), ("room-events", true, 12));
+    assert_eq!((kafka.tls, kafka.sasl_mechanism.as_str()), (true, "SCRAM-SHA-512"));
+    assert!(kafka.allowed_destinations.is_empty(), "the default: the topic");
+    assert!(config.credentials().contains(&"s3cret-pw".to_string()), "the password is redacted from output");
+    assert!(!format!("{kafka:?}").contains("s3cret-pw"), "the password is never printed");
+}
+
+#[test]
 fn allowed_destinations_are_required_where_a_kind_has_no_default_and_never_reach_the_control_plane() {
     let yaml = "sink: {name: relay, plugin: relay.wasm, broker: r}\n\
                 brokers:\n  r: {kind: redis, url: \"redis://127.0.0.1:6379/0\"}\n\
@@ -593,10 +633,10 @@ fn the_relay_docs_config_is_accepted() {
     assert_eq!((config.brokers[0].stream.as_str(), config.brokers[0].create_stream), ("ROOMS", true));
     // The other kinds' example, with a relay naming each broker in turn.
     let kinds = doc.split("```yaml\n").nth(2).and_then(|b| b.split("```").next()).unwrap();
-    for broker in ["streams", "queues", "devices"] {
+    for broker in ["streams", "queues", "devices", "log"] {
         let yaml = format!("{kinds}sink:\n  name: relay\n  plugin: relay.wasm\n  broker: {broker}\n");
         let env = |v: &str| (v == "AMQP_PASSWORD").then(|| "secret".to_string());
         let config = Config::from_yaml(&yaml, std::iter::empty(), &env).unwrap();
-        assert_eq!(config.brokers.len(), 3);
+        assert_eq!(config.brokers.len(), 4);
     }
 }

@@ -3,14 +3,15 @@
 //! patterns in that broker's own wildcard syntax, and every record's destination must match
 //! one before it is published. Destinations that reach a broker's control plane (the
 //! JetStream API, `$SYS`, reply inboxes, MQTT's `$` topics, the host's own Redis dedup
-//! markers, RabbitMQ's server-named queues) are refused whatever the patterns say.
+//! markers, RabbitMQ's server-named queues, Kafka's internal `__` topics) are refused
+//! whatever the patterns say.
 //!
 //! | kind | one token | any tokens | separator |
 //! | --- | --- | --- | --- |
 //! | NATS | `*` | `>` (one or more, last) | `.` |
 //! | RabbitMQ | `*` | `#` (zero or more, anywhere) | `.` |
 //! | MQTT | `+` | `#` (zero or more, last) | `/` |
-//! | Redis | glob: `*` any run, `?` one character, `[abc]`, `[a-z]`, `[^a]`, `\x` | | |
+//! | Redis, Kafka | glob: `*` any run, `?` one character, `[abc]`, `[a-z]`, `[^a]`, `\x` | | |
 
 use super::settings::BrokerKind;
 
@@ -32,7 +33,7 @@ impl Syntax {
             BrokerKind::Nats => Syntax::Tokens { separator: '.', one: "*", any: ">", any_min: 1, any_last: true },
             BrokerKind::Rabbitmq => Syntax::Tokens { separator: '.', one: "*", any: "#", any_min: 0, any_last: false },
             BrokerKind::Mqtt => Syntax::Tokens { separator: '/', one: "+", any: "#", any_min: 0, any_last: true },
-            BrokerKind::Redis => Syntax::Glob,
+            BrokerKind::Redis | BrokerKind::Kafka => Syntax::Glob,
         }
     }
 }
@@ -55,6 +56,9 @@ fn reserved(kind: BrokerKind, default_exchange: bool) -> &'static [&'static str]
         // $SYS and every other broker-reserved topic.
         BrokerKind::Mqtt => &["$"],
         BrokerKind::Redis => &[REDIS_MARKER_PREFIX],
+        // The cluster's own topics: `__consumer_offsets`, `__transaction_state`, and the
+        // rest of the `__` names Kafka and its tools keep for themselves.
+        BrokerKind::Kafka => &["__"],
         // On the default exchange a routing key is a queue's name: `amq.` names the
         // server's own queues (server-named reply queues, direct reply-to).
         BrokerKind::Rabbitmq if default_exchange => &["amq."],
@@ -131,7 +135,8 @@ impl Destinations {
 }
 
 /// Why `destination` is no destination of `kind` at all (a wildcard or an empty token in
-/// a subject or topic, which the broker would take as a subscription pattern).
+/// a subject or topic, which the broker would take as a subscription pattern; no Kafka
+/// topic name).
 fn unpublishable(kind: BrokerKind, destination: &str) -> Option<&'static str> {
     match kind {
         BrokerKind::Nats => destination
@@ -141,7 +146,22 @@ fn unpublishable(kind: BrokerKind, destination: &str) -> Option<&'static str> {
         BrokerKind::Mqtt => {
             destination.contains(['+', '#']).then_some("is not a topic one publishes to (it holds a wildcard)")
         }
+        BrokerKind::Kafka => topic_problem(destination),
         BrokerKind::Redis | BrokerKind::Rabbitmq => None,
+    }
+}
+
+/// Why `topic` is no Kafka topic name (1 to 249 of `A-Z a-z 0-9 . _ -`, not `.` or `..`);
+/// `None`: it is one.
+pub fn topic_problem(topic: &str) -> Option<&'static str> {
+    if topic.is_empty() || topic.len() > 249 {
+        Some("is not a topic name: 1 to 249 characters")
+    } else if !topic.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')) {
+        Some("is not a topic name: letters, digits, '.', '_' and '-' only")
+    } else if topic == "." || topic == ".." {
+        Some("is not a topic name")
+    } else {
+        None
     }
 }
 
@@ -395,6 +415,22 @@ mod tests {
         let negated = Destinations::new("r", BrokerKind::Redis, vec!["[^x]*".into()], false);
         assert!(negated.admit("abc").is_ok());
         assert!(negated.admit("xbc").is_err());
+    }
+
+    #[test]
+    fn kafka_topics_match_by_glob_are_topic_names_and_never_the_clusters_own() {
+        let d = Destinations::new("k", BrokerKind::Kafka, vec!["room-events".into(), "audit.*".into()], false);
+        assert!(d.admit("room-events").is_ok());
+        assert!(d.admit("audit.gifts").is_ok());
+        assert!(d.admit("room-events-2").unwrap_err().contains("outside allowed_destinations"));
+        assert!(d.admit("audit.a b").unwrap_err().contains("not a topic name"));
+        assert!(d.admit("audit..").is_ok(), "dots are a topic's own characters");
+        let all = Destinations::new("k", BrokerKind::Kafka, vec!["*".into()], false);
+        assert!(all.admit("__consumer_offsets").unwrap_err().contains("control plane"));
+        assert!(all.admit("__transaction_state").unwrap_err().contains("control plane"));
+        assert!(all.admit(&"t".repeat(250)).unwrap_err().contains("1 to 249"));
+        assert!(pattern_problem(BrokerKind::Kafka, "__*").unwrap().contains("control plane"));
+        assert!(all.admits_some_with_prefix("__").unwrap_err().contains("control plane"));
     }
 
     #[test]

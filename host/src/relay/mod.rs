@@ -4,9 +4,11 @@
 //! take a record (down, unreachable, no ack in time) is push-back: the event is deferred,
 //! no attempt is burned, and the sink's breaker pauses it while the broker stays away. A
 //! broker that answers but refuses a record (RabbitMQ returning it as unroutable, a Redis
-//! key of another type) fails the attempt, which is retried and counted as any other.
+//! key of another type, a Kafka topic that does not exist) fails the attempt, which is
+//! retried and counted as any other.
 
 pub mod confine;
+pub mod kafka;
 pub mod mqtt;
 pub mod nats;
 pub mod rabbitmq;
@@ -158,6 +160,7 @@ pub async fn connect(broker: &BrokerConfig) -> anyhow::Result<Arc<dyn Publish>> 
         BrokerKind::Redis => Arc::new(redis::RedisPublisher::connect(broker).await?),
         BrokerKind::Rabbitmq => Arc::new(rabbitmq::RabbitPublisher::connect(broker).await?),
         BrokerKind::Mqtt => Arc::new(mqtt::MqttPublisher::connect(broker).await?),
+        BrokerKind::Kafka => Arc::new(kafka::KafkaPublisher::connect(broker).await?),
     })
 }
 
