@@ -310,3 +310,37 @@ async fn a_cluster_out_of_reach_fails_check_config_naming_it_without_the_passwor
     assert!(stderr.contains(&format!("broker events: cannot reach kafka://{closed}")), "{stderr}");
     assert!(!stdout.contains("pw-never-printed-7731") && !stderr.contains("pw-never-printed-7731"), "{stderr}");
 }
+
+/// A cluster that requires SASL SCRAM: the entry's `user`, `password` and
+/// `sasl_mechanism` get the events through; a wrong password refuses `check-config` as a
+/// refusal (not a cluster to wait for), and is printed nowhere.
+#[tokio::test]
+async fn a_cluster_that_requires_scram_takes_the_entrys_credentials_and_refuses_a_wrong_password() {
+    use crate::binary::{run_cli_beside, write_config};
+    let world = World::new().await;
+    let mut server = BrokerServer::of(Broker::Kafka).await;
+    server.add_kafka_user("relay", "right-pw-5512");
+    server.require_authentication().await;
+    let with = |password: &str| {
+        kafka_config(&world, &server.address(), TOPIC)
+            .set(&["brokers", "events", "user"], "relay")
+            .set(&["brokers", "events", "password"], password)
+            .set(&["brokers", "events", "sasl_mechanism"], "SCRAM-SHA-512")
+    };
+    write_config(&world, &with("wrong-pw-9918").yaml());
+    let out = run_cli_beside(&world, &["check-config"]).await;
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "{stdout}");
+    assert!(stderr.contains("broker events: cannot reach kafka://") && stderr.contains("uthentication"), "{stderr}");
+    assert!(!stdout.contains("wrong-pw-9918") && !stderr.contains("wrong-pw-9918"), "{stderr}");
+
+    let events = events(&world, 5, 10);
+    world.producer.insert(&events).await.unwrap();
+    let mut host = Running::start(with("right-pw-5512").parse()).await;
+    host.wait_status(&world, &ids(&events), Status::Delivered).await;
+    host.stop().await;
+    // Read back by a consumer without credentials, once the broker takes such clients again.
+    server.require_authentication_no_more().await;
+    let records = kafka_records(&server.address(), TOPIC).await;
+    assert_eq!((records.len(), check_topic(&events, &records)), (50, 0), "each event once, in room order");
+}

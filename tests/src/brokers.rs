@@ -58,6 +58,8 @@ pub struct BrokerServer {
     port: u16,
     store: tempfile::TempDir,
     child: Option<Child>,
+    /// Kafka: clients must authenticate (SASL SCRAM, the users of [`BrokerServer::add_kafka_user`]).
+    authentication: bool,
 }
 
 /// The NATS server of the relay tests.
@@ -72,7 +74,8 @@ impl BrokerServer {
     /// One of `broker`, listening.
     pub async fn of(broker: Broker) -> BrokerServer {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let mut server = BrokerServer { broker, port, store: tempfile::tempdir().unwrap(), child: None };
+        let mut server =
+            BrokerServer { broker, port, store: tempfile::tempdir().unwrap(), child: None, authentication: false };
         server.restart().await;
         server
     }
@@ -80,6 +83,29 @@ impl BrokerServer {
     /// `<scheme>://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("{}://127.0.0.1:{}", self.broker.scheme(), self.port)
+    }
+
+    /// Kafka: adds SCRAM-SHA-512 user `name` with `password` (through tansu's own CLI, while
+    /// the broker takes clients without authentication).
+    pub fn add_kafka_user(&self, name: &str, password: &str) {
+        let broker = format!("tcp://127.0.0.1:{}", self.port);
+        let out = Command::new(tansu())
+            .args(["user", "create", name, password, "--mechanism", "scram512", "--broker", &broker])
+            .output()
+            .expect("running tansu user create");
+        assert!(out.status.success(), "tansu user create: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// Kafka: restarts the broker on its store requiring clients to authenticate.
+    pub async fn require_authentication(&mut self) {
+        self.authentication = true;
+        self.restart().await;
+    }
+
+    /// Kafka: restarts the broker on its store taking clients without authentication again.
+    pub async fn require_authentication_no_more(&mut self) {
+        self.authentication = false;
+        self.restart().await;
     }
 
     /// `127.0.0.1:<port>`: a Kafka client's bootstrap server.
@@ -136,6 +162,9 @@ impl BrokerServer {
                 let listener = format!("tcp://127.0.0.1:{port}");
                 command.args(["broker", "--listener-url", &listener, "--advertised-listener-url", &listener]);
                 // tansu reads the file's path relative to its working directory.
+                if self.authentication {
+                    command.arg("--authentication");
+                }
                 command.args(["--storage-engine", "sqlite://tansu.db"]).current_dir(self.store.path())
             }
         };
