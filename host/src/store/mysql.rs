@@ -256,14 +256,25 @@ impl Dialect for MysqlDialect {
         limit: u32,
     ) -> Result<Vec<Claimed>, StoreError> {
         // One round trip: the claim procedure (migrations/routines/mysql_claim.sql) picks,
-        // leases and returns the rows in claim order, in its own short transaction.
-        let rows = sqlx::query(&store.own.claim)
-            .bind(worker_id)
-            .bind(lock_until_ms)
-            .bind(now_ms)
-            .bind(i32::try_from(limit).unwrap_or(i32::MAX))
-            .fetch_all(&store.pool)
-            .await?;
+        // leases and returns the rows in claim order, in its own short transaction. Claimers
+        // racing over the same index ranges can deadlock on InnoDB's gap locks; the server
+        // then rolls the procedure's transaction back whole (nothing leased), and the claim
+        // is tried again.
+        let mut tries = 0;
+        let rows = loop {
+            let claimed = sqlx::query(&store.own.claim)
+                .bind(worker_id)
+                .bind(lock_until_ms)
+                .bind(now_ms)
+                .bind(i32::try_from(limit).unwrap_or(i32::MAX))
+                .fetch_all(&store.pool)
+                .await;
+            match claimed {
+                Err(e) if tries < 10 && super::sql::is_deadlock(&e) => tries += 1,
+                claimed => break claimed?,
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5 * tries)).await;
+        };
         let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms, fence: None };
         Ok(rows.iter().map(|r| decode_routine_claimed::<Self>(r, lease.clone())).collect::<Result<_, _>>()?)
     }
