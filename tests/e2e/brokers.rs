@@ -52,7 +52,7 @@ pub(crate) fn relay_config(
 }
 
 /// `per_room` events over `rooms` rooms, room after room in turn.
-fn events(world: &World, rooms: usize, per_room: usize) -> Vec<NewEvent> {
+pub(crate) fn events(world: &World, rooms: usize, per_room: usize) -> Vec<NewEvent> {
     (0..rooms * per_room)
         .map(|i| world.event("RoomGiftSent", &format!("room-{}", i % rooms), Status::Pending))
         .collect()
@@ -67,7 +67,7 @@ fn by_room(events: &[NewEvent]) -> HashMap<String, Vec<String>> {
     rooms
 }
 
-fn ids(events: &[NewEvent]) -> Vec<&str> {
+pub(crate) fn ids(events: &[NewEvent]) -> Vec<&str> {
     events.iter().map(|e| e.event_id.as_str()).collect()
 }
 

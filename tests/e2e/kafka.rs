@@ -13,6 +13,7 @@ use outbox_test_support::RELAY;
 use outbox_test_support::brokers::{Broker, BrokerServer, KafkaRecord, kafka_records};
 
 use crate::breaker::get;
+use crate::brokers::{events, ids};
 use crate::support::{PATIENCE, Running, SinkSpec, TestConfig, World, metric};
 
 const TOPIC: &str = "rooms";
@@ -35,13 +36,6 @@ fn kafka_config(world: &World, bootstrap: &str, destination: &str) -> TestConfig
         .set(&["brokers", "events", "topic"], TOPIC)
         .set(&["brokers", "events", "create_topic"], "true")
         .set(&["brokers", "events", "partitions"], "4")
-}
-
-/// `per_room` events over `rooms` rooms, room after room in turn.
-fn events(world: &World, rooms: usize, per_room: usize) -> Vec<NewEvent> {
-    (0..rooms * per_room)
-        .map(|i| world.event("RoomGiftSent", &format!("room-{}", i % rooms), Status::Pending))
-        .collect()
 }
 
 /// What the topic holds against what was produced: every event at least once; each room's
@@ -73,10 +67,6 @@ fn check_topic(events: &[NewEvent], records: &[KafkaRecord]) -> usize {
         assert_eq!(partitions[room].len(), 1, "{room}: in one partition, not {:?}", partitions[room]);
     }
     duplicates
-}
-
-fn ids(events: &[NewEvent]) -> Vec<&str> {
-    events.iter().map(|e| e.event_id.as_str()).collect()
 }
 
 /// 100 rooms × 100 events: the host creates the topic with 4 partitions; each event is one

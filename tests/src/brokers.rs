@@ -228,11 +228,7 @@ pub async fn kafka_record_count(address: &str, topic: &str) -> u64 {
     let (address, topic) = (address.to_string(), topic.to_string());
     let count = tokio::task::spawn_blocking(move || {
         let patience = Duration::from_secs(30);
-        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", &address)
-            .set("group.id", format!("outbox-test-counter-{}", std::process::id()))
-            .create()
-            .expect("a Kafka consumer");
+        let consumer: BaseConsumer = kafka_consumer(&address).create().expect("a Kafka consumer");
         let metadata = consumer.fetch_metadata(Some(&topic), patience).expect("the topic's metadata");
         let partitions = metadata.topics().iter().find(|t| t.name() == topic).map(|t| t.partitions().len());
         (0..partitions.unwrap_or(0) as i32)
@@ -243,16 +239,24 @@ pub async fn kafka_record_count(address: &str, topic: &str) -> u64 {
     count.await.expect("the Kafka counter")
 }
 
+/// A consumer's settings for the Kafka cluster at `address`: no group work, nothing
+/// committed, no topic created by asking for it.
+fn kafka_consumer(address: &str) -> rdkafka::ClientConfig {
+    let mut settings = rdkafka::ClientConfig::new();
+    settings
+        .set("bootstrap.servers", address)
+        .set("group.id", format!("outbox-test-reader-{}", std::process::id()))
+        .set("enable.auto.commit", "false")
+        .set("allow.auto.create.topics", "false");
+    settings
+}
+
 fn read_topic(address: &str, topic: &str) -> Vec<KafkaRecord> {
     use rdkafka::Message as _;
     use rdkafka::consumer::{BaseConsumer, Consumer as _};
     use rdkafka::message::Headers as _;
     let patience = Duration::from_secs(30);
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", address)
-        .set("group.id", format!("outbox-test-reader-{}", std::process::id()))
-        .set("enable.auto.commit", "false")
-        .set("allow.auto.create.topics", "false")
+    let consumer: BaseConsumer = kafka_consumer(address)
         // The end of a partition is where the consumer is told so: offsets may skip (a
         // control record, an aborted batch), so the last offset can be below the high mark.
         .set("enable.partition.eof", "true")

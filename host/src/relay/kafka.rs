@@ -11,7 +11,7 @@
 //! create topics by producing to them (`allow.auto.create.topics=false`): a relay reaches
 //! only topics that exist.
 
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -44,7 +44,7 @@ struct Heard {
 
 impl Heard {
     fn last(&self) -> Option<(RDKafkaErrorCode, String)> {
-        self.last.lock().expect("the last error").clone()
+        self.last.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 }
 
@@ -63,7 +63,7 @@ impl ClientContext for Heard {
         let code = error.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail);
         let reason = crate::text::printable(reason, 300);
         tracing::debug!(broker = %self.broker, error = %reason, "the Kafka client lost or could not make a connection");
-        *self.last.lock().expect("the last error") = Some((code, reason));
+        *self.last.lock().unwrap_or_else(PoisonError::into_inner) = Some((code, reason));
     }
 }
 
@@ -173,9 +173,9 @@ impl KafkaPublisher {
 
     /// The producer, made anew when the one in use has failed for good.
     fn producer(&self) -> Result<Producer, PublishError> {
-        let current = self.producer.read().expect("the producer").clone();
+        let current = self.producer.read().unwrap_or_else(PoisonError::into_inner).clone();
         let Some((code, why)) = current.client().fatal_error() else { return Ok(current) };
-        let mut slot = self.producer.write().expect("the producer");
+        let mut slot = self.producer.write().unwrap_or_else(PoisonError::into_inner);
         if slot.client().fatal_error().is_some() {
             tracing::warn!(broker = %self.name, error = ?code, reason = %why, "the Kafka producer failed for good; making a new one");
             *slot = self

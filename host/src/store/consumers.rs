@@ -491,14 +491,7 @@ for_every_dialect!(impl {
     /// statements) is tried again: a settle that fails loses nothing, but one that gives up
     /// a partition and fails would leave its next owner to deliver what this one did.
     pub(super) async fn settle_positions(&self, settle: &Settle<'_>) -> Result<Settled, StoreError> {
-        let mut tries = 0;
-        loop {
-            match self.settle_once(settle).await {
-                Err(e) if tries < 10 && super::sql::is_deadlock(&e) => tries += 1,
-                settled => return settled,
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20 * tries)).await;
-        }
+        super::sql::retrying_deadlocks(std::time::Duration::from_millis(20), || self.settle_once(settle)).await
     }
 
     async fn settle_once(&self, settle: &Settle<'_>) -> Result<Settled, StoreError> {

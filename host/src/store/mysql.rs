@@ -260,21 +260,15 @@ impl Dialect for MysqlDialect {
         // racing over the same index ranges can deadlock on InnoDB's gap locks; the server
         // then rolls the procedure's transaction back whole (nothing leased), and the claim
         // is tried again.
-        let mut tries = 0;
-        let rows = loop {
-            let claimed = sqlx::query(&store.own.claim)
+        let rows = super::sql::retrying_deadlocks(std::time::Duration::from_millis(5), || {
+            sqlx::query(&store.own.claim)
                 .bind(worker_id)
                 .bind(lock_until_ms)
                 .bind(now_ms)
                 .bind(i32::try_from(limit).unwrap_or(i32::MAX))
                 .fetch_all(&store.pool)
-                .await;
-            match claimed {
-                Err(e) if tries < 10 && super::sql::is_deadlock(&e) => tries += 1,
-                claimed => break claimed?,
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(5 * tries)).await;
-        };
+        })
+        .await?;
         let lease = Lease { worker_id: worker_id.to_string(), lock_until_ms, fence: None };
         Ok(rows.iter().map(|r| decode_routine_claimed::<Self>(r, lease.clone())).collect::<Result<_, _>>()?)
     }

@@ -829,6 +829,25 @@ pub(super) fn is_deadlock(e: &impl std::fmt::Display) -> bool {
     e.to_string().to_ascii_lowercase().contains("deadlock")
 }
 
+/// Runs `attempt` again while the database breaks it as a deadlock ([`is_deadlock`]), up to
+/// ten times, pausing `pause` times the tries so far in between; any other outcome is
+/// returned. Only for an attempt that is one transaction the database rolls back whole.
+pub(super) async fn retrying_deadlocks<T, E, F, Fut>(pause: std::time::Duration, mut attempt: F) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let mut tries = 0;
+    loop {
+        match attempt().await {
+            Err(e) if tries < 10 && is_deadlock(&e) => tries += 1,
+            done => return done,
+        }
+        tokio::time::sleep(pause * tries).await;
+    }
+}
+
 /// Whether a DDL statement gave up waiting for its lock (`lock_timeout`, `lock_wait_timeout`).
 pub(super) fn is_lock_timeout(e: &impl std::fmt::Display) -> bool {
     let text = e.to_string().to_ascii_lowercase();

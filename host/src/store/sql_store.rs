@@ -268,8 +268,7 @@ for_every_dialect!(
                     // check reads the consumers' tables, which their settles write: a deadlock
                     // the database breaks is tried again.
                     let _writing = self.writing().await;
-                    let mut tries = 0;
-                    deleted += loop {
+                    deleted += retrying_deadlocks(std::time::Duration::from_millis(20), || async {
                         let mut conn = self.pool.acquire().await?;
                         self.lock_registry(&mut conn).await?;
                         let mut q = sqlx::query(&delete);
@@ -278,12 +277,9 @@ for_every_dialect!(
                         }
                         let done = q.execute(&mut *conn).await;
                         self.unlock_registry(&mut conn, done.is_ok()).await?;
-                        match done {
-                            Err(e) if tries < 10 && is_deadlock(&e) => tries += 1,
-                            done => break D::rows_affected(&done?),
-                        }
-                        tokio::time::sleep(std::time::Duration::from_millis(20 * tries)).await;
-                    };
+                        Ok::<_, StoreError>(D::rows_affected(&done?))
+                    })
+                    .await?;
                 }
                 if picked.len() < limit as usize || deleted >= u64::from(limit) {
                     return Ok(deleted);
