@@ -22,6 +22,7 @@ per_backend!(
     a_sinks_copy_becomes_its_positions_and_exceptions_while_producers_write,
     an_event_retried_then_delivered_is_not_read_again,
     a_partition_no_longer_renewed_is_given_up_with_what_its_owner_delivered,
+    a_heartbeat_whose_settle_fails_still_renews_every_lease,
     a_new_partition_count_keeps_what_a_consumer_has_waiting_no_more_no_less
 );
 
@@ -632,6 +633,59 @@ async fn a_partition_no_longer_renewed_is_given_up_with_what_its_owner_delivered
     }
     let taken = b.keep_partitions(&held_for_ten_seconds("host-b", &[], now + 200)).await.unwrap().owned;
     assert!(taken.iter().any(|f| f.partition == room_part), "host-b takes the free partition at once: {taken:?}");
+    let read = OwnedRead { owner: "host-b", total: TOTAL, owned: &taken, after: None, limit: 100 };
+    let again = b.read_owned(&read).await.unwrap().waiting;
+    assert!(
+        again.is_empty(),
+        "host-b delivers none of them again: {:?}",
+        again.iter().map(|w| &w.row.event_id).collect::<Vec<_>>()
+    );
+}
+
+/// A heartbeat that gives a partition up settles first, writing what its owner delivered
+/// there. When that settle fails (here its exceptions' table is away; on SQLite, a busy
+/// database), the heartbeat fails, and every lease is renewed all the same, the one it was
+/// giving up with them: past the old leases' end another host takes none of them, and once
+/// a settle succeeds the partition is given up with what was delivered there settled (by
+/// now behind its position), so its next owner delivers none of it again. (Without the renewal the leases ran out and
+/// host-b read the three events again.)
+async fn a_heartbeat_whose_settle_fails_still_renews_every_lease(world: World) {
+    use outbox_host::store::{Mark, Outcome};
+
+    let store = world.producer.clone();
+    let now = now_ms();
+    let audit = store.register_sink("audit", 0, false, now).await.unwrap();
+    let (a, b) = (store.clone().sink_store(&audit).await.unwrap(), store.clone().sink_store(&audit).await.unwrap());
+    let events = room_events(&world, "room-1", now - 1_000, 3).await;
+    let owned = a.keep_partitions(&held_for_ten_seconds("host-a", &[], now)).await.unwrap().owned;
+    assert_eq!(owned.len(), TOTAL as usize, "alone, host-a holds every partition");
+    let read = OwnedRead { owner: "host-a", total: TOTAL, owned: &owned, after: None, limit: 100 };
+    let page = a.read_owned(&read).await.unwrap().waiting;
+    let marks: Vec<Mark> = page.iter().map(|w| Mark::of(&w.row, Outcome::Delivered)).collect();
+    assert_eq!(a.mark_owned("host-a", &marks, now).await.unwrap(), (3, vec![]));
+    let room_part = page[0].row.lease.fence.unwrap().partition;
+    let renew: Vec<u32> = owned.iter().map(|f| f.partition).filter(|p| *p != room_part).collect();
+
+    world.db.execute("ALTER TABLE room_outbox_exceptions RENAME TO room_outbox_exceptions_away").await.unwrap();
+    let failed = a.keep_partitions(&held_for_ten_seconds("host-a", &renew, now + 5_000)).await;
+    world.db.execute("ALTER TABLE room_outbox_exceptions_away RENAME TO room_outbox_exceptions").await.unwrap();
+    assert!(failed.is_err(), "the settle could not write, and the heartbeat says so: {failed:?}");
+
+    let past_first_leases = now + 10_500;
+    let joined = b.keep_partitions(&held_for_ten_seconds("host-b", &[], past_first_leases)).await.unwrap();
+    assert!(
+        joined.owned.is_empty(),
+        "the failed heartbeat renewed every lease, partition {room_part} too: host-b takes none ({:?})",
+        joined.owned
+    );
+    for e in &events {
+        assert!(exception_status(&world, &e.event_id).await.is_empty(), "the failed settle wrote nothing");
+    }
+
+    let kept = a.keep_partitions(&held_for_ten_seconds("host-a", &renew, past_first_leases + 100)).await.unwrap();
+    assert!(!kept.owned.iter().any(|f| f.partition == room_part), "host-a gives partition {room_part} up now");
+    let taken = b.keep_partitions(&held_for_ten_seconds("host-b", &[], past_first_leases + 200)).await.unwrap().owned;
+    assert!(taken.iter().any(|f| f.partition == room_part), "host-b takes the free partition: {taken:?}");
     let read = OwnedRead { owner: "host-b", total: TOTAL, owned: &taken, after: None, limit: 100 };
     let again = b.read_owned(&read).await.unwrap().waiting;
     assert!(

@@ -12,7 +12,7 @@
 //! only topics that exist.
 
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::ClientContext;
@@ -34,17 +34,23 @@ pub const DEDUP_HEADER: &str = "outbox-dedup-id";
 /// event is then retried, as after any lost ack).
 const MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long what the client said about its connections explains a failure: an older
+/// reason would name a trouble that has passed.
+const HEARD_FOR: Duration = Duration::from_secs(30);
+
 /// What the client said last about its connections: librdkafka reports a broker it cannot
 /// reach, or that refuses its credentials, through this callback, not through a call.
 #[derive(Clone, Default)]
 struct Heard {
     broker: String,
-    last: Arc<Mutex<Option<(RDKafkaErrorCode, String)>>>,
+    last: Arc<Mutex<Option<(Instant, RDKafkaErrorCode, String)>>>,
 }
 
 impl Heard {
+    /// What the client said last, if it said it within [`HEARD_FOR`].
     fn last(&self) -> Option<(RDKafkaErrorCode, String)> {
-        self.last.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        let last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        last.as_ref().filter(|(at, ..)| at.elapsed() < HEARD_FOR).map(|(_, code, reason)| (*code, reason.clone()))
     }
 }
 
@@ -63,7 +69,7 @@ impl ClientContext for Heard {
         let code = error.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail);
         let reason = crate::text::printable(reason, 300);
         tracing::debug!(broker = %self.broker, error = %reason, "the Kafka client lost or could not make a connection");
-        *self.last.lock().unwrap_or_else(PoisonError::into_inner) = Some((code, reason));
+        *self.last.lock().unwrap_or_else(PoisonError::into_inner) = Some((Instant::now(), code, reason));
     }
 }
 
@@ -313,5 +319,28 @@ impl Publish for KafkaPublisher {
             // The broker's dedup of a batch sent again is invisible to the client.
             Ok(0)
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_the_client_said_explains_failures_only_while_it_is_recent() {
+        let heard = Heard { broker: "log".into(), ..Heard::default() };
+        assert_eq!(heard.last(), None, "nothing said yet");
+        heard.error(KafkaError::Global(RDKafkaErrorCode::AllBrokersDown), "127.0.0.1:9/bootstrap: Connect failed");
+        assert_eq!(
+            heard.last(),
+            Some((RDKafkaErrorCode::AllBrokersDown, "127.0.0.1:9/bootstrap: Connect failed".to_string()))
+        );
+        let error = KafkaError::MetadataFetch(RDKafkaErrorCode::OperationTimedOut);
+        assert!(heard_or(&heard, &error).ends_with("(127.0.0.1:9/bootstrap: Connect failed)"));
+
+        let long_ago = Instant::now().checked_sub(HEARD_FOR + Duration::from_secs(1)).expect("the clock is past it");
+        heard.last.lock().unwrap().as_mut().expect("said").0 = long_ago;
+        assert_eq!(heard.last(), None, "a reason older than {HEARD_FOR:?} explains nothing now");
+        assert_eq!(heard_or(&heard, &error), error.to_string());
     }
 }

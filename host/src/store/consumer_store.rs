@@ -586,6 +586,11 @@ for_consumers!(
         /// renews: those it releases now, and those whose release an earlier heartbeat did
         /// not get to (a settle or a statement that failed). Their memory is written before
         /// any of them is released, and kept until it is.
+        ///
+        /// A settle that fails (SQLite busy, a statement cut) still leaves every lease renewed,
+        /// those to be given up with them, and the heartbeat fails: a lease run out while
+        /// settles failed would hand the partition, and the events delivered there that only
+        /// memory holds, to another host, to be delivered again.
         async fn keep_partitions(&self, beat: &Heartbeat<'_>) -> Result<Holding, StoreError> {
             let _settling = self.settling.lock().await;
             let held: Vec<u32> = self.memory().holding.iter().map(|f| f.partition).collect();
@@ -593,7 +598,14 @@ for_consumers!(
                 held.into_iter().filter(|p| !beat.renew.contains(p)).chain(beat.release.iter().copied()).collect();
             release.sort_unstable();
             release.dedup();
-            self.settle_held(beat.owner, beat.now_ms, Vec::new(), &release).await?;
+            if let Err(e) = self.settle_held(beat.owner, beat.now_ms, Vec::new(), &release).await {
+                let kept: Vec<u32> = beat.renew.iter().chain(&release).copied().collect();
+                let renewal = self.leases.renew(&Heartbeat { renew: &kept, release: &[], ..beat.clone() }).await;
+                if let Err(renewal) = renewal {
+                    tracing::debug!(error = %renewal, "could not renew partition leases after a failed settle");
+                }
+                return Err(e);
+            }
             let holding = self.leases.heartbeat(&Heartbeat { release: &release, ..beat.clone() }).await?;
             let mut memory = self.memory();
             memory.holding = holding.owned.clone();

@@ -181,41 +181,10 @@ for_every_dialect!(impl {
     /// the sink's partitions if there are none, and takes free or expired ones up to its
     /// share. Returns what it holds afterwards.
     pub(super) async fn heartbeat(&self, beat: &Heartbeat<'_>) -> Result<Holding, StoreError> {
-        let (parts, owners) = self.lease_tables();
+        self.renew(beat).await?;
+        let (parts, _) = self.lease_tables();
         let (t, p) = (&self.table, D::param);
         let until = beat.now_ms + beat.lease_ms;
-        let seen = format!(
-            "UPDATE {owners} SET lease_until_ms = {}, in_flight = {} WHERE sink_table = {} AND owner = {}",
-            p(1),
-            p(2),
-            p(3),
-            p(4)
-        );
-        let seen = sqlx::query(&seen).bind(until).bind(beat.in_flight).bind(t.clone()).bind(beat.owner.to_string());
-        if D::rows_affected(&seen.execute(&self.pool).await?) == 0 {
-            let join = format!(
-                "INSERT INTO {owners} (sink_table, owner, lease_until_ms, in_flight) VALUES ({})",
-                params::<D>(1, 4)
-            );
-            sqlx::query(&join)
-                .bind(t.clone())
-                .bind(beat.owner.to_string())
-                .bind(until)
-                .bind(beat.in_flight)
-                .execute(&self.pool)
-                .await?;
-        }
-        // By primary key, so that InnoDB locks these rows only, not every row it scans.
-        if !beat.renew.is_empty() {
-            let renew = format!(
-                "UPDATE {parts} SET lease_until_ms = {} WHERE sink_table = {} AND part IN ({}) AND owner = {}",
-                p(1),
-                p(2),
-                list(beat.renew),
-                p(3)
-            );
-            sqlx::query(&renew).bind(until).bind(t.clone()).bind(beat.owner.to_string()).execute(&self.pool).await?;
-        }
         for part in beat.release {
             let give_up = format!(
                 "UPDATE {parts} SET owner = NULL, lease_until_ms = 0 WHERE sink_table = {} AND part = {} AND owner = {}",
@@ -293,6 +262,47 @@ for_every_dialect!(impl {
         owned.sort_by_key(|f| f.partition);
         let surplus = owned.iter().skip(share).map(|f| f.partition).collect();
         Ok(Holding { total, owned, share, surplus, lease_until_ms: until })
+    }
+
+    /// The part of a heartbeat that keeps what this owner has: says it is there and renews
+    /// the leases of `renew` (nothing given up, nothing taken).
+    pub(super) async fn renew(&self, beat: &Heartbeat<'_>) -> Result<(), StoreError> {
+        let (parts, owners) = self.lease_tables();
+        let (t, p) = (&self.table, D::param);
+        let until = beat.now_ms + beat.lease_ms;
+        let seen = format!(
+            "UPDATE {owners} SET lease_until_ms = {}, in_flight = {} WHERE sink_table = {} AND owner = {}",
+            p(1),
+            p(2),
+            p(3),
+            p(4)
+        );
+        let seen = sqlx::query(&seen).bind(until).bind(beat.in_flight).bind(t.clone()).bind(beat.owner.to_string());
+        if D::rows_affected(&seen.execute(&self.pool).await?) == 0 {
+            let join = format!(
+                "INSERT INTO {owners} (sink_table, owner, lease_until_ms, in_flight) VALUES ({})",
+                params::<D>(1, 4)
+            );
+            sqlx::query(&join)
+                .bind(t.clone())
+                .bind(beat.owner.to_string())
+                .bind(until)
+                .bind(beat.in_flight)
+                .execute(&self.pool)
+                .await?;
+        }
+        // By primary key, so that InnoDB locks these rows only, not every row it scans.
+        if !beat.renew.is_empty() {
+            let renew = format!(
+                "UPDATE {parts} SET lease_until_ms = {} WHERE sink_table = {} AND part IN ({}) AND owner = {}",
+                p(1),
+                p(2),
+                list(beat.renew),
+                p(3)
+            );
+            sqlx::query(&renew).bind(until).bind(t.clone()).bind(beat.owner.to_string()).execute(&self.pool).await?;
+        }
+        Ok(())
     }
 
     /// Every partition row of this sink, and the owners whose heartbeat is live.
