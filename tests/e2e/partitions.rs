@@ -17,7 +17,8 @@ per_backend!(
     a_host_joining_one_just_started_gets_its_share_within_short_beats,
     the_partition_count_changes_only_by_command_with_the_hosts_stopped,
     a_go_workers_live_lease_holds_its_room_until_it_ends,
-    a_host_with_another_ordering_than_the_live_hosts_refuses_to_start;
+    a_host_with_another_ordering_than_the_live_hosts_refuses_to_start,
+    a_lease_renewed_a_moment_ago_is_not_written_again_and_its_end_is_reported;
     servers: a_stopped_owner_is_taken_over_and_its_late_outcomes_are_fenced
 );
 
@@ -25,6 +26,18 @@ per_backend!(
 async fn beat(store: &dyn Store, owner: &str, now: i64) -> Vec<Fence> {
     let beat = Heartbeat { owner, partitions: 4, in_flight: 0, now_ms: now, lease_ms: 1_000, renew: &[], release: &[] };
     store.keep_partitions(&beat).await.unwrap().owned
+}
+
+/// One heartbeat of `owner` at `now` renewing `renew`, with an eight-second lease.
+async fn renewing(store: &dyn Store, owner: &str, renew: &[u32], now: i64) -> outbox_host::store::Holding {
+    let beat = Heartbeat { owner, partitions: 4, in_flight: 0, now_ms: now, lease_ms: 8_000, renew, release: &[] };
+    store.keep_partitions(&beat).await.unwrap()
+}
+
+/// The lease ends of the partition rows, as the table has them.
+async fn lease_ends(world: &World) -> Vec<i64> {
+    let ends = query_strings(&world.db, "SELECT lease_until_ms FROM room_outbox_partitions ORDER BY part").await;
+    ends.iter().map(|e| e.parse().unwrap()).collect()
 }
 
 /// Every waiting row of the `owned` partitions, as `owner` reads them.
@@ -402,4 +415,26 @@ async fn a_host_with_another_ordering_than_the_live_hosts_refuses_to_start(world
     let mut last = Running::start(per_room).await;
     last.wait_status(&world, &[&id], Status::Delivered).await;
     last.stop().await;
+}
+
+/// A host's quick heartbeats (its start's, eight to a normal beat) renew no lease renewed
+/// within the last eighth of its length: the partition rows are not written again, and the
+/// heartbeat reports their lease's end as the table has it (a delivery starts only with
+/// enough of it left). A beat past that eighth renews every lease.
+async fn a_lease_renewed_a_moment_ago_is_not_written_again_and_its_end_is_reported(world: World) {
+    let store = world.producer.as_ref();
+    let now = now_ms();
+    let taken = renewing(store, "host-a", &[], now).await;
+    assert_eq!(taken.owned.len(), 4);
+    assert_eq!(lease_ends(&world).await, [now + 8_000; 4]);
+    let all: Vec<u32> = taken.owned.iter().map(|f| f.partition).collect();
+
+    let quick = renewing(store, "host-a", &all, now + 900).await;
+    assert_eq!(quick.owned, taken.owned, "still held");
+    assert_eq!(lease_ends(&world).await, [now + 8_000; 4], "renewed 900 ms ago of 8 s: not written");
+    assert_eq!(quick.lease_until_ms, now + 8_000, "the end the table has, not now + the lease");
+
+    let later = renewing(store, "host-a", &all, now + 1_100).await;
+    assert_eq!(lease_ends(&world).await, [now + 9_100; 4], "renewed 1.1 s ago of 8 s (past an eighth): renewed");
+    assert_eq!(later.lease_until_ms, now + 9_100);
 }
