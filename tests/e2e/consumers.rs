@@ -592,19 +592,26 @@ async fn an_event_retried_then_delivered_is_not_read_again(world: World) {
     assert!(read().await.is_empty());
 }
 
-/// The engine lets a drained partition go before its heartbeat gives it up; when that
-/// heartbeat fails (a settle MariaDB broke as a deadlock, a statement that timed out), the
-/// next one no longer names it. The store still gives it up, and first writes what its
-/// owner delivered there and holds only in memory (created within the settle time): the
-/// partition's next owner reads none of it.
-async fn a_partition_no_longer_renewed_is_given_up_with_what_its_owner_delivered(world: World) {
+/// Two hosts of the sink `audit`: host-a holds every partition and delivered the three
+/// events of room-1 (created within the settle time, so held in its memory only); host-b
+/// has not beaten yet.
+struct Delivered {
+    a: std::sync::Arc<dyn Store>,
+    b: std::sync::Arc<dyn Store>,
+    events: Vec<NewEvent>,
+    /// The room's partition.
+    room_part: u32,
+    /// Every partition but the room's.
+    others: Vec<u32>,
+}
+
+async fn host_a_delivered_room_1(world: &World, now: i64) -> Delivered {
     use outbox_host::store::{Mark, Outcome};
 
     let store = world.producer.clone();
-    let now = now_ms();
     let audit = store.register_sink("audit", 0, false, now).await.unwrap();
     let (a, b) = (store.clone().sink_store(&audit).await.unwrap(), store.clone().sink_store(&audit).await.unwrap());
-    let events = room_events(&world, "room-1", now - 1_000, 3).await;
+    let events = room_events(world, "room-1", now - 1_000, 3).await;
     let owned = a.keep_partitions(&held_for_ten_seconds("host-a", &[], now)).await.unwrap().owned;
     assert_eq!(owned.len(), TOTAL as usize, "alone, host-a holds every partition");
     let read = OwnedRead { owner: "host-a", total: TOTAL, owned: &owned, after: None, limit: 100 };
@@ -613,6 +620,29 @@ async fn a_partition_no_longer_renewed_is_given_up_with_what_its_owner_delivered
     let marks: Vec<Mark> = page.iter().map(|w| Mark::of(&w.row, Outcome::Delivered)).collect();
     assert_eq!(a.mark_owned("host-a", &marks, now).await.unwrap(), (3, vec![]));
     let room_part = page[0].row.lease.fence.unwrap().partition;
+    let others = owned.iter().map(|f| f.partition).filter(|p| *p != room_part).collect();
+    Delivered { a, b, events, room_part, others }
+}
+
+/// host-b, having taken `taken`, reads none of room-1's delivered events again.
+async fn host_b_delivers_none_again(b: &dyn Store, taken: &[Fence]) {
+    let read = OwnedRead { owner: "host-b", total: TOTAL, owned: taken, after: None, limit: 100 };
+    let again = b.read_owned(&read).await.unwrap().waiting;
+    assert!(
+        again.is_empty(),
+        "host-b delivers none of them again: {:?}",
+        again.iter().map(|w| &w.row.event_id).collect::<Vec<_>>()
+    );
+}
+
+/// The engine lets a drained partition go before its heartbeat gives it up; when that
+/// heartbeat fails (a settle MariaDB broke as a deadlock, a statement that timed out), the
+/// next one no longer names it. The store still gives it up, and first writes what its
+/// owner delivered there and holds only in memory (created within the settle time): the
+/// partition's next owner reads none of it.
+async fn a_partition_no_longer_renewed_is_given_up_with_what_its_owner_delivered(world: World) {
+    let now = now_ms();
+    let Delivered { a, b, events, room_part, others } = host_a_delivered_room_1(&world, now).await;
     assert!(
         exception_status(&world, &events[0].event_id).await.is_empty(),
         "delivered within the settle time: in memory only"
@@ -620,8 +650,7 @@ async fn a_partition_no_longer_renewed_is_given_up_with_what_its_owner_delivered
 
     let joined = b.keep_partitions(&held_for_ten_seconds("host-b", &[], now + 50)).await.unwrap();
     assert!(joined.owned.is_empty(), "host-b joins; every partition is host-a's");
-    let renew: Vec<u32> = owned.iter().map(|f| f.partition).filter(|p| *p != room_part).collect();
-    let kept = a.keep_partitions(&held_for_ten_seconds("host-a", &renew, now + 100)).await.unwrap().owned;
+    let kept = a.keep_partitions(&held_for_ten_seconds("host-a", &others, now + 100)).await.unwrap().owned;
     assert!(!kept.iter().any(|f| f.partition == room_part), "host-a no longer holds partition {room_part}");
     for e in &events {
         assert_eq!(
@@ -633,13 +662,7 @@ async fn a_partition_no_longer_renewed_is_given_up_with_what_its_owner_delivered
     }
     let taken = b.keep_partitions(&held_for_ten_seconds("host-b", &[], now + 200)).await.unwrap().owned;
     assert!(taken.iter().any(|f| f.partition == room_part), "host-b takes the free partition at once: {taken:?}");
-    let read = OwnedRead { owner: "host-b", total: TOTAL, owned: &taken, after: None, limit: 100 };
-    let again = b.read_owned(&read).await.unwrap().waiting;
-    assert!(
-        again.is_empty(),
-        "host-b delivers none of them again: {:?}",
-        again.iter().map(|w| &w.row.event_id).collect::<Vec<_>>()
-    );
+    host_b_delivers_none_again(b.as_ref(), &taken).await;
 }
 
 /// A heartbeat that gives a partition up settles first, writing what its owner delivered
@@ -647,27 +670,14 @@ async fn a_partition_no_longer_renewed_is_given_up_with_what_its_owner_delivered
 /// database), the heartbeat fails, and every lease is renewed all the same, the one it was
 /// giving up with them: past the old leases' end another host takes none of them, and once
 /// a settle succeeds the partition is given up with what was delivered there settled (by
-/// now behind its position), so its next owner delivers none of it again. (Without the renewal the leases ran out and
-/// host-b read the three events again.)
+/// now behind its position), so its next owner delivers none of it again. (Without the
+/// renewal the leases ran out and host-b read the three events again.)
 async fn a_heartbeat_whose_settle_fails_still_renews_every_lease(world: World) {
-    use outbox_host::store::{Mark, Outcome};
-
-    let store = world.producer.clone();
     let now = now_ms();
-    let audit = store.register_sink("audit", 0, false, now).await.unwrap();
-    let (a, b) = (store.clone().sink_store(&audit).await.unwrap(), store.clone().sink_store(&audit).await.unwrap());
-    let events = room_events(&world, "room-1", now - 1_000, 3).await;
-    let owned = a.keep_partitions(&held_for_ten_seconds("host-a", &[], now)).await.unwrap().owned;
-    assert_eq!(owned.len(), TOTAL as usize, "alone, host-a holds every partition");
-    let read = OwnedRead { owner: "host-a", total: TOTAL, owned: &owned, after: None, limit: 100 };
-    let page = a.read_owned(&read).await.unwrap().waiting;
-    let marks: Vec<Mark> = page.iter().map(|w| Mark::of(&w.row, Outcome::Delivered)).collect();
-    assert_eq!(a.mark_owned("host-a", &marks, now).await.unwrap(), (3, vec![]));
-    let room_part = page[0].row.lease.fence.unwrap().partition;
-    let renew: Vec<u32> = owned.iter().map(|f| f.partition).filter(|p| *p != room_part).collect();
+    let Delivered { a, b, events, room_part, others } = host_a_delivered_room_1(&world, now).await;
 
     world.db.execute("ALTER TABLE room_outbox_exceptions RENAME TO room_outbox_exceptions_away").await.unwrap();
-    let failed = a.keep_partitions(&held_for_ten_seconds("host-a", &renew, now + 5_000)).await;
+    let failed = a.keep_partitions(&held_for_ten_seconds("host-a", &others, now + 5_000)).await;
     world.db.execute("ALTER TABLE room_outbox_exceptions_away RENAME TO room_outbox_exceptions").await.unwrap();
     assert!(failed.is_err(), "the settle could not write, and the heartbeat says so: {failed:?}");
 
@@ -682,17 +692,11 @@ async fn a_heartbeat_whose_settle_fails_still_renews_every_lease(world: World) {
         assert!(exception_status(&world, &e.event_id).await.is_empty(), "the failed settle wrote nothing");
     }
 
-    let kept = a.keep_partitions(&held_for_ten_seconds("host-a", &renew, past_first_leases + 100)).await.unwrap();
+    let kept = a.keep_partitions(&held_for_ten_seconds("host-a", &others, past_first_leases + 100)).await.unwrap();
     assert!(!kept.owned.iter().any(|f| f.partition == room_part), "host-a gives partition {room_part} up now");
     let taken = b.keep_partitions(&held_for_ten_seconds("host-b", &[], past_first_leases + 200)).await.unwrap().owned;
     assert!(taken.iter().any(|f| f.partition == room_part), "host-b takes the free partition: {taken:?}");
-    let read = OwnedRead { owner: "host-b", total: TOTAL, owned: &taken, after: None, limit: 100 };
-    let again = b.read_owned(&read).await.unwrap().waiting;
-    assert!(
-        again.is_empty(),
-        "host-b delivers none of them again: {:?}",
-        again.iter().map(|w| &w.row.event_id).collect::<Vec<_>>()
-    );
+    host_b_delivers_none_again(b.as_ref(), &taken).await;
 }
 
 /// `partitions --set` with the sink's hosts stopped: the positions and exceptions kept in
