@@ -260,6 +260,12 @@ fn read_topic(address: &str, topic: &str) -> Vec<KafkaRecord> {
         // The end of a partition is where the consumer is told so: offsets may skip (a
         // control record, an aborted batch), so the last offset can be below the high mark.
         .set("enable.partition.eof", "true")
+        // Small fetches, each answered well within the socket's timeout: tansu's SQLite
+        // storage answered a whole partition's megabyte slower than the default 60 s on a
+        // busy machine, the client gave the request up and asked again, and nothing was
+        // ever read (CI, twice in one run).
+        .set("fetch.message.max.bytes", "65536")
+        .set("socket.timeout.ms", "300000")
         .create()
         .expect("a Kafka consumer");
     let metadata = consumer.fetch_metadata(Some(topic), patience).expect("the topic's metadata");
