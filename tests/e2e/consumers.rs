@@ -14,6 +14,7 @@ use crate::support::{World, per_backend, query_strings};
 per_backend!(
     a_position_moves_over_finished_rows_and_what_it_passes_unfinished_waits,
     a_row_committed_late_behind_finished_rows_becomes_an_exception_and_waits,
+    a_row_its_owner_has_in_hand_stops_the_position_without_an_exception,
     a_sink_that_delivers_nothing_writes_nothing,
     no_position_passes_the_settle_horizon,
     a_settle_from_a_lost_partition_writes_nothing,
@@ -63,10 +64,16 @@ fn settling<'a>(sink: &'a RegisteredSink, fences: &'a [Fence], finished: &'a Fin
         fences,
         horizon_ms: now,
         finished,
+        in_hand: &nothing_in_hand,
         exceptions: &[],
         now_ms: now,
         limit: 100,
     }
+}
+
+/// An owner with no unfinished row in hand.
+fn nothing_in_hand(_: &str) -> bool {
+    false
 }
 
 /// `n` events of one room, created one millisecond apart from `first_ms`, inserted.
@@ -250,6 +257,39 @@ async fn a_row_committed_late_behind_finished_rows_becomes_an_exception_and_wait
         vec![(late[0].event_id.clone(), Status::Pending, 0)],
         "the late row waits; the others were delivered"
     );
+}
+
+/// A row its owner read and has not finished yet (waiting behind its room, or in flight),
+/// with finished rows after it and all of them older than the horizon: the position stops
+/// before it and writes no exception for it (a catch-up past the horizon once made a
+/// `pending` exception of every such row, each then written again as `delivered`). Once it
+/// is finished, the position passes it and the rows after it. (A row not in hand is passed
+/// as a hole: the test above.)
+async fn a_row_its_owner_has_in_hand_stops_the_position_without_an_exception(world: World) {
+    let store = world.producer.as_ref();
+    let sink = audit(0);
+    let now = now_ms();
+    let fences = beat(store, "host-a", now).await;
+    let events = room_events(&world, "room-4", now - 60_000, 4).await;
+    let finished = ids(&events, &[0, 2, 3]);
+    let finished_by = |id: &str| finished.contains(id);
+    let in_hand = |id: &str| id == events[1].event_id;
+    let settle = Settle { in_hand: &in_hand, ..settling(&sink, &fences, &finished_by, now) };
+    let settled = store.settle(&settle).await.unwrap();
+    assert_eq!(settled.passed, [events[0].event_id.clone()], "only the row before the one in hand is passed");
+    assert_eq!(query_strings(&world.db, "SELECT COUNT(*) FROM room_outbox_exceptions").await, ["0"]);
+    assert_eq!(position_of(&world, &sink, &events, &fences).await.created_at_ms, events[0].created_at_ms);
+    let left: Vec<String> = waiting(store, &sink, &fences, &finished).await.into_iter().map(|(id, _, _)| id).collect();
+    assert_eq!(left, [events[1].event_id.clone()], "the row in hand still waits; the finished ones are not read");
+
+    // Finished now: the position passes it and the rows after it, still without an exception.
+    let all = ids(&events, &[1, 2, 3]);
+    let all_by = |id: &str| all.contains(id);
+    let settled = store.settle(&settling(&sink, &fences, &all_by, now)).await.unwrap();
+    assert_eq!(settled.passed.len(), 3, "{settled:?}");
+    assert_eq!(query_strings(&world.db, "SELECT COUNT(*) FROM room_outbox_exceptions").await, ["0"]);
+    assert_eq!(position_of(&world, &sink, &events, &fences).await.created_at_ms, events[3].created_at_ms);
+    assert!(waiting(store, &sink, &fences, &HashSet::new()).await.is_empty(), "every event finished for the sink");
 }
 
 /// Rows created after the horizon stay past the position even when finished: a producer's

@@ -30,6 +30,10 @@ use super::{
 
 /// Rows one settle walks at most.
 const SETTLE_ROWS: u32 = 5_000;
+
+/// How long a row this owner read and has not finished holds its partition's position
+/// (see [`Settle::in_hand`]): a settle time, the backlog a position stays behind anyway.
+const IN_HAND: std::time::Duration = std::time::Duration::from_millis(SETTLE_MS as u64);
 /// How often at most a batch of deliveries alone settles (a batch with a failure settles at
 /// once: its exception is written there). Each settle is a fenced write that walks rows from
 /// the positions; on every batch it cost four sinks a third of their speed (performance.md).
@@ -47,6 +51,8 @@ struct Meta {
     app_code: String,
     room_id: String,
     event_type: String,
+    /// When this owner first read it (read again, it keeps this).
+    read_at: std::time::Instant,
 }
 
 impl Meta {
@@ -104,8 +110,11 @@ impl Memory {
         self.fences.retain(|f| held.contains(f));
     }
 
-    fn remember_read(&mut self, event_id: String, meta: Meta) {
+    fn remember_read(&mut self, event_id: String, mut meta: Meta) {
         self.fences.insert(meta.fence);
+        if let Some(earlier) = self.read.get(&event_id) {
+            meta.read_at = earlier.read_at;
+        }
         self.read.insert(event_id, meta);
     }
 
@@ -224,6 +233,7 @@ for_consumers!(impl {
             return Ok(Settled::default());
         }
         let finished = |event_id: &str| self.memory().finished.contains_key(event_id);
+        let in_hand = |event_id: &str| self.memory().read.get(event_id).is_some_and(|m| m.read_at.elapsed() < IN_HAND);
         let settle = Settle {
             sink: &self.sink,
             owner,
@@ -231,6 +241,7 @@ for_consumers!(impl {
             fences: &fences,
             horizon_ms: now_ms - SETTLE_MS,
             finished: &finished as &Finished<'_>,
+            in_hand: &in_hand as &Finished<'_>,
             exceptions: &exceptions,
             now_ms,
             limit: SETTLE_ROWS,
@@ -636,6 +647,7 @@ for_consumers!(
                     app_code: w.row.app_code.clone(),
                     room_id: w.row.room_id.clone(),
                     event_type: w.row.event_type.clone(),
+                    read_at: std::time::Instant::now(),
                 };
                 memory.remember_read(w.row.event_id.clone(), meta);
                 if let KeyValue::Int(key) = w.key {
@@ -824,6 +836,7 @@ mod tests {
             app_code: "app".into(),
             room_id: format!("room{key}"),
             event_type: "RoomGiftSent".into(),
+            read_at: std::time::Instant::now(),
         }
     }
 

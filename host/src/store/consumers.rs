@@ -15,7 +15,8 @@
 //! and the exceptions still to deliver ([`SqlStore::consumer_page`]); it moves a position
 //! in one fenced transaction ([`SqlStore::settle_positions`]) that walks the rows it passes:
 //! one neither delivered nor excepted (a row that committed late, behind rows already
-//! delivered) becomes a `pending` exception rather than being passed in silence. No
+//! delivered) becomes a `pending` exception rather than being passed in silence, and one
+//! the owner has in hand (read lately, still to deliver) stops the position there. No
 //! position passes the settle horizon, so a row committing after the walk was not created
 //! before it.
 
@@ -109,6 +110,12 @@ pub struct Settle<'a> {
     pub horizon_ms: i64,
     /// Whether the owner delivered this event (by id) past its partition's position.
     pub finished: &'a Finished<'a>,
+    /// Whether the owner has this unfinished event in hand: it read it less than a settle
+    /// time ago and will deliver it (in flight, or waiting behind its room). The position
+    /// stops before such a row instead of passing it as a hole: a hole is a `pending`
+    /// exception, written, then delivered through the exceptions and written again as
+    /// `delivered` (a catch-up past the horizon made thousands of them).
+    pub in_hand: &'a Finished<'a>,
     /// Outcomes to record, each in a held partition.
     pub exceptions: &'a [Exception],
     /// Now on the database's clock.
@@ -536,18 +543,23 @@ for_every_dialect!(impl {
             let mut unknown: HashMap<u32, Vec<Exception>> = HashMap::new();
             let mut holes: Vec<Exception> = Vec::new();
             let mut moved: HashSet<u32> = HashSet::new();
+            // Partitions whose position stops before a row the owner has in hand.
+            let mut stopped: HashSet<u32> = HashSet::new();
             let mut walked: Option<(i64, KeyValue)> = None;
             for r in &rows {
                 let part = self.part_of(r, settle.total)?;
                 let (created_at_ms, key) = (D::int(r, 6)?, self.sort_key(r)?);
                 walked = Some((created_at_ms, key.clone()));
                 let (Some(position), Some(&fence)) = (positions.get_mut(&part), epochs.get(&part)) else { continue };
-                if position.passed(created_at_ms, &key) {
+                if position.passed(created_at_ms, &key) || stopped.contains(&part) {
                     continue;
                 }
                 let event_id = D::text(r, 2)?;
                 let finished = !known.contains_key(&event_id) && (settle.finished)(&event_id);
                 if !finished && !known.contains_key(&event_id) {
+                    if (settle.in_hand)(&event_id) {
+                        stopped.insert(part);
+                    }
                     unknown.entry(part).or_default().push(self.exception_of(r, fence, Status::Pending)?);
                     continue;
                 }
