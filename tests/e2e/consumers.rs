@@ -24,6 +24,7 @@ per_backend!(
     an_event_retried_then_delivered_is_not_read_again,
     a_partition_no_longer_renewed_is_given_up_with_what_its_owner_delivered,
     a_heartbeat_whose_settle_fails_still_renews_every_lease,
+    a_heartbeat_passes_a_whole_backlog_delivered_past_the_horizon,
     a_new_partition_count_keeps_what_a_consumer_has_waiting_no_more_no_less
 );
 
@@ -737,6 +738,52 @@ async fn a_heartbeat_whose_settle_fails_still_renews_every_lease(world: World) {
     let taken = b.keep_partitions(&held_for_ten_seconds("host-b", &[], past_first_leases + 200)).await.unwrap().owned;
     assert!(taken.iter().any(|f| f.partition == room_part), "host-b takes the free partition: {taken:?}");
     host_b_delivers_none_again(b.as_ref(), &taken).await;
+}
+
+/// 30,000 events delivered, all older than the settle time: the outcome write's settle
+/// walks 5,000 rows, and a heartbeat settles again, 20,000 rows at a time, while its walks
+/// stop at their limit, so the positions pass every one of them at that heartbeat. (Before,
+/// a heartbeat passed 5,000 rows, and the owner kept the rest in memory, its leases renewed,
+/// for a heartbeat per 5,000.)
+async fn a_heartbeat_passes_a_whole_backlog_delivered_past_the_horizon(world: World) {
+    use outbox_host::store::{Mark, Outcome};
+
+    let store = world.producer.clone();
+    let now = now_ms();
+    let audit = store.register_sink("audit", 0, false, now).await.unwrap();
+    let first_ms = now - 60_000;
+    let mut events = Vec::new();
+    for room in 0..300 {
+        events.extend(room_events(&world, &format!("room-{room}"), first_ms, 100).await);
+    }
+    let a = store.clone().sink_store(&audit).await.unwrap();
+    let owned = a.keep_partitions(&held_for_ten_seconds("host-a", &[], now)).await.unwrap().owned;
+    assert_eq!(owned.len(), TOTAL as usize, "alone, host-a holds every partition");
+    let mut marks = Vec::new();
+    let mut after = None;
+    loop {
+        let read = OwnedRead { owner: "host-a", total: TOTAL, owned: &owned, after, limit: 1_000 };
+        let page = a.read_owned(&read).await.unwrap();
+        marks.extend(page.waiting.iter().map(|w| Mark::of(&w.row, Outcome::Delivered)));
+        if page.at_end {
+            break;
+        }
+        after = page.last;
+    }
+    assert_eq!(marks.len(), events.len(), "every event read once");
+    assert_eq!(a.mark_owned("host-a", &marks, now).await.unwrap(), (events.len() as u64, vec![]));
+
+    let parts: Vec<u32> = owned.iter().map(|f| f.partition).collect();
+    let behind = |positions: &[Position]| positions.iter().filter(|p| p.created_at_ms < first_ms + 99).count();
+    assert!(
+        behind(&store.positions(&audit, &parts).await.unwrap()) > 0,
+        "the outcome write's settle walked 5,000 rows, not all"
+    );
+    a.keep_partitions(&held_for_ten_seconds("host-a", &parts, now + 100)).await.unwrap();
+    let positions = store.positions(&audit, &parts).await.unwrap();
+    assert_eq!(behind(&positions), 0, "every position at its partition's last row: {positions:?}");
+    assert_eq!(query_strings(&world.db, "SELECT COUNT(*) FROM room_outbox_exceptions").await, ["0"]);
+    assert!(waiting(store.as_ref(), &audit, &owned, &HashSet::new()).await.is_empty(), "nothing waits for the sink");
 }
 
 /// `partitions --set` with the sink's hosts stopped: the positions and exceptions kept in

@@ -135,6 +135,9 @@ pub struct Settled {
     pub fenced: Vec<u32>,
     /// The fences held: an exception was written only under one of these.
     pub held: Vec<Fence>,
+    /// The walk stopped at its limit and moved positions: the next settle may move them
+    /// further at once.
+    pub more: bool,
 }
 
 /// A key as `<table>_positions.row_key` keeps it.
@@ -533,6 +536,7 @@ for_every_dialect!(impl {
         }
         let mut positions = self.positions_on(&mut tx, settle.sink, &held).await?;
         let mut passed = Vec::new();
+        let mut more = false;
         if let Some(lowest) = positions.values().map(|p| (p.created_at_ms, p.key.clone())).min() {
             let known = self.exceptions_on(&mut tx, &settle.sink.name, &held, lowest.0).await?;
             let walk = Walk::over(settle.total, &held, &lowest, settle.horizon_ms, settle.limit);
@@ -592,6 +596,7 @@ for_every_dialect!(impl {
             for hole in &holes {
                 self.write_exception(&mut tx, &settle.sink.name, hole, settle.now_ms).await?;
             }
+            more = rows.len() >= settle.limit as usize && !moved.is_empty();
             let mut moved: Vec<u32> = moved.into_iter().collect();
             moved.sort_unstable();
             for part in &moved {
@@ -629,7 +634,7 @@ for_every_dialect!(impl {
         tx.commit().await?;
         let mut positions: Vec<Position> = positions.into_values().collect();
         positions.sort_by_key(|p| p.part);
-        Ok(Settled { positions, passed, fenced, held: held_fences })
+        Ok(Settled { positions, passed, fenced, held: held_fences, more })
     }
 });
 
