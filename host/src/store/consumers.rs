@@ -580,8 +580,8 @@ for_every_dialect!(impl {
             // Otherwise a quiet partition would keep the walk's start, the lowest position,
             // behind for good, and a walk cut at its limit would never reach the newer rows.
             // (A sink that delivers nothing still writes nothing.)
+            let full = rows.len() >= settle.limit as usize;
             if let Some((at, key)) = &walked {
-                let full = rows.len() >= settle.limit as usize;
                 let others_moved = !moved.is_empty();
                 for (part, position) in positions.iter_mut() {
                     if unknown.contains_key(part) || position.passed(*at, key) {
@@ -596,7 +596,7 @@ for_every_dialect!(impl {
             for hole in &holes {
                 self.write_exception(&mut tx, &settle.sink.name, hole, settle.now_ms).await?;
             }
-            more = rows.len() >= settle.limit as usize && !moved.is_empty();
+            more = full && !moved.is_empty();
             let mut moved: Vec<u32> = moved.into_iter().collect();
             moved.sort_unstable();
             for part in &moved {
