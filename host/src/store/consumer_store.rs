@@ -13,7 +13,7 @@
 //! The sink's deliveries leave no time behind: [`Inspection::history`] shows its failures
 //! only, and `delivered_last_minute` is 0.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
@@ -86,8 +86,8 @@ struct Memory {
     read: HashMap<String, Meta>,
     /// Delivered past the positions.
     finished: HashMap<String, Meta>,
-    /// The keys of `finished`, in order, where rows are keyed by number.
-    finished_keys: BTreeSet<i64>,
+    /// The keys of `finished`, where rows are keyed by number, as runs of consecutive keys.
+    finished_keys: Runs,
     /// The fences of what `read` and `finished` hold (a superset after a removal).
     fences: HashSet<Fence>,
     /// The partitions held at the last heartbeat.
@@ -134,7 +134,7 @@ impl Memory {
 
     fn unfinish(&mut self, event_id: &str) {
         if let Some(Meta { key: KeyValue::Int(key), .. }) = self.finished.remove(event_id) {
-            self.finished_keys.remove(&key);
+            self.finished_keys.remove(key);
         }
     }
 
@@ -143,7 +143,7 @@ impl Memory {
         self.finished.retain(|_, m| {
             let kept = keep(m);
             if let (false, KeyValue::Int(key)) = (kept, &m.key) {
-                keys.remove(key);
+                keys.remove(*key);
             }
             kept
         });
@@ -156,19 +156,57 @@ impl Memory {
     /// rows in `finished` are in a run, so no row is left out that the read would keep: a
     /// row committed late among them has a key of its own, which ends a run.
     fn finished_runs(&self) -> Vec<(i64, i64)> {
-        let mut runs: Vec<(i64, i64)> = Vec::new();
-        for &key in &self.finished_keys {
-            match runs.last_mut() {
-                Some((_, last)) if *last + 1 == key => *last = key,
-                _ => runs.push((key, key)),
-            }
-        }
+        let mut runs: Vec<(i64, i64)> = self.finished_keys.runs().filter(|(first, last)| last > first).collect();
         if runs.len() > SKIP_SLOTS {
             runs.select_nth_unstable_by_key(SKIP_SLOTS - 1, |(first, last)| std::cmp::Reverse(last - first));
             runs.truncate(SKIP_SLOTS);
         }
-        runs.retain(|(first, last)| last > first);
         runs
+    }
+}
+
+/// A set of keys kept as its runs of consecutive keys, first key to last: every page read
+/// asks for the runs, so they are kept as keys come and go rather than found again by a
+/// walk over every key (a settle time of deliveries).
+#[derive(Default)]
+struct Runs(BTreeMap<i64, i64>);
+
+impl Runs {
+    /// The run holding `key`, as its first and last key.
+    fn around(&self, key: i64) -> Option<(i64, i64)> {
+        self.0.range(..=key).next_back().map(|(&first, &last)| (first, last)).filter(|&(_, last)| last >= key)
+    }
+
+    fn insert(&mut self, key: i64) {
+        if self.around(key).is_some() {
+            return;
+        }
+        let last = key.checked_add(1).and_then(|next| self.0.remove(&next)).unwrap_or(key);
+        let first = match self.0.range(..key).next_back() {
+            Some((&first, &end)) if end.checked_add(1) == Some(key) => first,
+            _ => key,
+        };
+        self.0.insert(first, last);
+    }
+
+    fn remove(&mut self, key: i64) {
+        let Some((first, last)) = self.around(key) else { return };
+        self.0.remove(&first);
+        if first < key {
+            self.0.insert(first, key - 1);
+        }
+        if key < last {
+            self.0.insert(key + 1, last);
+        }
+    }
+
+    fn runs(&self) -> impl Iterator<Item = (i64, i64)> + '_ {
+        self.0.iter().map(|(&first, &last)| (first, last))
+    }
+
+    #[cfg(test)]
+    fn keys(&self) -> Vec<i64> {
+        self.runs().flat_map(|(first, last)| first..=last).collect()
     }
 }
 
@@ -919,6 +957,36 @@ mod tests {
     }
 
     #[test]
+    fn runs_kept_as_keys_come_and_go_are_the_runs_of_the_keys() {
+        // Keys delivered and forgotten in a scrambled order (a fixed sequence, the same on
+        // every run) against the runs found by a walk over the same keys as a plain set.
+        let (mut runs, mut keys) = (Runs::default(), std::collections::BTreeSet::new());
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for step in 0..20_000 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            let key = ((x >> 33) % 300) as i64;
+            if step % 3 == 2 {
+                runs.remove(key);
+                keys.remove(&key);
+            } else {
+                runs.insert(key);
+                keys.insert(key);
+            }
+            if step % 97 == 0 {
+                let mut walked: Vec<(i64, i64)> = Vec::new();
+                for &k in &keys {
+                    match walked.last_mut() {
+                        Some((_, last)) if *last + 1 == k => *last = k,
+                        _ => walked.push((k, k)),
+                    }
+                }
+                assert_eq!(runs.runs().collect::<Vec<_>>(), walked, "after step {step}");
+            }
+        }
+        assert!(!keys.is_empty() && runs.keys() == keys.into_iter().collect::<Vec<_>>());
+    }
+
+    #[test]
     fn what_leaves_memory_leaves_the_runs() {
         let mut memory = finished(1..=10);
         memory.unfinish("evt-5");
@@ -926,7 +994,7 @@ mod tests {
         // Partition 1 (the odd keys) given up: its events are forgotten, and no run is left.
         memory.keep_only(&[Fence { partition: 0, epoch: 1 }]);
         assert!(memory.finished.values().all(|m| m.fence.partition == 0));
-        assert_eq!(memory.finished_keys.iter().copied().collect::<Vec<_>>(), vec![2, 4, 6, 8, 10]);
+        assert_eq!(memory.finished_keys.keys(), vec![2, 4, 6, 8, 10]);
         assert_eq!(memory.finished_runs(), Vec::<(i64, i64)>::new());
         // Every partition still held: nothing is dropped.
         let before = memory.finished.len();
