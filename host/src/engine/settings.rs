@@ -108,7 +108,8 @@ impl WakeUp {
 
 /// Default `outbox_worker.partitions`: rooms hash to this many partitions per sink, which
 /// hosts lease. 64 spreads evenly over up to 8 hosts (8 each) and still gives 16 or more
-/// hosts a few each; a partition costs one small row and nothing while idle.
+/// hosts a few each; an idle partition costs one small row, rewritten at each heartbeat
+/// (its lease renewed) while a host holds it.
 pub const DEFAULT_PARTITIONS: u32 = crate::store::partitions::DEFAULT_PARTITIONS;
 /// The most partitions a sink may have.
 pub const MAX_PARTITIONS: u32 = 4_096;
